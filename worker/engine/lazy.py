@@ -1,0 +1,27 @@
+"""LazyTensor: a step's result that is already launched but may not have arrived on the host yet."""
+
+import numpy as np
+import torch
+
+
+class LazyTensor:
+    """A host (pinned, on CUDA) buffer that the device fills asynchronously, plus the event that says when.
+
+    `step` returns one at once; `wait()` blocks the calling thread (never the event loop: the
+    scheduler calls it from a waiter thread) until the copy has landed, then hands back a numpy view.
+    `keepalive` holds the device tensors the copy reads from until the copy has completed.
+    """
+
+    def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple = ()) -> None:
+        self._host = host
+        self._event = event
+        self._keepalive = keepalive
+
+    def is_ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def wait(self) -> np.ndarray:
+        if self._event is not None:
+            self._event.synchronize()
+        self._keepalive = ()
+        return self._host.numpy()

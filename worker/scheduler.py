@@ -1,0 +1,214 @@
+"""FCFS token-budget scheduler: plain Python over token counts, no torch, testable without a device.
+
+Sequences are queued in arrival order. A batch takes them first come, first served until the next one
+would pass `max_batch_tokens` (one longer than the budget runs alone); one request's sequences may
+span batches. Up to `max_inflight_batches` batches are launched at once, so while batch N runs the
+loop already packs and launches N+1. Admission is bounded: past `max_queued_tokens` a request is
+refused at once (`Overloaded`), never queued without bound.
+
+The device work goes through a `BatchRunner`; launching and waiting happen on two dedicated threads
+so the event loop never blocks on the device.
+"""
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from kembed.worker.errors import InvalidInput, Overloaded, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class Pending(Protocol):
+    """A launched batch (the engine's LazyTensor): `wait()` blocks until its rows are on the host."""
+
+    def wait(self) -> np.ndarray: ...
+
+
+class BatchRunner(Protocol):
+    """What the scheduler needs of an engine."""
+
+    def pack(self, token_ids: np.ndarray, lengths: np.ndarray) -> Any: ...
+
+    def step(self, batch: Any) -> Pending: ...
+
+
+@dataclass(eq=False)
+class _Request:
+    token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
+    offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
+    future: asyncio.Future
+    rows: list[np.ndarray | None] = field(default_factory=list)
+    num_pending: int = 0  # sequences not yet answered
+    num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    request: _Request
+    index: int  # position within its request
+
+    @property
+    def num_tokens(self) -> int:
+        offsets = self.request.offsets
+        return int(offsets[self.index + 1] - offsets[self.index])
+
+    def token_ids(self) -> np.ndarray:
+        offsets = self.request.offsets
+        return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
+
+
+class Scheduler:
+    """Admits ragged requests, batches their sequences FCFS under a token budget, runs the batches."""
+
+    def __init__(
+        self,
+        runner: BatchRunner,
+        max_batch_tokens: int,
+        max_queued_tokens: int,
+        max_inflight_batches: int = 2,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._runner = runner
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queued_tokens = max_queued_tokens
+        self._on_batch = on_batch  # (num_seqs, num_tokens) per launched batch, for stats
+        self._queue: deque[_Sequence] = deque()
+        self._queued_tokens = 0
+        self._has_work = asyncio.Event()
+        self._inflight = asyncio.Semaphore(max_inflight_batches)
+        self._inflight_tasks: set[asyncio.Task] = set()
+        # One launcher thread keeps device work in launch order; a separate waiter thread means a
+        # wait on batch N never delays the launch of batch N+1.
+        self._launcher = ThreadPoolExecutor(1, thread_name_prefix="kembed-launch")
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="kembed-wait")
+        self._loop_task: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens admitted and not yet answered."""
+        return self._queued_tokens
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
+
+    async def close(self) -> None:
+        """Stop taking work, fail what is queued, let launched batches finish."""
+        self._closed = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        while self._queue:
+            self._fail(self._queue.popleft().request, Unavailable("worker is shutting down"))
+        await asyncio.gather(*self._inflight_tasks, return_exceptions=True)
+        self._launcher.shutdown(wait=True)
+        self._waiter.shutdown(wait=True)
+
+    async def submit(self, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Queue a request's sequences; return their rows [num_seqs, dim] in order once all ran."""
+        if self._closed:
+            raise Unavailable("worker is shutting down")
+        num_tokens = int(lengths.sum())
+        if num_tokens > self.max_queued_tokens:
+            raise InvalidInput(
+                f"request of {num_tokens} tokens exceeds this worker's max_queued_tokens "
+                f"({self.max_queued_tokens}); split it into smaller requests"
+            )
+        if self._queued_tokens + num_tokens > self.max_queued_tokens:
+            raise Overloaded(
+                f"queue full: {self._queued_tokens} tokens queued, {num_tokens} more would pass "
+                f"max_queued_tokens={self.max_queued_tokens}"
+            )
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        request = _Request(
+            token_ids=token_ids,
+            offsets=offsets,
+            future=asyncio.get_running_loop().create_future(),
+            rows=[None] * len(lengths),
+            num_pending=len(lengths),
+            num_queued_tokens=num_tokens,
+        )
+        self._queued_tokens += num_tokens
+        self._queue.extend(_Sequence(request, i) for i in range(len(lengths)))
+        self._has_work.set()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._release(request)  # its queued sequences are skipped when they come up
+            raise
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_work.wait()
+            await self._inflight.acquire()
+            batch = self._take_batch()
+            if not batch:
+                self._inflight.release()
+                self._has_work.clear()
+                continue
+            task = asyncio.create_task(self._execute(batch))
+            self._inflight_tasks.add(task)
+            task.add_done_callback(self._inflight_tasks.discard)
+
+    def _take_batch(self) -> list[_Sequence]:
+        """Pop sequences first come, first served until the next would pass the token budget."""
+        batch: list[_Sequence] = []
+        num_tokens = 0
+        while self._queue:
+            seq = self._queue[0]
+            if seq.request.future.done():  # cancelled or failed: drop its remaining sequences
+                self._queue.popleft()
+                continue
+            if batch and num_tokens + seq.num_tokens > self.max_batch_tokens:
+                break
+            batch.append(self._queue.popleft())
+            num_tokens += seq.num_tokens
+        return batch
+
+    async def _execute(self, batch: list[_Sequence]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            lengths = np.fromiter((s.num_tokens for s in batch), dtype=np.int32, count=len(batch))
+            token_ids = np.concatenate([s.token_ids() for s in batch])
+            packed = self._runner.pack(token_ids, lengths)
+            pending = await loop.run_in_executor(self._launcher, self._runner.step, packed)
+            if self._on_batch is not None:
+                self._on_batch(len(batch), int(lengths.sum()))
+            rows = await loop.run_in_executor(self._waiter, pending.wait)
+        except Exception as exc:  # a failed batch fails its requests, never the loop
+            log.exception("batch of %d sequences failed", len(batch))
+            for seq in batch:
+                self._fail(seq.request, exc)
+        else:
+            for seq, row in zip(batch, rows, strict=True):
+                self._deliver(seq, row)
+        finally:
+            self._inflight.release()
+
+    def _deliver(self, seq: _Sequence, row: np.ndarray) -> None:
+        request = seq.request
+        if request.future.done():
+            return
+        request.rows[seq.index] = row
+        request.num_pending -= 1
+        request.num_queued_tokens -= seq.num_tokens
+        self._queued_tokens -= seq.num_tokens
+        if request.num_pending == 0:
+            request.future.set_result(np.stack(request.rows))
+
+    def _fail(self, request: _Request, exc: BaseException) -> None:
+        if not request.future.done():
+            request.future.set_exception(exc)
+        self._release(request)
+
+    def _release(self, request: _Request) -> None:
+        """Return a finished-early request's remaining tokens to the admission budget."""
+        self._queued_tokens -= request.num_queued_tokens
+        request.num_queued_tokens = 0

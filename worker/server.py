@@ -1,0 +1,144 @@
+"""The worker's gRPC edge: the only module that touches grpc and protobuf.
+
+Decodes ragged batches, validates them against the model, admits them into the scheduler and
+awaits their rows; it never blocks the event loop on the device. Errors from every layer are
+translated to status codes once, in `ErrorInterceptor`.
+"""
+
+import logging
+
+import grpc
+import numpy as np
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.errors import InvalidInput, Unsupported, WorkerError
+from kembed.worker.info import ModelInfo
+from kembed.worker.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+_NOT_YET = "not implemented by this worker version (it arrives with the GPU engine)"
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps `WorkerError`s to their status codes and anything else to INTERNAL, for every RPC."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        async def guarded(request, context):
+            try:
+                return await inner(request, context)
+            except WorkerError as exc:
+                await context.abort(grpc.StatusCode[exc.status], str(exc))
+            except Exception:
+                log.exception("%s failed", handler_call_details.method)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error in the worker (see its log)")
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def decode_batch(batch: pb.TokenBatch, info: ModelInfo) -> tuple[np.ndarray, np.ndarray]:
+    """(token_ids int32 [num_tokens], lengths int32 [num_seqs]) from the wire, checked against the model."""
+    if len(batch.token_ids) % 4:
+        raise InvalidInput(f"token_ids holds {len(batch.token_ids)} bytes, not a whole number of int32")
+    token_ids = np.frombuffer(batch.token_ids, dtype="<i4")
+    lengths = np.asarray(batch.lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        raise InvalidInput("the batch holds no sequences")
+    if lengths.min() < 1:
+        raise InvalidInput(f"sequence {int(lengths.argmin())} is empty")
+    if lengths.max() > info.max_sequence_length:
+        i = int(lengths.argmax())
+        raise InvalidInput(
+            f"sequence {i} has {int(lengths[i])} tokens; the model takes at most {info.max_sequence_length}"
+        )
+    if int(lengths.sum()) != len(token_ids):
+        raise InvalidInput(f"lengths add up to {int(lengths.sum())} but {len(token_ids)} token ids were sent")
+    bad = (token_ids < 0) | (token_ids >= info.vocab_size)
+    if bad.any():
+        i = int(bad.argmax())
+        raise InvalidInput(f"token id {int(token_ids[i])} at position {i} is outside [0, {info.vocab_size})")
+    return token_ids, lengths.astype(np.int32)
+
+
+class EmbedderService(pb_grpc.EmbedderServicer):
+    """kembed.v1.Embedder over one model and its scheduler."""
+
+    def __init__(self, info: ModelInfo, scheduler: Scheduler, max_batch_tokens: int, revision: str) -> None:
+        self._info = info
+        self._scheduler = scheduler
+        self._info_response = pb.InfoResponse(
+            model_name=info.model_name,
+            model_type=info.model_type,
+            task=info.task,
+            dimensions=info.dimensions,
+            max_sequence_length=info.max_sequence_length,
+            vocab_size=info.vocab_size,
+            pooling=info.pooling,
+            normalize=info.normalize,
+            dtype=info.dtype,
+            device=info.device,
+            attention_backend=info.attention_backend,
+            max_batch_tokens=max_batch_tokens,
+            max_queued_tokens=scheduler.max_queued_tokens,
+            revision=revision,
+            version=VERSION,
+        )
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        if self._info.task != "embed":
+            raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
+        token_ids, lengths = decode_batch(request.batch, self._info)
+        rows = await self._scheduler.submit(token_ids, lengths)
+        return pb.EmbedResponse(
+            embeddings=rows.astype("<f4", copy=False).tobytes(),
+            num_sequences=rows.shape[0],
+            dimensions=rows.shape[1],
+        )
+
+    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
+        return self._info_response
+
+    async def Health(self, request: pb.HealthRequest, context) -> pb.HealthResponse:
+        return pb.HealthResponse(
+            status=pb.HealthResponse.SERVING, queued_tokens=self._scheduler.queued_tokens
+        )
+
+    async def Score(self, request, context):
+        raise Unsupported(f"Score is {_NOT_YET}")
+
+    async def BucketStats(self, request, context):
+        raise Unsupported(f"BucketStats is {_NOT_YET}")
+
+    async def Prewarm(self, request, context):
+        raise Unsupported(f"Prewarm is {_NOT_YET}")
+
+    async def SmokeTest(self, request, context):
+        raise Unsupported(f"SmokeTest is {_NOT_YET}")
+
+
+def build_server(service: EmbedderService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with the service and interceptor, bound to host:port (port 0 picks one)."""
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            # A 4096-token chunk is 16 KiB in; a 64 x 1024-dim float32 answer 256 KiB out. 64 MiB
+            # leaves room for big chunks of big models without letting one message eat the pod.
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ],
+    )
+    pb_grpc.add_EmbedderServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the worker's gRPC port {host}:{port}")
+    return server, bound
