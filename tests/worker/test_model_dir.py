@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from kembed.worker.config import bundled_model_dir
 from kembed.worker.engine.model_dir import read_model_dir
 from kembed.worker.errors import InvalidInput

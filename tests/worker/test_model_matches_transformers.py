@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 

@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from kembed.worker.errors import InvalidInput, Overloaded
 from kembed.worker.scheduler import Scheduler
 

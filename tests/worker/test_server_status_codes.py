@@ -6,6 +6,7 @@ import threading
 import grpc
 import numpy as np
 import pytest
+
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig, bundled_model_dir

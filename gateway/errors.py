@@ -1,0 +1,109 @@
+"""The gateway's error hierarchy and its one translation to HTTP.
+
+Code below the HTTP edge raises these; `render` is the only place that picks a status code and a body.
+OpenAI-shaped routes (`/v1/...`) get `{"error": {"message", "type", "param", "code"}}` (the openai SDK
+reads `error.message`); TEI-shaped routes get `{"error": ..., "error_type": ...}` like
+text-embeddings-inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import orjson
+from starlette.responses import Response
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with; `param` names the offending request field."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidInput(GatewayError):
+    """The request is malformed or a value is out of range (422)."""
+
+
+class PayloadTooLarge(GatewayError):
+    """The body, the input count or one input's token count exceeds a limit (413)."""
+
+
+class NotFound(GatewayError):
+    """The request names a model this gateway does not serve (404)."""
+
+
+class Overloaded(GatewayError):
+    """Every replica tried refused the work because its queue is full (429, retry later)."""
+
+
+class Unavailable(GatewayError):
+    """No worker replica is reachable or serving (503)."""
+
+
+class Unsupported(GatewayError):
+    """The served model or the worker does not implement this operation (501)."""
+
+
+class Timeout(GatewayError):
+    """The request did not finish within its deadline (504)."""
+
+
+class WorkerFailed(GatewayError):
+    """A worker answered with an unexpected error; nothing the client can fix (500)."""
+
+
+class Flavour(Enum):
+    """Which API's error body to render."""
+
+    OPENAI = "openai"
+    TEI = "tei"
+
+
+@dataclass(frozen=True, slots=True)
+class _Mapping:
+    status: int
+    openai_type: str
+    tei_type: str
+
+
+# The one table from error to HTTP. TEI's error_type names are its own (validation, overloaded,
+# unhealthy, backend); OpenAI's type names follow its API (invalid_request_error and friends).
+_TABLE: dict[type[GatewayError], _Mapping] = {
+    InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
+    PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
+    NotFound: _Mapping(404, "invalid_request_error", "not_found"),
+    Overloaded: _Mapping(429, "rate_limit_error", "overloaded"),
+    Unavailable: _Mapping(503, "service_unavailable_error", "unhealthy"),
+    Unsupported: _Mapping(501, "not_implemented_error", "unsupported"),
+    Timeout: _Mapping(504, "timeout_error", "timeout"),
+    WorkerFailed: _Mapping(500, "server_error", "backend"),
+}
+
+
+def status_of(error: GatewayError) -> int:
+    """The HTTP status `error` is answered with."""
+    return _TABLE[type(error)].status
+
+
+def render(error: GatewayError, flavour: Flavour, *, retry_after_s: int) -> Response:
+    """The HTTP response for `error` in the body shape of `flavour`."""
+    mapping = _TABLE[type(error)]
+    if flavour is Flavour.OPENAI:
+        body: dict[str, object] = {
+            "error": {
+                "message": error.message,
+                "type": mapping.openai_type,
+                "param": error.param,
+                "code": mapping.status,
+            }
+        }
+    else:
+        body = {"error": error.message, "error_type": mapping.tei_type}
+    headers = {"Retry-After": str(retry_after_s)} if isinstance(error, Overloaded) else None
+    return Response(
+        orjson.dumps(body), status_code=mapping.status, headers=headers, media_type="application/json"
+    )

@@ -1,0 +1,111 @@
+"""What the gateway reads from a model directory: the tokenizer file and sentence-transformers' settings.
+
+The rules mirror sentence-transformers 6.2 (`base/modules/transformer.py`, `base/model.py`) so that the
+gateway's token ids equal `SentenceTransformer.encode`'s:
+- max_seq_length: `sentence_bert_config.json` `max_seq_length` when set; else the tokenizer's
+  `model_max_length` (tokenizer_config.json), capped at config.json `max_position_embeddings`;
+- `do_lower_case` from sentence_bert_config.json adds a Lowercase normalizer;
+- prompts: `query` and `document` exist (empty) unless configured, plus `prompts` and
+  `default_prompt_name` from config_sentence_transformers.json; a prompt is prepended to the text;
+- texts are not stripped; the truncation side is tokenizer_config.json `truncation_side` (right).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+# transformers' stand-in for "no limit" when tokenizer_config.json has no model_max_length.
+_UNLIMITED = int(1e30)
+
+Direction = Literal["right", "left"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The tokenization-relevant facts of one model directory, read once at start."""
+
+    name: str
+    """Directory name; the served name when no worker has answered Info yet."""
+    tokenizer_file: Path
+    max_seq_length: int | None
+    """Longest sequence in tokens, special tokens included; None means the model sets no limit."""
+    do_lower_case: bool
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    truncation_side: Direction = "right"
+    vocab_size: int | None = None
+    """config.json vocab_size; the worker's Info is authoritative once it has answered."""
+
+    def resolve_prompt(self, prompt_name: str | None) -> str:
+        """The prompt text for `prompt_name` (default prompt when None); KeyError if unknown."""
+        if prompt_name is None:
+            return self.prompts.get(self.default_prompt_name, "") if self.default_prompt_name else ""
+        return self.prompts[prompt_name]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _transformer_dir(model_dir: Path) -> Path:
+    """The folder of the Transformer module (usually the root; `0_Transformer/` in older exports)."""
+    modules_file = model_dir / "modules.json"
+    if modules_file.is_file():
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        for module in modules:
+            if str(module.get("type", "")).endswith("Transformer"):
+                return model_dir / module.get("path", "")
+    return model_dir
+
+
+def _max_seq_length(
+    sbert: dict[str, Any], tokenizer_config: dict[str, Any], config: dict[str, Any]
+) -> int | None:
+    if sbert.get("max_seq_length") is not None:
+        return int(sbert["max_seq_length"])
+    model_max = tokenizer_config.get("model_max_length") or _UNLIMITED
+    max_positions = config.get("max_position_embeddings")
+    if max_positions is not None and max_positions != -1:
+        model_max = min(int(model_max), int(max_positions))
+    return None if model_max >= _UNLIMITED else int(model_max)
+
+
+def load_model_spec(model_dir: Path) -> ModelSpec:
+    """Read `model_dir`'s tokenizer settings; FileNotFoundError if it has no tokenizer.json."""
+    transformer_dir = _transformer_dir(model_dir)
+    tokenizer_file = transformer_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
+    sbert = _read_json(transformer_dir / "sentence_bert_config.json")
+    tokenizer_config = _read_json(transformer_dir / "tokenizer_config.json") or _read_json(
+        model_dir / "tokenizer_config.json"
+    )
+    config = _read_json(transformer_dir / "config.json") or _read_json(model_dir / "config.json")
+    st_config = _read_json(model_dir / "config_sentence_transformers.json")
+
+    # SentenceTransformer's own defaults: empty query/document prompts that saved prompts override.
+    prompts = {"query": "", "document": ""}
+    prompts.update({str(k): str(v or "") for k, v in (st_config.get("prompts") or {}).items()})
+    default_prompt_name = st_config.get("default_prompt_name") or None
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise ValueError(f"default_prompt_name {default_prompt_name!r} is not one of {sorted(prompts)}")
+    side = tokenizer_config.get("truncation_side", "right")
+    return ModelSpec(
+        name=model_dir.resolve().name,
+        tokenizer_file=tokenizer_file,
+        max_seq_length=_max_seq_length(sbert, tokenizer_config, config),
+        do_lower_case=bool(sbert.get("do_lower_case", False)),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        truncation_side="left" if side == "left" else "right",
+        vocab_size=config.get("vocab_size"),
+    )

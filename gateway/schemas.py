@@ -1,0 +1,103 @@
+"""Request bodies of the OpenAI- and TEI-shaped routes, validated by pydantic straight from bytes.
+
+Models are strict (a number is not a string, 1 is not true) and ignore unknown fields, as both APIs'
+clients send extras (`user`, vendor options) that do not change the answer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kembed.gateway.errors import InvalidInput
+from kembed.gateway.model_files import Direction
+from kembed.gateway.tokenization import Input
+
+# A text, a list of texts, one pre-tokenized sequence (ints), or a list mixing texts and sequences.
+Inputs = str | list[int] | list[str | list[int]]
+TruncationDirection = Literal["right", "left", "Right", "Left"]
+
+_STRICT = ConfigDict(strict=True, extra="ignore")
+_INPUT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+_INPUT_FIELDS = {"input": _INPUT_FORMS, "inputs": _INPUT_FORMS, "texts": "a list of strings"}
+
+
+class EmbeddingRequest(BaseModel):
+    """`POST /v1/embeddings`, OpenAI's shape plus `prompt_name`."""
+
+    model_config = _STRICT
+    input: Inputs
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None
+    user: str | None = None
+    prompt_name: str | None = None
+
+
+class EmbedRequest(BaseModel):
+    """`POST /embed`, text-embeddings-inference's shape plus `dimensions`."""
+
+    model_config = _STRICT
+    inputs: Inputs
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection | None = None
+    prompt_name: str | None = None
+    dimensions: int | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """`POST /tokenize`, TEI's shape."""
+
+    model_config = _STRICT
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class RerankRequest(BaseModel):
+    """`POST /rerank`, TEI's shape."""
+
+    model_config = _STRICT
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection | None = None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: bytes) -> M:
+    """`body` validated as `model`; InvalidInput naming the first bad field's location."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        problems = error.errors(include_url=False, include_input=False)
+        if problems and problems[0]["type"] == "json_invalid":
+            raise InvalidInput(f"malformed JSON body: {problems[0]['msg']}") from None
+        described = "; ".join(
+            f"{'.'.join(str(part) for part in p['loc']) or 'body'}: {p['msg']}" for p in problems[:4]
+        )
+        field = str(problems[0]["loc"][0]) if problems and problems[0]["loc"] else None
+        if field in _INPUT_FIELDS and len(problems[0]["loc"]) > 1:
+            # The union's per-branch errors alone read as noise; say first what is accepted.
+            described = f"{field} must be {_INPUT_FIELDS[field]} ({described})"
+        raise InvalidInput(f"invalid request: {described}", param=field) from None
+
+
+def as_input_list(inputs: Inputs) -> list[Input]:
+    """The request's inputs as a list: a bare string or a bare list of ints is one input."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if inputs and all(isinstance(item, int) for item in inputs):
+        return [inputs]  # type: ignore[list-item]
+    return list(inputs)  # type: ignore[arg-type]
+
+
+def as_direction(direction: TruncationDirection | None) -> Direction | None:
+    """TEI's capitalised `Right`/`Left` and the lower-case spellings, as one."""
+    return None if direction is None else direction.lower()  # type: ignore[return-value]

@@ -1,0 +1,182 @@
+"""The request flow both API shapes share: check limits, tokenize, run on workers, finish vectors.
+
+Routes parse their own body shape and render their own response; everything between is here, so the
+OpenAI and TEI routes cannot drift apart in limits, truncation or normalisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kembed.gateway.config import GatewayConfig
+from kembed.gateway.errors import (
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    Timeout,
+    Unavailable,
+    Unsupported,
+)
+from kembed.gateway.model_files import Direction
+from kembed.gateway.tokenization import Input, Tokenization
+from kembed.gateway.vectors import finish, relevance
+from kembed.gateway.workers import WorkerPool
+from kembed.proto import embedder_pb2 as pb
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """Finished vectors of one request, [num_inputs, dims] float32, and the tokens that were run."""
+
+    vectors: np.ndarray
+    num_tokens: int
+
+
+class EmbeddingService:
+    """Everything between a parsed request and its response, independent of the API shape."""
+
+    def __init__(self, config: GatewayConfig, tokenization: Tokenization, pool: WorkerPool) -> None:
+        self.config = config
+        self.tokenization = tokenization
+        self.pool = pool
+        self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Names a request may use; the first is the one reported."""
+        if self.config.served_model_names:
+            return self.config.served_model_names
+        info = self.pool.info
+        return (info.model_name,) if info is not None and info.model_name else (self.tokenization.spec.name,)
+
+    def check_model(self, name: str | None) -> None:
+        """NotFound unless `name` is absent or one of the served names (404, as vLLM answers)."""
+        if name is not None and name not in self.served_names:
+            raise NotFound(f"The model `{name}` does not exist.", param="model")
+
+    def worker_info(self) -> pb.InfoResponse:
+        info = self.pool.info
+        if info is None:
+            raise Unavailable("no worker replica has answered yet; retry later")
+        return info
+
+    def _check_count(self, num_inputs: int, param: str) -> None:
+        if num_inputs == 0:
+            raise InvalidInput(f"`{param}` must not be empty", param=param)
+        if num_inputs > self.config.max_client_batch_size:
+            raise PayloadTooLarge(
+                f"{num_inputs} inputs is more than the limit of "
+                f"{self.config.max_client_batch_size} per request",
+                param=param,
+            )
+
+    async def _run(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` admitted under the concurrency cap (429 at once above it) and the deadline (504)."""
+        if self._num_in_flight >= self.config.max_concurrent_requests:
+            raise Overloaded(
+                f"the gateway is handling {self._num_in_flight} requests, its limit; retry later"
+            )
+        self._num_in_flight += 1
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                return await work()
+        except TimeoutError:
+            raise Timeout(
+                f"the request did not complete within {self.config.request_timeout_s:g} s"
+            ) from None
+        finally:
+            self._num_in_flight -= 1
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.config.request_timeout_s
+
+    async def embed(
+        self,
+        inputs: Sequence[Input],
+        *,
+        truncate: bool | None,
+        direction: Direction | None,
+        prompt_name: str | None,
+        dimensions: int | None,
+        normalize: bool | None,
+        param: str = "input",
+    ) -> Embedded:
+        """Vectors of `inputs` in order. `normalize=None` follows the model (its Normalize module)."""
+        self._check_count(len(inputs), param)
+        info = self.worker_info()
+        if dimensions is not None and not 1 <= dimensions <= info.dimensions:
+            raise InvalidInput(
+                f"dimensions must be between 1 and {info.dimensions}, got {dimensions}", param="dimensions"
+            )
+        vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
+        deadline = self._deadline()
+
+        async def run() -> tuple[np.ndarray, int]:
+            sequences = await self.tokenization.encode(
+                inputs,
+                truncate=self.config.auto_truncate if truncate is None else truncate,
+                direction=direction,
+                prompt_name=prompt_name,
+                vocab_size=vocab_size,
+            )
+            raw = await self.pool.embed(sequences, uuid.uuid4().hex, deadline)
+            return raw, sum(len(s) for s in sequences)
+
+        raw, num_tokens = await self._run(run)
+        is_normalized = info.normalize if normalize is None else normalize
+        return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
+
+    async def tokenize(
+        self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
+    ) -> list[list[dict[str, Any]]]:
+        self._check_count(len(texts), "inputs")
+        return await self._run(
+            lambda: self.tokenization.tokenize(
+                texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
+            )
+        )
+
+    async def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool | None,
+        direction: Direction | None,
+        raw: bool,
+    ) -> np.ndarray:
+        """One relevance score per text (sigmoid of the logit unless `raw`), in input order."""
+        self._check_count(len(texts), "texts")
+        info = self.worker_info()
+        if info.task and info.task != "score":
+            raise Unsupported(
+                f"the served model `{self.served_names[0]}` does not support scoring (/rerank) yet: "
+                f"its task is {info.task!r}, not a cross-encoder's 'score'"
+            )
+        deadline = self._deadline()
+
+        async def run() -> np.ndarray:
+            ids, type_ids = await self.tokenization.encode_pairs(
+                query,
+                texts,
+                truncate=self.config.auto_truncate if truncate is None else truncate,
+                direction=direction,
+            )
+            return await self.pool.score(ids, type_ids, uuid.uuid4().hex, deadline)
+
+        try:
+            logits = await self._run(run)
+        except Unsupported as error:
+            raise Unsupported(
+                f"the served model does not support scoring (/rerank) yet: {error.message}"
+            ) from None
+        return relevance(logits, raw=raw)

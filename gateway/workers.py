@@ -1,0 +1,245 @@
+"""The worker replicas: one gRPC channel each, health probing, least-outstanding-tokens balancing.
+
+A request's sequences are split into chunks; every chunk goes, concurrently, to the serving replica
+with the fewest outstanding tokens at the moment it is sent (counted up at send, down on completion,
+so a slow replica stops attracting work). A replica that answers UNAVAILABLE is marked down until its
+next successful probe and the chunk is retried elsewhere; RESOURCE_EXHAUSTED (a full queue) is retried
+elsewhere without marking it down. Tries are bounded; every RPC carries the request's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from kembed.gateway.batches import pack, split_into_chunks
+from kembed.gateway.config import GatewayConfig
+from kembed.gateway.errors import (
+    GatewayError,
+    InvalidInput,
+    Overloaded,
+    Timeout,
+    Unavailable,
+    Unsupported,
+    WorkerFailed,
+)
+from kembed.gateway.vectors import decode_embeddings, decode_scores
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto.embedder_pb2_grpc import EmbedderStub
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    """One worker replica and what the gateway knows of it. Mutated only on the event loop."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: EmbedderStub
+    outstanding_tokens: int = 0
+    num_chunks_served: int = 0
+    is_serving: bool = False
+    last_serving_at: float = -math.inf  # loop.time() of the last SERVING answer
+    queued_tokens: int = 0
+    info: pb.InfoResponse | None = None
+    last_error: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "serving": self.is_serving,
+            "outstanding_tokens": self.outstanding_tokens,
+            "queued_tokens": self.queued_tokens,
+            "num_chunks_served": self.num_chunks_served,
+            "last_error": self.last_error or None,
+        }
+
+
+def _translate(error: grpc.aio.AioRpcError, address: str) -> GatewayError:
+    """A worker error that retrying elsewhere would not fix, as the gateway's error."""
+    code, details = error.code(), error.details() or ""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidInput(f"worker rejected the batch: {details}")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return Unsupported(details or "the worker does not implement this operation")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Timeout("the request did not complete within its deadline")
+    return WorkerFailed(f"worker {address} failed: {code.name} {details}")
+
+
+class WorkerPool:
+    """All replicas behind one gateway. `start` probes them once; a background task keeps probing."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self.replicas: list[Replica] = []
+        self._health_task: asyncio.Task[None] | None = None
+        self._num_picks = 0
+
+    async def start(self) -> None:
+        options = [
+            ("grpc.max_send_message_length", self._config.max_grpc_message_bytes),
+            ("grpc.max_receive_message_length", self._config.max_grpc_message_bytes),
+            # A restarted worker should be reconnected to within about a probe interval, not gRPC's
+            # default backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(self._config.health_interval_s * 1000)),
+        ]
+        for address in self._config.worker_addresses:
+            channel = grpc.aio.insecure_channel(address, options=options)
+            self.replicas.append(Replica(address, channel, EmbedderStub(channel)))
+        await self._probe_all()
+        self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+        await asyncio.gather(*(r.channel.close() for r in self.replicas))
+
+    def _is_available(self, replica: Replica, now: float) -> bool:
+        return replica.is_serving and now - replica.last_serving_at < self._config.max_health_age_s
+
+    def is_ready(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        return any(self._is_available(r, now) for r in self.replicas)
+
+    @property
+    def info(self) -> pb.InfoResponse | None:
+        """What the replicas serve (from the first that answered Info), None before any did."""
+        return next((r.info for r in self.replicas if r.info is not None), None)
+
+    async def _probe(self, replica: Replica) -> None:
+        timeout = self._config.health_timeout_s
+        try:
+            health = await replica.stub.Health(pb.HealthRequest(), timeout=timeout)
+            # Info again whenever a replica comes (back) up: a restarted worker may serve another revision.
+            if health.status == pb.HealthResponse.SERVING and (
+                replica.info is None or not replica.is_serving
+            ):
+                replica.info = await replica.stub.Info(pb.InfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            replica.last_error = f"{error.code().name}: {error.details()}"
+            # A slow answer from a worker busy at full load is not a dead worker: only a refused
+            # connection takes it out at once; otherwise it ages out after max_health_age_s.
+            if error.code() == grpc.StatusCode.UNAVAILABLE or replica.info is None:
+                if replica.is_serving:
+                    log.warning("worker %s is down: %s", replica.address, error.code().name)
+                replica.is_serving = False
+            return
+        was_serving = replica.is_serving
+        replica.is_serving = health.status == pb.HealthResponse.SERVING
+        replica.queued_tokens = health.queued_tokens
+        if replica.is_serving:
+            replica.last_serving_at = asyncio.get_running_loop().time()
+            replica.last_error = ""
+            if not was_serving:
+                log.info("worker %s is serving", replica.address)
+        else:
+            replica.last_error = pb.HealthResponse.Status.Name(health.status)
+
+    async def _probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.health_interval_s)
+            try:
+                await self._probe_all()
+            except Exception:  # a bug in probing must not stop it for good
+                log.exception("health probe failed")
+
+    def _pick(self, tried: Sequence[Replica]) -> Replica | None:
+        """The available, untried replica with the fewest outstanding tokens. Ties go round-robin
+        (the scan starts one further each time), so an idle fleet still shares sequential requests."""
+        now = asyncio.get_running_loop().time()
+        start = self._num_picks % len(self.replicas)
+        self._num_picks += 1
+        rotated = self.replicas[start:] + self.replicas[:start]
+        candidates = [r for r in rotated if r not in tried and self._is_available(r, now)]
+        return min(candidates, key=lambda r: r.outstanding_tokens, default=None)
+
+    async def _send(self, method: str, request: Any, num_tokens: int, deadline: float) -> Any:
+        """One chunk's RPC on the least loaded replica, retried on others if refused or down."""
+        loop = asyncio.get_running_loop()
+        tried: list[Replica] = []
+        is_overloaded = False
+        for _ in range(self._config.max_attempts):
+            replica = self._pick(tried)
+            if replica is None:
+                break
+            tried.append(replica)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Timeout("the request did not complete within its deadline")
+            replica.outstanding_tokens += num_tokens
+            try:
+                response = await getattr(replica.stub, method)(request, timeout=remaining)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNAVAILABLE:
+                    replica.is_serving = False
+                    replica.last_error = f"UNAVAILABLE: {error.details()}"
+                    continue
+                if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    is_overloaded = True
+                    continue
+                raise _translate(error, replica.address) from None
+            finally:
+                replica.outstanding_tokens -= num_tokens
+            replica.num_chunks_served += 1
+            return response
+        if is_overloaded:
+            raise Overloaded("every worker replica tried has a full queue; retry later")
+        raise Unavailable("no worker replica is serving; retry later")
+
+    async def embed(self, sequences: Sequence[np.ndarray], request_id: str, deadline: float) -> np.ndarray:
+        """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order."""
+        chunks = split_into_chunks(
+            [len(s) for s in sequences],
+            max_tokens=self._config.chunk_tokens,
+            max_sequences=self._config.max_chunk_sequences,
+        )
+
+        async def run(index: int) -> np.ndarray:
+            chunk = chunks[index]
+            batch = pack(sequences[chunk.start : chunk.stop])
+            request = pb.EmbedRequest(batch=batch, request_id=f"{request_id}/{index}")
+            response = await self._send("Embed", request, chunk.num_tokens, deadline)
+            return decode_embeddings(response, chunk.num_sequences)
+
+        parts = await gather_all([run(i) for i in range(len(chunks))])
+        if len({part.shape[1] for part in parts}) > 1:
+            raise WorkerFailed("worker replicas disagree on the embedding dimensions")
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    async def score(
+        self, ids: Sequence[np.ndarray], type_ids: Sequence[np.ndarray], request_id: str, deadline: float
+    ) -> np.ndarray:
+        """Raw relevance logits of templated pairs, [len(ids), num_labels]. Sent as one chunk:
+        rerank requests are small and the worker answers UNIMPLEMENTED today."""
+        request = pb.ScoreRequest(batch=pack(ids, type_ids), request_id=request_id)
+        response = await self._send("Score", request, sum(len(s) for s in ids), deadline)
+        return decode_scores(response, len(ids))
+
+
+async def gather_all(coros: Sequence[Awaitable[T]]) -> list[T]:
+    """Results of `coros` in order. The first failure cancels the rest and is raised as itself (not
+    as an ExceptionGroup), so no chunk outlives its request; a cancelled request cancels them all."""
+    if len(coros) == 1:
+        return [await coros[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(coro) for coro in coros]  # type: ignore[arg-type]
+    except BaseExceptionGroup as failures:
+        known = [e for e in failures.exceptions if isinstance(e, GatewayError)]
+        raise (known or list(failures.exceptions))[0] from None
+    return [task.result() for task in tasks]

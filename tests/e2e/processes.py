@@ -1,0 +1,100 @@
+"""Starting real kembed processes for end-to-end tests: free ports, logs, readiness, teardown."""
+
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+def spawn(name: str, args: list[str], log_dir: Path) -> Process:
+    log = log_dir / f"{name}.log"
+    with log.open("w") as out:  # the child keeps its own descriptor
+        popen = subprocess.Popen(
+            [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    return Process(name, popen, log)
+
+
+def wait_ready(url: str, processes: list[Process], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in processes:
+            if proc.popen.poll() is not None:
+                pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log.read_text()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    logs = "\n".join(f"--- {p.name}\n{p.log.read_text()}" for p in processes)
+    pytest.fail(f"{url} not ready after {timeout_s}s\n{logs}")
+
+
+@dataclass
+class Stack:
+    url: str
+    workers: list[str]
+    processes: list[Process]
+
+
+def start_stack(
+    log_dir: Path,
+    num_workers: int,
+    model_dir: Path | None = None,
+    worker_addresses: list[str] | None = None,
+    gateway_args: tuple[str, ...] = (),
+) -> Stack:
+    processes: list[Process] = []
+    addresses = list(worker_addresses or [])
+    for i in range(num_workers):
+        port = free_port()
+        processes.append(
+            spawn(f"worker{i}", ["kembed.worker", "--port", str(port), "--device", "cpu"], log_dir)
+        )
+        addresses.append(f"127.0.0.1:{port}")
+    port = free_port()
+    args = ["kembed.gateway", "--port", str(port), *gateway_args]
+    if model_dir is not None:
+        args += ["--model", str(model_dir)]
+    for address in addresses:
+        args += ["--worker", address]
+    processes.append(spawn(f"gateway-{port}", args, log_dir))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, processes)
+    except BaseException:
+        for proc in processes:
+            proc.stop()
+        raise
+    return Stack(url, addresses, processes)

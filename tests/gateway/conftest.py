@@ -1,0 +1,68 @@
+"""Shared fixtures of the gateway tests: the bundled model directory, fake workers, a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
+
+from kembed.gateway.app import create_app
+from kembed.gateway.config import GatewayConfig
+
+
+@pytest.fixture
+def model_dir() -> Path:
+    return BUNDLED_MODEL_DIR
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(config: GatewayConfig) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway app with its lifespan entered, behind an in-process httpx client."""
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            yield client
+
+
+GatewayFactory = Callable[..., contextlib.AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def gateway_with() -> GatewayFactory:
+    """`async with gateway_with(fake, ..., chunk_tokens=...) as client`: fakes served, gateway up."""
+
+    @contextlib.asynccontextmanager
+    async def start(*fakes: FakeEmbedder | str, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+        async with contextlib.AsyncExitStack() as stack:
+            addresses = [
+                fake if isinstance(fake, str) else await stack.enter_async_context(serving(fake))
+                for fake in fakes
+            ]
+            config = GatewayConfig(model_dir=BUNDLED_MODEL_DIR, worker_addresses=tuple(addresses))
+            config = dataclasses.replace(config, **overrides)
+            yield await stack.enter_async_context(running_gateway(config))
+
+    return start
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fails a test that leaves asyncio tasks running after it (a chunk outliving its request)."""
+    yield
+    current = asyncio.current_task()
+    # grpc.aio's server finishes its own per-RPC bookkeeping tasks a few loop turns after stop():
+    # give them a moment, but anything still pending after that has truly leaked.
+    for _ in range(50):
+        leaked = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leaked:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"leaked tasks: {leaked}")

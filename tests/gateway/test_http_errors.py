@@ -1,0 +1,135 @@
+"""Every bad input gets its status from the one error table, in the body shape of the route's API."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from gateway_fakes import FakeEmbedder
+
+from kembed.gateway import errors
+from kembed.gateway.errors import Flavour, render
+
+LONG = "word " * 400
+CASES = [
+    # (route, raw body, status, fragment of the message)
+    ("/v1/embeddings", b'{"input": ', 422, "malformed JSON"),
+    ("/v1/embeddings", b"[1, 2]", 422, "body: Input should be an object"),
+    ("/v1/embeddings", b"{}", 422, "input: Field required"),
+    ("/v1/embeddings", b'{"input": 5}', 422, "input.str: Input should be a valid string"),
+    ("/v1/embeddings", b'{"input": [true]}', 422, "input.list[int].0"),
+    ("/v1/embeddings", b'{"input": []}', 422, "`input` must not be empty"),
+    ("/v1/embeddings", b'{"input": [[]]}', 422, "input 0 is an empty list of token ids"),
+    ("/v1/embeddings", b'{"input": [[1, 99999]]}', 422, "input 0 has token id 99999 outside [0, 30522)"),
+    ("/v1/embeddings", b'{"input": "a", "encoding_format": "hex"}', 422, "encoding_format"),
+    ("/v1/embeddings", b'{"input": "a", "dimensions": 0}', 422, "dimensions must be between 1 and 8, got 0"),
+    ("/v1/embeddings", b'{"input": "a", "dimensions": 9}', 422, "dimensions must be between 1 and 8, got 9"),
+    ("/v1/embeddings", b'{"input": "a", "dimensions": "4"}', 422, "dimensions"),
+    ("/v1/embeddings", b'{"input": "a", "model": "gpt-4"}', 404, "The model `gpt-4` does not exist."),
+    ("/v1/embeddings", b'{"input": "a", "prompt_name": "nope"}', 422, "unknown prompt_name 'nope'"),
+    (
+        "/v1/embeddings",
+        orjson.dumps({"input": ["a"] * 2049}),
+        413,
+        "2049 inputs is more than the limit of 2048",
+    ),
+    ("/v1/embeddings", orjson.dumps({"input": "a" * (8 * 1024 * 1024)}), 413, "larger than the limit"),
+    ("/embed", b"{}", 422, "inputs: Field required"),
+    ("/embed", orjson.dumps({"inputs": LONG, "truncate": False}), 413, "input 0 has 402 tokens"),
+    ("/embed", orjson.dumps({"inputs": ["ok", [1] * 300], "truncate": False}), 413, "input 1 has 300 tokens"),
+    ("/embed", b'{"inputs": "a", "truncation_direction": "middle"}', 422, "truncation_direction"),
+    ("/embed", b'{"inputs": "a", "normalize": "yes"}', 422, "normalize: Input should be a valid boolean"),
+    ("/embed", b'{"inputs": [[-1]]}', 422, "token id -1"),
+    ("/tokenize", b'{"inputs": []}', 422, "`inputs` must not be empty"),
+    ("/tokenize", b'{"inputs": [1]}', 422, "inputs"),
+    ("/tokenize", b'{"inputs": "a", "prompt_name": "nope"}', 422, "unknown prompt_name"),
+    ("/rerank", b'{"query": "q", "texts": []}', 422, "`texts` must not be empty"),
+    ("/rerank", b'{"query": "q", "texts": ["a"]}', 501, "does not support scoring (/rerank) yet"),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "fragment"),
+    CASES,
+    ids=[
+        "malformed-json",
+        "body-not-object",
+        "missing-input",
+        "input-number",
+        "input-bools",
+        "input-empty-list",
+        "empty-token-ids",
+        "token-id-past-vocab",
+        "bad-encoding-format",
+        "dimensions-zero",
+        "dimensions-over-model",
+        "dimensions-string",
+        "unknown-model",
+        "unknown-prompt-name",
+        "too-many-inputs",
+        "body-too-large",
+        "tei-missing-inputs",
+        "tei-overlong-text-untruncated",
+        "tei-overlong-ids-untruncated",
+        "tei-bad-truncation-direction",
+        "tei-normalize-not-bool",
+        "tei-negative-token-id",
+        "tokenize-empty",
+        "tokenize-ids",
+        "tokenize-unknown-prompt",
+        "rerank-no-texts",
+        "rerank-embedding-model",
+    ],
+)
+async def test_bad_request_status_and_body(gateway_with, route, body, status, fragment):
+    async with gateway_with(FakeEmbedder()) as client:
+        response = await client.post(route, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    payload = response.json()
+    if route.startswith("/v1/"):
+        assert set(payload["error"]) == {"message", "type", "param", "code"}
+        assert payload["error"]["code"] == status
+        assert fragment in payload["error"]["message"]
+    else:
+        assert set(payload) == {"error", "error_type"}
+        assert fragment in payload["error"]
+
+
+async def test_declared_oversize_body_is_refused_before_reading(gateway_with):
+    async with gateway_with(FakeEmbedder(), max_request_bytes=100) as client:
+        response = await client.post(
+            "/embed", content=b"x" * 101, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413
+    assert response.json()["error_type"] == "validation"
+
+
+async def test_unimplemented_score_on_a_scoring_worker_is_501(gateway_with):
+    async with gateway_with(FakeEmbedder(task="score")) as client:
+        response = await client.post("/rerank", json={"query": "q", "texts": ["a", "b"]})
+    assert response.status_code == 501
+    assert "does not support scoring (/rerank) yet" in response.json()["error"]
+
+
+TABLE = [
+    (errors.InvalidInput, 422),
+    (errors.PayloadTooLarge, 413),
+    (errors.NotFound, 404),
+    (errors.Overloaded, 429),
+    (errors.Unavailable, 503),
+    (errors.Unsupported, 501),
+    (errors.Timeout, 504),
+    (errors.WorkerFailed, 500),
+]
+
+
+@pytest.mark.parametrize(("error_class", "status"), TABLE, ids=[cls.__name__ for cls, _ in TABLE])
+@pytest.mark.parametrize("flavour", list(Flavour), ids=[f.value for f in Flavour])
+def test_error_table_maps_each_error_once(error_class, status, flavour):
+    response = render(error_class("boom", param="input"), flavour, retry_after_s=3)
+    assert response.status_code == status
+    body = orjson.loads(response.body)
+    if flavour is Flavour.OPENAI:
+        assert body["error"]["message"] == "boom" and body["error"]["param"] == "input"
+    else:
+        assert body["error"] == "boom" and isinstance(body["error_type"], str)
+    assert (response.headers.get("retry-after") == "3") is (error_class is errors.Overloaded)
