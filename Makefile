@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@trap 'kill 0' INT TERM EXIT; \
+	@trap 'trap - INT TERM EXIT; kill 0' INT TERM EXIT; \
 	workers=""; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
@@ -34,8 +34,12 @@ run: $(STAMP)
 	  workers="$$workers --worker 127.0.0.1:$$port"; \
 	done; \
 	$(PY) -m kembed.gateway --port $(PORT) $$workers & \
-	for _ in $$(seq 1 120); do curl -fsS -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && break; sleep 0.5; done; \
+	ready=0; \
+	for _ in $$(seq 1 240); do \
+	  curl -fsS -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && { ready=1; break; }; sleep 0.5; \
+	done; \
 	echo; \
+	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; wait; exit 1; fi; \
 	echo "kembed is serving on http://127.0.0.1:$(PORT) ($(WORKERS) worker(s)). Try:"; \
 	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
 	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \

@@ -15,12 +15,21 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.errors import Flavour, GatewayError, PayloadTooLarge, render
+from kembed.gateway.errors import (
+    Flavour,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    WorkerFailed,
+    render,
+)
 from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.schemas import (
     EmbeddingRequest,
@@ -201,7 +210,14 @@ def create_app(config: GatewayConfig) -> Starlette:
             tokenization.close()
 
     async def on_error(request: Request, error: Exception) -> Response:
-        assert isinstance(error, GatewayError)
+        if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
+            method, path = request.method, request.url.path
+            if error.status_code == 405:
+                error = MethodNotAllowed(f"{method} is not allowed on {path}")
+            else:
+                error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
+        elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
+            error = WorkerFailed("internal error in the gateway (see its log)")
         flavour = Flavour.OPENAI if request.url.path.startswith("/v1/") else Flavour.TEI
         return render(error, flavour, retry_after_s=config.retry_after_s)
 
@@ -217,5 +233,5 @@ def create_app(config: GatewayConfig) -> Starlette:
             Route("/ready", routes.ready, methods=["GET"]),
         ],
         lifespan=lifespan,
-        exception_handlers={GatewayError: on_error},
+        exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
     )

@@ -36,6 +36,10 @@ class NotFound(GatewayError):
     """The request names a model this gateway does not serve (404)."""
 
 
+class MethodNotAllowed(GatewayError):
+    """The route exists but not with this HTTP method (405)."""
+
+
 class Overloaded(GatewayError):
     """Every replica tried refused the work because its queue is full (429, retry later)."""
 
@@ -76,6 +80,7 @@ _TABLE: dict[type[GatewayError], _Mapping] = {
     InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
     PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
     NotFound: _Mapping(404, "invalid_request_error", "not_found"),
+    MethodNotAllowed: _Mapping(405, "invalid_request_error", "validation"),
     Overloaded: _Mapping(429, "rate_limit_error", "overloaded"),
     Unavailable: _Mapping(503, "service_unavailable_error", "unhealthy"),
     Unsupported: _Mapping(501, "not_implemented_error", "unsupported"),

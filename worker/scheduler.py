@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
 from kembed.worker.errors import InvalidInput, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ import logging
 
 import grpc
 import numpy as np
+
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.errors import InvalidInput, Unsupported, WorkerError

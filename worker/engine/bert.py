@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from kembed.worker.engine.attention import AttentionMetadata
 from kembed.worker.errors import InvalidInput
-from torch import nn
 
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import ATTENTION_BACKENDS, AttentionMetadata, build_metadata
 from kembed.worker.engine.bert import BertEncoder, BertShape

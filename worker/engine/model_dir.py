@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from kembed.worker.errors import InvalidInput
 from safetensors.torch import load_file
+
+from kembed.worker.errors import InvalidInput
 
 # Prefixes under which task heads (BertForSequenceClassification, ...) store the encoder.
 _ENCODER_PREFIXES = ("bert.", "roberta.", "model.")

@@ -1,6 +1,7 @@
 """Pooling of packed hidden states into one vector per sequence, as sentence-transformers defines it."""
 
 import torch
+
 from kembed.worker.engine.attention import AttentionMetadata
 
 
