@@ -2,7 +2,9 @@
 # Both create .venv and install what they need on a fresh machine.
 
 VENV      ?= .venv
-PY        := $(VENV)/bin/python
+# -P: do not put the working directory on sys.path. The repository root holds `operator/` (the
+# kembed.operator package), which would shadow the standard library's `operator` module.
+PY        := $(VENV)/bin/python -P
 STAMP     := $(VENV)/.kembed-installed
 WORKERS   ?= 1
 PORT      ?= 8080
@@ -19,7 +21,7 @@ PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LIN
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(VENV)/bin/python || python3 -P -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) '$(TORCH_SPEC)'
 	$(PIP) -e '.[gateway,worker,dev]'

@@ -60,11 +60,15 @@ async def run_engine(engine, ids: list[np.ndarray], max_batch_tokens: int) -> tu
     scheduler.start()
     try:
         started = time.perf_counter()
-        parts = await asyncio.gather(*(
-            scheduler.submit(np.concatenate(ids[i : i + BATCH]),
-                             np.array([len(x) for x in ids[i : i + BATCH]], np.int32))
-            for i in range(0, len(ids), BATCH)
-        ))
+        parts = await asyncio.gather(
+            *(
+                scheduler.submit(
+                    np.concatenate(ids[i : i + BATCH]),
+                    np.array([len(x) for x in ids[i : i + BATCH]], np.int32),
+                )
+                for i in range(0, len(ids), BATCH)
+            )
+        )
         elapsed = time.perf_counter() - started
     finally:
         await scheduler.close()
@@ -82,8 +86,9 @@ async def run_end_to_end(url: str, texts: list[str], concurrency: int) -> tuple[
     async def client_loop(client: httpx.AsyncClient) -> None:
         while not queue.empty():
             batch = queue.get_nowait()
-            response = await client.post("/v1/embeddings", json={
-                "input": [texts[i] for i in batch], "encoding_format": "base64"})
+            response = await client.post(
+                "/v1/embeddings", json={"input": [texts[i] for i in batch], "encoding_format": "base64"}
+            )
             response.raise_for_status()
             for i, item in zip(batch, response.json()["data"], strict=True):
                 vectors[i] = np.frombuffer(base64.b64decode(item["embedding"]), "<f4")
@@ -151,10 +156,18 @@ def main() -> None:
 
     rows = [
         ("sentence-transformers `encode` (baseline)", best["st"], "—", 1.0),
-        ("kembed engine-only (scheduler + engine, in-process)", best["engine"], cosines["engine"],
-         best["st"] / best["engine"]),
-        (f"kembed end to end (HTTP → gateway → gRPC → worker, {args.concurrency} clients)", best["e2e"],
-         cosines["e2e"], best["st"] / best["e2e"]),
+        (
+            "kembed engine-only (scheduler + engine, in-process)",
+            best["engine"],
+            cosines["engine"],
+            best["st"] / best["engine"],
+        ),
+        (
+            f"kembed end to end (HTTP → gateway → gRPC → worker, {args.concurrency} clients)",
+            best["e2e"],
+            cosines["e2e"],
+            best["st"] / best["e2e"],
+        ),
     ]
     table = [
         f"Measured {datetime.date.today()} by `make bench-cpu` on {cpu_name()} ({torch.get_num_threads()} "
@@ -167,8 +180,10 @@ def main() -> None:
     ]
     for name, seconds, cosine, ratio in rows:
         cos = cosine if isinstance(cosine, str) else f"{cosine:.5f}"
-        table.append(f"| {name} | {seconds:.2f} | {args.texts / seconds:.0f} | {num_tokens / seconds:.0f} "
-                     f"| {ratio:.2f} | {cos} |")
+        table.append(
+            f"| {name} | {seconds:.2f} | {args.texts / seconds:.0f} | {num_tokens / seconds:.0f} "
+            f"| {ratio:.2f} | {cos} |"
+        )
     section = "\n".join(table)
     print(section)
     if args.out is not None:
@@ -177,7 +192,9 @@ def main() -> None:
 
 def write_section(path: Path, section: str) -> None:
     block = f"{START}\n{section}\n{END}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n## CPU (`make bench-cpu`)\n\n" + block + "\n"
+    text = (
+        path.read_text() if path.exists() else "# Benchmarks\n\n## CPU (`make bench-cpu`)\n\n" + block + "\n"
+    )
     if START in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     path.write_text(text)

@@ -40,7 +40,10 @@ def spawn(name: str, args: list[str], log_dir: Path) -> Process:
     log = log_dir / f"{name}.log"
     with log.open("w") as out:  # the child keeps its own descriptor
         popen = subprocess.Popen(
-            [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            [sys.executable, "-P", "-m", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     return Process(name, popen, log)
 

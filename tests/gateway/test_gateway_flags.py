@@ -74,7 +74,7 @@ async def test_cli_serves_embeddings_over_real_http():
     port = _free_port()
     async with serving(FakeEmbedder()) as address:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kembed.gateway", "--worker", address, "--port", str(port),
+            sys.executable, "-P", "-m", "kembed.gateway", "--worker", address, "--port", str(port),
             env={**os.environ, "KEMBED_GATEWAY_LOG_LEVEL": "warning"}, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
