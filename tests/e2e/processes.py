@@ -64,6 +64,17 @@ def wait_ready(url: str, processes: list[Process], timeout_s: float = 90) -> Non
     pytest.fail(f"{url} not ready after {timeout_s}s\n{logs}")
 
 
+def wait_all_serving(url: str, timeout_s: float = 60) -> None:
+    """Until the gateway sees every worker replica serving (/ready needs only one)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = httpx.get(f"{url}/info", timeout=5).json()["workers"]
+        if all(w["serving"] for w in workers):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"not every worker behind {url} became serving: {workers}")
+
+
 @dataclass
 class Stack:
     url: str
@@ -96,6 +107,7 @@ def start_stack(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, processes)
+        wait_all_serving(url)
     except BaseException:
         for proc in processes:
             proc.stop()

@@ -3,8 +3,10 @@
 Sequences are packed back to back (`cu_seqlens`), never padded between each other: every linear
 layer runs on exactly the real tokens. The `sdpa` backend is the CPU and fallback path: it gathers
 q/k/v into a [batch, heads, max_seqlen, head_dim] block for the attention product only and scatters
-the result back, so padding costs attention FLOPs and nothing else. Varlen kernels (torch-varlen,
-flash-attn, flashinfer) plug in behind the same `attend(qkv, meta)` call in the GPU-engine work.
+the result back, so padding costs attention FLOPs and nothing else. Every backend has the same
+call, `attend(q, k, v, meta, causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may
+have fewer heads: grouped-query attention); the varlen kernels (torch-varlen, flash-attn,
+flashinfer) plug in behind it.
 """
 
 import itertools
@@ -78,37 +80,42 @@ def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
 
 
 def sdpa_loop_attention(
-    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
 ) -> torch.Tensor:
-    """CPU attention: one SDPA call per sequence on views of the packed tensor, so no FLOP is spent
+    """CPU attention: one SDPA call per sequence on views of the packed tensors, so no FLOP is spent
     on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
     on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
-    num_tokens = qkv.shape[0]
-    head_dim = qkv.shape[1] // (3 * num_heads)
-    qkv = qkv.view(num_tokens, 3, num_heads, head_dim)
-    out = qkv.new_empty(num_tokens, num_heads, head_dim)
-    bounds = meta.host_cu_seqlens
-    for start, end in itertools.pairwise(bounds):
-        q, k, v = qkv[start:end].permute(1, 2, 0, 3).unsqueeze(1)  # 3 x [1, heads, len, head_dim]
-        out[start:end] = F.scaled_dot_product_attention(q, k, v, is_causal=causal)[0].transpose(0, 1)
-    return out.view(num_tokens, num_heads * head_dim)
+    out = q.new_empty(q.shape)
+    is_gqa = k.shape[1] != q.shape[1]
+    for start, end in itertools.pairwise(meta.host_cu_seqlens):
+        # [len, heads, head_dim] -> [1, heads, len, head_dim]
+        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+        out[start:end] = attn[0].transpose(0, 1)
+    return out
 
 
 def sdpa_padded_attention(
-    qkv: torch.Tensor, meta: AttentionMetadata, num_heads: int, causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
 ) -> torch.Tensor:
-    """Attention of packed `qkv` [num_tokens, 3 * hidden] → [num_tokens, hidden], sequences kept apart."""
-    head_dim = qkv.shape[1] // (3 * num_heads)
+    """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
+    attention product only, then scattered back: the eager GPU fallback."""
+    num_tokens, num_heads, head_dim = q.shape
     num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
-    if meta.pad_index is not None:
-        qkv = torch.cat([qkv, qkv.new_zeros(1, qkv.shape[1])])[meta.pad_index]
-    # [num_seqs, max_seqlen, 3, heads, head_dim] -> three [num_seqs, heads, max_seqlen, head_dim]
-    q, k, v = qkv.view(num_seqs, max_seqlen, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        if meta.pad_index is not None:
+            x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[meta.pad_index]
+        return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
+
     mask = meta.key_mask
     if causal and mask is not None:
-        mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=qkv.device).tril()
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
-    out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads * head_dim)
+        mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
+    out = F.scaled_dot_product_attention(
+        padded(q), padded(k), padded(v), attn_mask=mask, is_causal=causal and mask is None,
+        enable_gqa=k.shape[1] != num_heads,
+    )
+    out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
     return out if meta.unpad_index is None else out[meta.unpad_index]
 
 

@@ -83,7 +83,9 @@ class BertLayer(nn.Module):
         self.attend = attend
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        attn = self.attend(self.qkv(x), meta, self.num_heads, False)
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv(x).view(num_tokens, 3, self.num_heads, -1).unbind(1)
+        attn = self.attend(q, k, v, meta, False).reshape(num_tokens, -1)
         x = self.attn_norm(x + self.attn_out(attn))
         return self.ffn_norm(x + self.ffn_out(self.activation(self.ffn_in(x))))
 
