@@ -100,7 +100,7 @@ def sdpa_padded_attention(
 ) -> torch.Tensor:
     """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
     attention product only, then scattered back: the eager GPU fallback."""
-    num_tokens, num_heads, head_dim = q.shape
+    _, num_heads, head_dim = q.shape
     num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
 
     def padded(x: torch.Tensor) -> torch.Tensor:
