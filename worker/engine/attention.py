@@ -112,7 +112,11 @@ def sdpa_padded_attention(
     if causal and mask is not None:
         mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
     out = F.scaled_dot_product_attention(
-        padded(q), padded(k), padded(v), attn_mask=mask, is_causal=causal and mask is None,
+        padded(q),
+        padded(k),
+        padded(v),
+        attn_mask=mask,
+        is_causal=causal and mask is None,
         enable_gqa=k.shape[1] != num_heads,
     )
     out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)

@@ -14,10 +14,9 @@ import torch
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import ATTENTION_BACKENDS, AttentionMetadata, build_metadata
-from kembed.worker.engine.bert import BertEncoder, BertShape
 from kembed.worker.engine.lazy import LazyTensor
-from kembed.worker.engine.model_dir import load_weights, read_model_dir
-from kembed.worker.engine.pooling import pool
+from kembed.worker.engine.model_dir import read_model_dir
+from kembed.worker.engine.models import ServedModel, build_model
 from kembed.worker.info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -38,8 +37,8 @@ class PackedBatch:
 class Engine:
     """Runs one model on one device. Not thread-safe: one launcher thread calls `step`."""
 
-    def __init__(self, encoder: BertEncoder, info: ModelInfo, device: torch.device) -> None:
-        self.encoder = encoder
+    def __init__(self, model: ServedModel, info: ModelInfo, device: torch.device) -> None:
+        self.model = model
         self.info = info
         self.device = device
 
@@ -67,13 +66,12 @@ class Engine:
         """Launch the forward pass of `batch`; return its pooled vectors [num_seqs, dimensions] lazily."""
         device = self.device
         meta = batch.meta.to(device)
-        hidden = self.encoder(
+        pooled = self.model(
             batch.input_ids.to(device, non_blocking=True),
             batch.position_ids.to(device, non_blocking=True),
             batch.token_type_ids.to(device, non_blocking=True),
             meta,
         )
-        pooled = pool(hidden, meta, self.info.pooling).float()
         if device.type != "cuda":
             return LazyTensor(pooled, None)
         host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
@@ -94,18 +92,15 @@ def load_engine(config: WorkerConfig) -> Engine:
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
-    shape = BertShape.from_config(model_dir.config)
-    attend = ATTENTION_BACKENDS[backend]
-    encoder = BertEncoder(shape, attend)
-    encoder.load_hf_weights(load_weights(model_dir.path))
-    encoder = encoder.to(device=device, dtype=dtype).eval()
+    model = build_model(model_dir, ATTENTION_BACKENDS[backend]).to(device=device, dtype=dtype).eval()
+    facts = model.facts
     info = ModelInfo(
         model_name=config.served_model_name or model_dir.path.name,
         model_type=model_dir.model_type,
-        task="embed",
-        dimensions=shape.hidden_size,
-        max_sequence_length=shape.max_sequence_length,
-        vocab_size=shape.vocab_size,
+        task=facts.task,
+        dimensions=facts.output_size,
+        max_sequence_length=facts.max_sequence_length,
+        vocab_size=facts.vocab_size,
         pooling=model_dir.pooling,
         normalize=model_dir.normalize,
         dtype=str(dtype).removeprefix("torch."),
@@ -113,17 +108,17 @@ def load_engine(config: WorkerConfig) -> Engine:
         attention_backend=backend,
     )
     log.info(
-        "loaded %s (%s, %d layers) on %s as %s, attention %s, pooling %s in %.1fs",
+        "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s in %.1fs",
         model_dir.path,
         info.model_type,
-        shape.num_layers,
+        info.task,
         device,
         info.dtype,
         backend,
         info.pooling,
         time.perf_counter() - started,
     )
-    return Engine(encoder, info, device)
+    return Engine(model, info, device)
 
 
 def _resolve_device(requested: str) -> torch.device:
