@@ -1,0 +1,223 @@
+"""Qwen3 decoder embedders (Qwen3-Embedding, pplx-embed-v1) over packed ragged batches.
+
+Our own model code, not `transformers.Qwen3Model` (that is the reference in tests). As in `bert.py`,
+the tokens of all sequences form one [num_tokens, hidden] matrix and only attention sees sequence
+boundaries. At load time Q, K and V are fused into one matmul and so are the MLP's gate and up
+projections. Attention is causal, as Qwen3 was trained, unless the config asks for bidirectional
+attention (pplx-embed-v1: `bidirectional_pplx_qwen3`, `use_bidirectional_attention: true`).
+There is no LM head: embedders pool the final hidden states, so `tie_word_embeddings` and any
+`lm_head.weight` in the checkpoint are ignored.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.model_dir import ModelDir, load_weights
+from kembed.worker.engine.models import ModelFacts, ServedModel
+from kembed.worker.engine.pooling import pool
+from kembed.worker.engine.rope import RotaryEmbedding, rotate
+from kembed.worker.errors import InvalidInput
+
+QWEN3_FAMILY = ("qwen3", "bidirectional_pplx_qwen3")
+
+
+@dataclass(frozen=True)
+class Qwen3Shape:
+    """The config.json fields that shape the network."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    is_causal: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Qwen3Shape":
+        model_type = config.get("model_type", "")
+        if model_type not in QWEN3_FAMILY:
+            raise InvalidInput(f"model_type {model_type!r} is not a Qwen3 decoder {QWEN3_FAMILY}")
+        if config.get("hidden_act", "silu") != "silu":
+            raise InvalidInput(f"unsupported hidden_act {config['hidden_act']!r} (Qwen3 uses silu)")
+        if config.get("use_sliding_window") or "sliding_attention" in config.get("layer_types", ()):
+            raise InvalidInput("sliding-window attention is not supported")
+        # transformers >= 5 writes `rope_parameters`; older configs `rope_theta` and `rope_scaling`.
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise InvalidInput(f"rope type {rope_type!r} is not supported (only unscaled RoPE)")
+        num_heads = config["num_attention_heads"]
+        num_kv_heads = config.get("num_key_value_heads") or num_heads
+        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+        if num_heads % num_kv_heads or head_dim % 2:
+            raise InvalidInput(
+                f"bad attention shape: {num_heads} heads, {num_kv_heads} kv heads, {head_dim=}"
+            )
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=config["intermediate_size"],
+            max_position_embeddings=config["max_position_embeddings"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+            attention_bias=bool(config.get("attention_bias", False)),
+            is_causal=not is_bidirectional(config),
+        )
+
+
+def is_bidirectional(config: dict) -> bool:
+    """Whether the checkpoint was trained with bidirectional attention.
+
+    Spellings seen in the wild: pplx-embed-v1 (`model_type: bidirectional_pplx_qwen3`, whose remote
+    code turns causality off in every layer, and `use_bidirectional_attention: true`), EmbeddingGemma
+    (`use_bidirectional_attention: true`), Gemma 4 (`use_bidirectional_attention: "all"`; "vision"
+    means images only, so text stays causal) and a plain `is_causal: false`."""
+    return (
+        config.get("model_type") == "bidirectional_pplx_qwen3"
+        or config.get("use_bidirectional_attention") in (True, "all")
+        or config.get("is_causal") is False
+    )
+
+
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: normalised in float32 whatever the model dtype, as transformers does, because
+    a bfloat16 mean of squares over 1024 channels loses too many digits."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(self, shape: Qwen3Shape, attend: Callable) -> None:
+        super().__init__()
+        hidden, head_dim = shape.hidden_size, shape.head_dim
+        q_size, kv_size = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
+        self.input_norm = RMSNorm(hidden, shape.rms_norm_eps)
+        self.qkv = nn.Linear(hidden, q_size + 2 * kv_size, bias=shape.attention_bias)
+        self.q_norm = RMSNorm(head_dim, shape.rms_norm_eps)  # per head, before RoPE
+        self.k_norm = RMSNorm(head_dim, shape.rms_norm_eps)
+        self.o_proj = nn.Linear(q_size, hidden, bias=shape.attention_bias)
+        self.post_attn_norm = RMSNorm(hidden, shape.rms_norm_eps)
+        self.gate_up = nn.Linear(hidden, 2 * shape.intermediate_size, bias=False)
+        self.down = nn.Linear(shape.intermediate_size, hidden, bias=False)
+        self.qkv_sizes = (q_size, kv_size, kv_size)
+        self.num_heads, self.num_kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, head_dim
+        self.is_causal = shape.is_causal
+        self.attend = attend
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,  # [num_tokens, 1, head_dim/2]
+        sin: torch.Tensor,  # [num_tokens, 1, head_dim/2]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv(self.input_norm(x)).split(self.qkv_sizes, dim=-1)
+        q = rotate(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), cos, sin)
+        k = rotate(self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        x = x + self.o_proj(attn.reshape(num_tokens, -1))
+        gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Qwen3Decoder(nn.Module):
+    """Token embeddings + decoder layers + final norm; returns the last hidden state of every token."""
+
+    def __init__(self, shape: Qwen3Shape, attend: Callable) -> None:
+        super().__init__()
+        self.shape = shape
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.rope = RotaryEmbedding(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
+        self.layers = nn.ModuleList(Qwen3Layer(shape, attend) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        position_ids: torch.Tensor,  # [num_tokens], 0-based within each sequence
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope(position_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.norm(x)  # [num_tokens, hidden]
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load a transformers Qwen3Model state dict (prefix-stripped), fusing Q/K/V and gate/up."""
+        state = {"embed_tokens.weight": weights["embed_tokens.weight"], "norm.weight": weights["norm.weight"]}
+        kinds = ("weight", "bias") if self.shape.attention_bias else ("weight",)
+        for i in range(self.shape.num_layers):
+            hf, ours = f"layers.{i}.", f"layers.{i}."
+            for kind in kinds:
+                state[f"{ours}qkv.{kind}"] = torch.cat(
+                    [weights[f"{hf}self_attn.{name}_proj.{kind}"] for name in ("q", "k", "v")]
+                )
+                state[f"{ours}o_proj.{kind}"] = weights[f"{hf}self_attn.o_proj.{kind}"]
+            state[f"{ours}gate_up.weight"] = torch.cat(
+                [weights[f"{hf}mlp.gate_proj.weight"], weights[f"{hf}mlp.up_proj.weight"]]
+            )
+            state[f"{ours}down.weight"] = weights[f"{hf}mlp.down_proj.weight"]
+            for ours_norm, hf_norm in (
+                ("input_norm", "input_layernorm"),
+                ("post_attn_norm", "post_attention_layernorm"),
+                ("q_norm", "self_attn.q_norm"),
+                ("k_norm", "self_attn.k_norm"),
+            ):
+                state[f"{ours}{ours_norm}.weight"] = weights[f"{hf}{hf_norm}.weight"]
+        self.load_state_dict(state, strict=True)
+
+
+class Qwen3Embedder(ServedModel):
+    """Qwen3 decoder + sentence-transformers pooling (last token for Qwen3-Embedding, mean for pplx)."""
+
+    def __init__(self, shape: Qwen3Shape, attend: Callable, pooling: str) -> None:
+        super().__init__()
+        self.decoder = Qwen3Decoder(shape, attend)
+        self.pooling = pooling
+        self.facts = ModelFacts("embed", shape.hidden_size, shape.max_position_embeddings, shape.vocab_size)
+
+    def forward(self, input_ids, position_ids, token_type_ids, meta):
+        hidden = self.decoder(input_ids, position_ids, meta)  # token types: Qwen3 has none
+        return pool(hidden, meta, self.pooling).float()
+
+
+def build_qwen3(model_dir: ModelDir, attend: Callable) -> Qwen3Embedder:
+    """A Qwen3 embedder for `model_dir`, weights loaded, on the CPU."""
+    shape = Qwen3Shape.from_config(model_dir.config)
+    model = Qwen3Embedder(shape, attend, qwen3_pooling(model_dir, shape))
+    model.decoder.load_hf_weights(load_weights(model_dir.path))
+    return model
+
+
+def qwen3_pooling(model_dir: ModelDir, shape: Qwen3Shape) -> str:
+    """The directory's sentence-transformers pooling; without modules.json, the last token for a causal
+    model (only it has seen the whole sequence) and the mean for a bidirectional one."""
+    if (model_dir.path / "modules.json").is_file():
+        return model_dir.pooling
+    return "last" if shape.is_causal else "mean"
