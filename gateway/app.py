@@ -1,4 +1,4 @@
-"""The HTTP edge: Starlette routes in the OpenAI and TEI shapes, and the app's lifespan.
+"""The HTTP edge: Starlette routes in the OpenAI, TEI and Cohere (rerank) shapes, and the app's lifespan.
 
 Each route reads its body under the size cap, parses it, calls the shared `EmbeddingService` and
 renders the answer with orjson. Errors are raised, never rendered here: the one handler below turns a
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 from importlib import metadata
 from typing import Any
@@ -36,13 +37,14 @@ from kembed.gateway.schemas import (
     EmbedRequest,
     RerankRequest,
     TokenizeRequest,
+    V1RerankRequest,
     as_direction,
     as_input_list,
     parse,
 )
 from kembed.gateway.service import EmbeddingService
 from kembed.gateway.tokenization import Tokenization
-from kembed.gateway.vectors import to_base64
+from kembed.gateway.vectors import rank, to_base64
 from kembed.gateway.workers import WorkerPool
 
 
@@ -132,20 +134,40 @@ class Routes:
 
     async def tei_rerank(self, request: Request) -> Response:
         body = parse(RerankRequest, await self._body(request))
-        scores = await self.service.rerank(
+        scored = await self.service.rerank(
             body.query,
             body.texts,
             truncate=body.truncate,
             direction=as_direction(body.truncation_direction),
             raw=body.raw_scores,
         )
-        ranked = sorted(range(len(body.texts)), key=lambda i: -float(scores[i]))
         return _json(
             [
-                {"index": i, "score": float(scores[i])}
+                {"index": i, "score": float(scored.scores[i])}
                 | ({"text": body.texts[i]} if body.return_text else {})
-                for i in ranked
+                for i in rank(scored.scores)
             ]
+        )
+
+    async def v1_rerank(self, request: Request) -> Response:
+        body = parse(V1RerankRequest, await self._body(request))
+        self.service.check_model(body.model)
+        texts = body.texts
+        scored = await self.service.rerank(
+            body.query, texts, truncate=None, direction=None, raw=False, param="documents"
+        )
+        results = [
+            {"index": i, "relevance_score": float(scored.scores[i])}
+            | ({"document": {"text": texts[i]}} if body.return_documents else {})
+            for i in rank(scored.scores, body.top_n)
+        ]
+        return _json(
+            {
+                "id": uuid.uuid4().hex,
+                "model": self.service.served_names[0],
+                "results": results,
+                "usage": {"total_tokens": scored.num_tokens},
+            }
         )
 
     async def info(self, request: Request) -> Response:
@@ -228,6 +250,7 @@ def create_app(config: GatewayConfig) -> Starlette:
             Route("/embed", routes.tei_embed, methods=["POST"]),
             Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
             Route("/rerank", routes.tei_rerank, methods=["POST"]),
+            Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
             Route("/info", routes.info, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/ready", routes.ready, methods=["GET"]),

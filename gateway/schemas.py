@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kembed.gateway.errors import InvalidInput
 from kembed.gateway.model_files import Direction
@@ -20,7 +20,12 @@ TruncationDirection = Literal["right", "left", "Right", "Left"]
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 _INPUT_FORMS = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
-_INPUT_FIELDS = {"input": _INPUT_FORMS, "inputs": _INPUT_FORMS, "texts": "a list of strings"}
+_INPUT_FIELDS = {
+    "input": _INPUT_FORMS,
+    "inputs": _INPUT_FORMS,
+    "texts": "a list of strings",
+    "documents": 'a list of strings or of objects {"text": string}',
+}
 
 
 class EmbeddingRequest(BaseModel):
@@ -66,6 +71,31 @@ class RerankRequest(BaseModel):
     return_text: bool = False
     truncate: bool | None = None
     truncation_direction: TruncationDirection | None = None
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object, as Cohere's v1 API allows; other fields are ignored."""
+
+    model_config = _STRICT
+    text: str
+
+
+class V1RerankRequest(BaseModel):
+    """`POST /v1/rerank`, the shape Cohere's and Jina's rerank APIs share (vLLM and Infinity serve it).
+
+    Scores are always relevance probabilities (sigmoid of the logit), never raw logits; fields for
+    other rerankers' options (`rank_fields`, `max_chunks_per_doc`) are ignored."""
+
+    model_config = _STRICT
+    query: str
+    documents: list[str | RerankDocument]
+    model: str | None = None
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False  # Cohere v1's default
+
+    @property
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
 
 
 M = TypeVar("M", bound=BaseModel)

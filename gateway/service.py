@@ -41,6 +41,14 @@ class Embedded:
     num_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """Relevance scores of one rerank request, [num_texts] float64 in input order, and its tokens."""
+
+    scores: np.ndarray
+    num_tokens: int
+
+
 class EmbeddingService:
     """Everything between a parsed request and its response, independent of the API shape."""
 
@@ -153,30 +161,41 @@ class EmbeddingService:
         truncate: bool | None,
         direction: Direction | None,
         raw: bool,
-    ) -> np.ndarray:
-        """One relevance score per text (sigmoid of the logit unless `raw`), in input order."""
-        self._check_count(len(texts), "texts")
+        param: str = "texts",
+    ) -> Scored:
+        """One relevance score per text (sigmoid of the logit unless `raw`), in input order.
+
+        Only a cross-encoder with one label ranks: an embedding model (task "embed") or a worker
+        without Score is Unsupported (501), and so is a classifier with several labels (as TEI
+        refuses /rerank for it: softmax over labels is not a relevance)."""
+        self._check_count(len(texts), param)
         info = self.worker_info()
+        name = self.served_names[0]
         if info.task and info.task != "score":
             raise Unsupported(
-                f"the served model `{self.served_names[0]}` does not support scoring (/rerank) yet: "
-                f"its task is {info.task!r}, not a cross-encoder's 'score'"
+                f"the served model `{name}` does not support reranking: it is an embedding model "
+                f"(task {info.task!r}), not a cross-encoder"
             )
         deadline = self._deadline()
 
-        async def run() -> np.ndarray:
+        async def run() -> tuple[np.ndarray, int]:
             ids, type_ids = await self.tokenization.encode_pairs(
                 query,
                 texts,
                 truncate=self.config.auto_truncate if truncate is None else truncate,
                 direction=direction,
+                param=param,
             )
-            return await self.pool.score(ids, type_ids, uuid.uuid4().hex, deadline)
+            logits = await self.pool.score(ids, type_ids, uuid.uuid4().hex, deadline)
+            return logits, sum(len(s) for s in ids)
 
         try:
-            logits = await self._run(run)
+            logits, num_tokens = await self._run(run)
         except Unsupported as error:
+            raise Unsupported(f"the served model does not support reranking: {error.message}") from None
+        if logits.shape[1] != 1:
             raise Unsupported(
-                f"the served model does not support scoring (/rerank) yet: {error.message}"
-            ) from None
-        return relevance(logits, raw=raw)
+                f"the served model `{name}` does not support reranking: it is a classifier with "
+                f"{logits.shape[1]} labels, a reranker has one"
+            )
+        return Scored(relevance(logits, raw=raw), num_tokens)

@@ -137,13 +137,30 @@ class Tokenization:
         return array.astype(np.int32)
 
     async def encode_pairs(
-        self, query: str, texts: Sequence[str], *, truncate: bool, direction: Direction | None
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        truncate: bool,
+        direction: Direction | None,
+        param: str = "texts",
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Token ids and token-type ids of each (query, text) pair, for cross-encoder scoring."""
+        """Token ids and token-type ids of each (query, text) pair, for cross-encoder scoring.
+
+        As sentence-transformers' CrossEncoder tokenizes: `tokenizer(query, text, truncation=
+        "longest_first", max_length=max_seq_length)`, i.e. the pair template of tokenizer.json
+        ([CLS] q [SEP] d [SEP] with segments 0/1 for BERT, <s> q </s></s> d </s> for RoBERTa), the
+        longer side losing a token at a time until the pair fits. No prompt is applied."""
         pairs = [(query, text) for text in texts]
         ids, type_ids = await self._run(_encode_pairs, self._tokenizer(truncate, direction), pairs)
+        limit = self.spec.max_seq_length
         for i, row in enumerate(ids):
-            self._check_length(i, len(row))
+            if limit is not None and len(row) > limit:
+                raise PayloadTooLarge(
+                    f"the pair of the query and {param}[{i}] is {len(row)} tokens, more than the "
+                    f"model's limit of {limit}; send truncate=true or shorten them",
+                    param=param,
+                )
         return ids, type_ids
 
     async def tokenize(

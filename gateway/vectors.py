@@ -32,9 +32,19 @@ def decode_scores(response: pb.ScoreResponse, num_pairs: int) -> np.ndarray:
 
 
 def relevance(logits: np.ndarray, *, raw: bool) -> np.ndarray:
-    """TEI's rerank score: the first label's logit, through a sigmoid unless `raw` is asked for."""
+    """Rerank scores [num_pairs] from one-label logits [num_pairs, 1]: the sigmoid of the logit, or
+    the logit itself if `raw`. That is TEI's /rerank (sigmoid unless raw_scores) and
+    sentence-transformers' `CrossEncoder.predict` default for one label (`nn.Sigmoid`); computed in
+    float64 so that large logits still rank apart."""
     first = logits[:, 0].astype(np.float64)
+    if np.isnan(first).any():  # as TEI: a NaN would sort anywhere and serialise as null
+        raise WorkerFailed("the model returned a NaN score")
     return first if raw else 1.0 / (1.0 + np.exp(-first))
+
+
+def rank(scores: np.ndarray, top_n: int | None = None) -> list[int]:
+    """Indices of `scores` best first (ties keep input order), the first `top_n` if given."""
+    return np.argsort(-scores, kind="stable")[:top_n].tolist()
 
 
 def finish(matrix: np.ndarray, *, dimensions: int | None, normalize: bool) -> np.ndarray:

@@ -224,11 +224,25 @@ class WorkerPool:
     async def score(
         self, ids: Sequence[np.ndarray], type_ids: Sequence[np.ndarray], request_id: str, deadline: float
     ) -> np.ndarray:
-        """Raw relevance logits of templated pairs, [len(ids), num_labels]. Sent as one chunk:
-        rerank requests are small and the worker answers UNIMPLEMENTED today."""
-        request = pb.ScoreRequest(batch=pack(ids, type_ids), request_id=request_id)
-        response = await self._send("Score", request, sum(len(s) for s in ids), deadline)
-        return decode_scores(response, len(ids))
+        """Raw logits of templated pairs, [len(ids), num_labels], in input order; chunked and balanced
+        over replicas like `embed` (a rerank of many long documents is as large as any embedding)."""
+        chunks = split_into_chunks(
+            [len(s) for s in ids],
+            max_tokens=self._config.chunk_tokens,
+            max_sequences=self._config.max_chunk_sequences,
+        )
+
+        async def run(index: int) -> np.ndarray:
+            chunk = chunks[index]
+            batch = pack(ids[chunk.start : chunk.stop], type_ids[chunk.start : chunk.stop])
+            request = pb.ScoreRequest(batch=batch, request_id=f"{request_id}/{index}")
+            response = await self._send("Score", request, chunk.num_tokens, deadline)
+            return decode_scores(response, chunk.num_sequences)
+
+        parts = await gather_all([run(i) for i in range(len(chunks))])
+        if len({part.shape[1] for part in parts}) > 1:
+            raise WorkerFailed("worker replicas disagree on the number of labels")
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 async def gather_all(coros: Sequence[Awaitable[T]]) -> list[T]:

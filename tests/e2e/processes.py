@@ -88,13 +88,21 @@ def start_stack(
     model_dir: Path | None = None,
     worker_addresses: list[str] | None = None,
     gateway_args: tuple[str, ...] = (),
+    worker_model_dir: Path | None = None,
 ) -> Stack:
+    """`num_workers` new CPU workers (on `worker_model_dir`, else the bundled model) plus any running
+    `worker_addresses`, behind a new gateway whose tokenizer comes from `model_dir` (else bundled)."""
     processes: list[Process] = []
     addresses = list(worker_addresses or [])
+    worker_args = ["--model", str(worker_model_dir)] if worker_model_dir is not None else []
     for i in range(num_workers):
         port = free_port()
         processes.append(
-            spawn(f"worker{i}", ["kembed.worker", "--port", str(port), "--device", "cpu"], log_dir)
+            spawn(
+                f"worker{i}-{port}",
+                ["kembed.worker", "--port", str(port), "--device", "cpu", *worker_args],
+                log_dir,
+            )
         )
         addresses.append(f"127.0.0.1:{port}")
     port = free_port()

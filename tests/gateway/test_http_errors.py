@@ -43,7 +43,7 @@ CASES = [
     ("/tokenize", b'{"inputs": [1]}', 422, "inputs"),
     ("/tokenize", b'{"inputs": "a", "prompt_name": "nope"}', 422, "unknown prompt_name"),
     ("/rerank", b'{"query": "q", "texts": []}', 422, "`texts` must not be empty"),
-    ("/rerank", b'{"query": "q", "texts": ["a"]}', 501, "does not support scoring (/rerank) yet"),
+    ("/rerank", b'{"query": "q", "texts": ["a"]}', 501, "does not support reranking"),
 ]
 
 
@@ -107,7 +107,7 @@ async def test_unimplemented_score_on_a_scoring_worker_is_501(gateway_with):
     async with gateway_with(FakeEmbedder(task="score")) as client:
         response = await client.post("/rerank", json={"query": "q", "texts": ["a", "b"]})
     assert response.status_code == 501
-    assert "does not support scoring (/rerank) yet" in response.json()["error"]
+    assert "does not support reranking" in response.json()["error"]
 
 
 TABLE = [
