@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     parser.add_argument(
         "--attention-backend",
         default=default("attention_backend", WorkerConfig.attention_backend),
-        help="auto|sdpa|sdpa-padded",
+        help="auto|sdpa|sdpa-padded|torch-varlen",
     )
     parser.add_argument(
         "--max-batch-tokens", type=int, default=default("max_batch_tokens", WorkerConfig.max_batch_tokens)
@@ -53,6 +54,20 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         "--max-inflight-batches",
         type=int,
         default=default("max_inflight_batches", WorkerConfig.max_inflight_batches),
+    )
+    parser.add_argument(
+        "--max-batch-sequences",
+        type=int,
+        default=default("max_batch_sequences", WorkerConfig.max_batch_sequences),
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=str(default("cuda_graphs", WorkerConfig.cuda_graphs)).lower() in ("1", "true", "yes", "on"),
+    )
+    parser.add_argument("--max-graphs", type=int, default=default("max_graphs", WorkerConfig.max_graphs))
+    parser.add_argument(
+        "--max-pinned-bytes", type=int, default=default("max_pinned_bytes", WorkerConfig.max_pinned_bytes)
     )
     parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
     parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
@@ -81,7 +96,7 @@ async def serve(config: WorkerConfig) -> None:
         max_queued_tokens=config.max_queued_tokens,
         max_inflight_batches=config.max_inflight_batches,
     )
-    service = EmbedderService(engine.info, scheduler, config.max_batch_tokens, config.revision)
+    service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port)
     scheduler.start()
     await server.start()
@@ -96,7 +111,15 @@ async def serve(config: WorkerConfig) -> None:
     await scheduler.close()
 
 
+ADMIN_COMMANDS = ("stats", "prewarm", "smoke")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ADMIN_COMMANDS:  # client tools against running workers (admin.py)
+        from kembed.worker.admin import main as admin_main
+
+        sys.exit(admin_main(argv))
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(config))

@@ -45,7 +45,8 @@ class WorkerConfig:
     attention_backend: str = "auto"
     """Ragged attention: `sdpa` (one call per sequence, no padding at all: the CPU choice),
     `sdpa-padded` (sequences gathered into a padded block for the attention product only: the eager
-    GPU fallback) or `auto` (by device)."""
+    GPU fallback), `torch-varlen` (torch's varlen flash attention: the CUDA choice, the one CUDA graphs
+    replay) or `auto` (by device and what is installed)."""
 
     max_batch_tokens: int = 2048
     """Token budget of one forward pass, in tokens. Sequences join a batch in arrival order until the
@@ -56,6 +57,21 @@ class WorkerConfig:
     max_queued_tokens: int = 65536
     """Admission cap, in tokens admitted and not yet answered. Past it a request is refused at once
     with RESOURCE_EXHAUSTED so the gateway can send it elsewhere: 32 full batches of backlog."""
+
+    max_batch_sequences: int = 256
+    """Most sequences in one batch, and the largest sequence-count bucket of the CUDA graphs. 256
+    one-line queries already saturate a sub-1B model; more would only add buckets."""
+
+    cuda_graphs: bool = True
+    """Capture whole-model CUDA graphs per bucket (on the GPU with a varlen attention backend)."""
+
+    max_graphs: int = 128
+    """Cap on resident graphs; past it, new buckets run eagerly. Graphs share one memory pool, so
+    each costs little memory beyond its static output; the cap bounds capture time and memory."""
+
+    max_pinned_bytes: int = 256 << 20
+    """Hard cap on pinned host memory for in-flight batches, in bytes. The ring gets as many slots
+    (up to max_inflight_batches) as fit; when all are in flight, the next launch waits."""
 
     max_inflight_batches: int = 2
     """Batches launched and not yet collected: 2 lets the CPU pack batch N+1 while N runs."""

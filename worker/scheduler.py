@@ -34,7 +34,9 @@ class Pending(Protocol):
 class BatchRunner(Protocol):
     """What the scheduler needs of an engine."""
 
-    def pack(self, token_ids: np.ndarray, lengths: np.ndarray) -> Any: ...
+    def pack(
+        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+    ) -> Any: ...
 
     def step(self, batch: Any) -> Pending: ...
 
@@ -44,6 +46,7 @@ class _Request:
     token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
     offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
     future: asyncio.Future
+    token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
     rows: list[np.ndarray | None] = field(default_factory=list)
     num_pending: int = 0  # sequences not yet answered
     num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
@@ -62,6 +65,13 @@ class _Sequence:
     def token_ids(self) -> np.ndarray:
         offsets = self.request.offsets
         return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
+
+    def token_type_ids(self) -> np.ndarray:
+        offsets = self.request.offsets
+        types = self.request.token_type_ids
+        if types is None:
+            return np.zeros(self.num_tokens, dtype=np.int32)
+        return types[offsets[self.index] : offsets[self.index + 1]]
 
 
 class Scheduler:
@@ -111,8 +121,18 @@ class Scheduler:
         self._launcher.shutdown(wait=True)
         self._waiter.shutdown(wait=True)
 
-    async def submit(self, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Queue a request's sequences; return their rows [num_seqs, dim] in order once all ran."""
+    async def run_on_device(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the launcher thread, in order with the batches (prewarm, smoke tests):
+        the engine is never driven from two threads, and the event loop never blocks on it."""
+        if self._closed:
+            raise Unavailable("worker is shutting down")
+        return await asyncio.get_running_loop().run_in_executor(self._launcher, fn, *args)
+
+    async def submit(
+        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Queue a request's sequences; return their rows [num_seqs, dim] in order once all ran.
+        `token_type_ids` (cross-encoder pairs) ride along with the ids; absent means all zeros."""
         if self._closed:
             raise Unavailable("worker is shutting down")
         num_tokens = int(lengths.sum())
@@ -132,6 +152,7 @@ class Scheduler:
             token_ids=token_ids,
             offsets=offsets,
             future=asyncio.get_running_loop().create_future(),
+            token_type_ids=token_type_ids,
             rows=[None] * len(lengths),
             num_pending=len(lengths),
             num_queued_tokens=num_tokens,
@@ -178,7 +199,11 @@ class Scheduler:
         try:
             lengths = np.fromiter((s.num_tokens for s in batch), dtype=np.int32, count=len(batch))
             token_ids = np.concatenate([s.token_ids() for s in batch])
-            packed = self._runner.pack(token_ids, lengths)
+            if any(s.request.token_type_ids is not None for s in batch):
+                token_type_ids = np.concatenate([s.token_type_ids() for s in batch])
+                packed = self._runner.pack(token_ids, lengths, token_type_ids)
+            else:
+                packed = self._runner.pack(token_ids, lengths)
             pending = await loop.run_in_executor(self._launcher, self._runner.step, packed)
             if self._on_batch is not None:
                 self._on_batch(len(batch), int(lengths.sum()))

@@ -6,12 +6,14 @@ translated to status codes once, in `ErrorInterceptor`.
 """
 
 import logging
+from typing import Protocol
 
 import grpc
 import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.buckets import Bucket
 from kembed.worker.errors import InvalidInput, Unsupported, WorkerError
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
@@ -19,7 +21,7 @@ from kembed.worker.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-_NOT_YET = "not implemented by this worker version (it arrives with the GPU engine)"
+DEFAULT_MIN_COSINE = 0.999  # the seeds' 0.1%: what "graph replay equals eager" means here
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -71,10 +73,46 @@ def decode_batch(batch: pb.TokenBatch, info: ModelInfo) -> tuple[np.ndarray, np.
     return token_ids, lengths.astype(np.int32)
 
 
+def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | None:
+    """The batch's token_type_ids (int32 [num_tokens]), or None when absent (all zeros).
+
+    Only 0 and 1 are accepted: a pair has two segments, and an id past the model's token-type table
+    must never reach an embedding lookup on the device."""
+    if not batch.token_type_ids:
+        return None
+    if len(batch.token_type_ids) != 4 * num_tokens:
+        raise InvalidInput(
+            f"token_type_ids holds {len(batch.token_type_ids)} bytes; {num_tokens} int32 values were expected"
+        )
+    types = np.frombuffer(batch.token_type_ids, dtype="<i4")
+    bad = (types < 0) | (types > 1)
+    if bad.any():
+        i = int(bad.argmax())
+        raise InvalidInput(f"token type id {int(types[i])} at position {i} is not 0 or 1")
+    return types
+
+
+class EngineOps(Protocol):
+    """What the server asks of the engine besides batches (which go through the scheduler); all of
+    it runs on the scheduler's launcher thread."""
+
+    info: ModelInfo
+
+    def bucket_stats(self) -> list[tuple[Bucket, int, bool]]: ...
+
+    def prewarm(self, buckets: list[Bucket]) -> list[Bucket]: ...
+
+    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list: ...
+
+
 class EmbedderService(pb_grpc.EmbedderServicer):
     """kembed.v1.Embedder over one model and its scheduler."""
 
-    def __init__(self, info: ModelInfo, scheduler: Scheduler, max_batch_tokens: int, revision: str) -> None:
+    def __init__(
+        self, engine: "EngineOps", scheduler: Scheduler, max_batch_tokens: int, revision: str
+    ) -> None:
+        info = engine.info
+        self._engine = engine
         self._info = info
         self._scheduler = scheduler
         self._info_response = pb.InfoResponse(
@@ -114,17 +152,63 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             status=pb.HealthResponse.SERVING, queued_tokens=self._scheduler.queued_tokens
         )
 
-    async def Score(self, request, context):
-        raise Unsupported(f"Score is {_NOT_YET}")
+    async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
+        if self._info.task != "score":
+            raise Unsupported(
+                f"model {self._info.model_name} is a {self._info.task} model, not a cross-encoder: "
+                "it cannot score pairs"
+            )
+        token_ids, lengths = decode_batch(request.batch, self._info)
+        token_type_ids = decode_token_types(request.batch, len(token_ids))
+        logits = await self._scheduler.submit(token_ids, lengths, token_type_ids)
+        return pb.ScoreResponse(
+            scores=logits.astype("<f4", copy=False).tobytes(),
+            num_sequences=logits.shape[0],
+            num_labels=logits.shape[1],
+        )
 
-    async def BucketStats(self, request, context):
-        raise Unsupported(f"BucketStats is {_NOT_YET}")
+    async def BucketStats(self, request: pb.BucketStatsRequest, context) -> pb.BucketStatsResponse:
+        stats = await self._scheduler.run_on_device(self._engine.bucket_stats)
+        return pb.BucketStatsResponse(
+            buckets=[
+                pb.BucketStat(bucket=_to_pb(b), hits=hits, captured=captured) for b, hits, captured in stats
+            ]
+        )
 
-    async def Prewarm(self, request, context):
-        raise Unsupported(f"Prewarm is {_NOT_YET}")
+    async def Prewarm(self, request: pb.PrewarmRequest, context) -> pb.PrewarmResponse:
+        buckets = _from_pb(request.buckets)
+        captured = await self._scheduler.run_on_device(self._engine.prewarm, buckets)
+        missing = sorted(set(buckets) - set(captured))
+        return pb.PrewarmResponse(
+            captured=[_to_pb(b) for b in captured],
+            errors=[f"bucket {b} was not captured" for b in missing],
+        )
 
-    async def SmokeTest(self, request, context):
-        raise Unsupported(f"SmokeTest is {_NOT_YET}")
+    async def SmokeTest(self, request: pb.SmokeTestRequest, context) -> pb.SmokeTestResponse:
+        min_cosine = request.min_cosine or DEFAULT_MIN_COSINE
+        results = await self._scheduler.run_on_device(
+            self._engine.smoke_test, _from_pb(request.buckets), min_cosine, request.seed
+        )
+        return pb.SmokeTestResponse(
+            passed=bool(results) and all(r.passed for r in results),
+            results=[
+                pb.SmokeTestResult(bucket=_to_pb(r.bucket), min_cosine=r.min_cosine,
+                                   has_nonfinite=r.has_nonfinite, passed=r.passed)
+                for r in results
+            ],
+        )  # fmt: skip
+
+
+def _from_pb(buckets) -> list[Bucket]:
+    out = [Bucket(b.num_sequences, b.num_tokens) for b in buckets]
+    for bucket in out:
+        if not 1 <= bucket.num_seqs <= bucket.num_tokens:
+            raise InvalidInput(f"bucket {bucket} is not a batch shape: need 1 <= sequences <= tokens")
+    return out
+
+
+def _to_pb(bucket: Bucket) -> pb.Bucket:
+    return pb.Bucket(num_sequences=bucket.num_seqs, num_tokens=bucket.num_tokens)
 
 
 def build_server(service: EmbedderService, host: str, port: int) -> tuple[grpc.aio.Server, int]:

@@ -20,9 +20,9 @@ def engine():
     return load_engine(WorkerConfig(model=bundled_model_dir(), device="cpu"))
 
 
-async def _serve(runner, info, **scheduler_kwargs):
+async def _serve(runner, **scheduler_kwargs):
     scheduler = Scheduler(runner, **scheduler_kwargs)
-    service = EmbedderService(info, scheduler, scheduler.max_batch_tokens, revision="r1")
+    service = EmbedderService(runner, scheduler, scheduler.max_batch_tokens, revision="r1")
     server, port = build_server(service, "127.0.0.1", 0)
     scheduler.start()
     await server.start()
@@ -32,9 +32,7 @@ async def _serve(runner, info, **scheduler_kwargs):
 
 @pytest.fixture
 async def stub(engine):
-    server, scheduler, channel, stub = await _serve(
-        engine, engine.info, max_batch_tokens=512, max_queued_tokens=4096
-    )
+    server, scheduler, channel, stub = await _serve(engine, max_batch_tokens=512, max_queued_tokens=4096)
     yield stub
     await channel.close()
     await server.stop(None)
@@ -93,17 +91,35 @@ async def test_bad_batches_are_invalid_argument_with_the_reason(stub, request_, 
     assert (await stub.Embed(batch([101, 102]))).num_sequences == 1  # still serving
 
 
-@pytest.mark.parametrize("rpc", ["Score", "BucketStats", "Prewarm", "SmokeTest"])
-async def test_rpcs_of_the_gpu_engine_answer_unimplemented_for_now(stub, rpc):
-    request = {
-        "Score": pb.ScoreRequest,
-        "BucketStats": pb.BucketStatsRequest,
-        "Prewarm": pb.PrewarmRequest,
-        "SmokeTest": pb.SmokeTestRequest,
-    }[rpc]()
+async def test_an_embedder_answers_unimplemented_for_score(stub):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await getattr(stub, rpc)(request)
+        await stub.Score(pb.ScoreRequest(batch=batch([101, 102]).batch))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_bucket_stats_count_hits_and_prewarm_then_smoke_test_pass(stub):
+    for _ in range(3):
+        await stub.Embed(batch([101, 7592, 102], [101, 102]))  # 2 sequences, 5 tokens: bucket 2x64
+    stats = {
+        (s.bucket.num_sequences, s.bucket.num_tokens): s
+        for s in (await stub.BucketStats(pb.BucketStatsRequest())).buckets
+    }
+    assert stats[(2, 64)].hits >= 3
+    wanted = [pb.Bucket(num_sequences=4, num_tokens=256), pb.Bucket(num_sequences=1, num_tokens=512)]
+    prewarmed = await stub.Prewarm(pb.PrewarmRequest(buckets=wanted))
+    assert list(prewarmed.captured) == wanted and not prewarmed.errors
+    report = await stub.SmokeTest(pb.SmokeTestRequest(seed=7))
+    assert report.passed and {(r.bucket.num_sequences, r.bucket.num_tokens) for r in report.results} >= {
+        (4, 256),
+        (1, 512),
+    }
+    assert all(r.min_cosine >= 0.999 and not r.has_nonfinite for r in report.results)
+
+
+async def test_a_bucket_that_is_no_batch_shape_is_invalid(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Prewarm(pb.PrewarmRequest(buckets=[pb.Bucket(num_sequences=8, num_tokens=4)]))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 class _GatedRunner:
@@ -111,6 +127,7 @@ class _GatedRunner:
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        self.info = engine.info
         self.release = threading.Event()
 
     def pack(self, token_ids, lengths):
@@ -130,9 +147,7 @@ class _GatedRunner:
 
 async def test_overload_is_resource_exhausted_at_once_and_the_held_request_still_completes(engine):
     runner = _GatedRunner(engine)
-    server, scheduler, channel, stub = await _serve(
-        runner, engine.info, max_batch_tokens=64, max_queued_tokens=100
-    )
+    server, scheduler, channel, stub = await _serve(runner, max_batch_tokens=64, max_queued_tokens=100)
     try:
         held = asyncio.ensure_future(stub.Embed(batch(list(range(1000, 1080)))))
         for _ in range(500):  # until the held request is admitted

@@ -9,6 +9,7 @@ have fewer heads: grouped-query attention); the varlen kernels (torch-varlen, fl
 flashinfer) plug in behind it.
 """
 
+import inspect
 import itertools
 from dataclasses import dataclass
 
@@ -88,6 +89,8 @@ def sdpa_loop_attention(
     out = q.new_empty(q.shape)
     is_gqa = k.shape[1] != q.shape[1]
     for start, end in itertools.pairwise(meta.host_cu_seqlens):
+        if start == end:  # an empty padding slot of a bucketed batch
+            continue
         # [len, heads, head_dim] -> [1, heads, len, head_dim]
         qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
@@ -123,4 +126,40 @@ def sdpa_padded_attention(
     return out if meta.unpad_index is None else out[meta.unpad_index]
 
 
+def _torch_varlen():
+    """torch's varlen flash attention, adapted to the running torch's signature, or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    has_window = "window_size" in params  # newer torch: causal is a (-1, 0) window
+    has_gqa = "enable_gqa" in params
+
+    def torch_varlen_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        kwargs = {}
+        if has_window:
+            kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            kwargs["is_causal"] = causal
+        if k.shape[1] != q.shape[1]:
+            if has_gqa:
+                kwargs["enable_gqa"] = True
+            else:  # older torch: materialise the shared heads
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        cu = meta.cu_seqlens
+        return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)
+
+    return torch_varlen_attention
+
+
 ATTENTION_BACKENDS = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
+# Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
+# they need no per-batch gather indices whose size depends on the longest sequence.
+VARLEN_BACKENDS: dict = {}
+if (_varlen := _torch_varlen()) is not None:
+    VARLEN_BACKENDS["torch-varlen"] = _varlen
+ATTENTION_BACKENDS.update(VARLEN_BACKENDS)

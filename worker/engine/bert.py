@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.pooling import pool
+from kembed.worker.engine.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
 
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
@@ -141,3 +143,19 @@ class BertEncoder(nn.Module):
                 state[ours + "ffn_out." + kind] = weights[f"{hf}output.dense.{kind}"]
                 state[ours + "ffn_norm." + kind] = weights[f"{hf}output.LayerNorm.{kind}"]
         self.load_state_dict(state, strict=True)
+
+
+class BertEmbedder(ServedModel):
+    """BERT-family encoder + sentence-transformers pooling."""
+
+    def __init__(self, shape: BertShape, attend: Callable, pooling: str) -> None:
+        super().__init__()
+        self.encoder = BertEncoder(shape, attend)
+        self.pooling = pooling
+        self.facts = ModelFacts(
+            "embed", shape.hidden_size, shape.max_sequence_length, shape.vocab_size, pooling
+        )
+
+    def forward(self, input_ids, position_ids, token_type_ids, meta):
+        hidden = self.encoder(input_ids, position_ids, token_type_ids, meta)
+        return pool(hidden, meta, self.pooling).float()

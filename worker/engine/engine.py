@@ -12,11 +12,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention import ATTENTION_BACKENDS, AttentionMetadata, build_metadata
+from kembed.worker.engine.attention import (
+    ATTENTION_BACKENDS,
+    VARLEN_BACKENDS,
+    AttentionMetadata,
+    build_metadata,
+)
+from kembed.worker.engine.cuda_engine import CudaEngine
+from kembed.worker.engine.graphs import CapturePolicy
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.model_dir import read_model_dir
 from kembed.worker.engine.models import ServedModel, build_model
+from kembed.worker.engine.smoke import SmokeResult, smoke_test
+from kembed.worker.engine.staging import pad_batch
 from kembed.worker.info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -32,15 +42,26 @@ class PackedBatch:
     position_ids: torch.Tensor  # [num_tokens] int64
     token_type_ids: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
+    bucket: Bucket | None  # the bucket the batch would pad to (hit counts), None if beyond all
 
 
 class Engine:
-    """Runs one model on one device. Not thread-safe: one launcher thread calls `step`."""
+    """Runs one model eagerly on one device (the CPU path, and GPUs without a varlen backend).
+    Not thread-safe: one launcher thread calls `step`.
 
-    def __init__(self, model: ServedModel, info: ModelInfo, device: torch.device) -> None:
+    It pads nothing when serving, but counts bucket hits like the CUDA engine so the operator's
+    hot-bucket flow works on any worker, and its smoke test runs each bucket padded against the
+    same batch unpadded, which checks the padding layout that CUDA graphs rely on."""
+
+    def __init__(
+        self, model: ServedModel, info: ModelInfo, device: torch.device, buckets: BucketTable
+    ) -> None:
         self.model = model
         self.info = info
         self.device = device
+        self.buckets = buckets
+        self.policy = CapturePolicy(max_graphs=0, is_enabled=False)
+        self._prewarmed: set[Bucket] = set()
 
     def pack(self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None):
         """Build host tensors for a ragged batch: `token_ids` [num_tokens] int32, `lengths` [num_seqs]."""
@@ -51,19 +72,19 @@ class Engine:
             if token_type_ids is None
             else torch.from_numpy(token_type_ids.astype(np.int64))
         )
-        batch = PackedBatch(input_ids, torch.from_numpy(positions), types, meta)
+        positions = torch.from_numpy(positions)
         if self.device.type == "cuda":  # pinned so the copy to the device is truly asynchronous
-            batch = PackedBatch(
-                batch.input_ids.pin_memory(),
-                batch.position_ids.pin_memory(),
-                batch.token_type_ids.pin_memory(),
-                batch.meta,
-            )
-        return batch
+            input_ids, positions, types = input_ids.pin_memory(), positions.pin_memory(), types.pin_memory()
+        bucket = self.buckets.lookup(len(lengths), int(lengths.sum()))
+        return PackedBatch(input_ids, positions, types, meta, bucket)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass of `batch`; return its pooled vectors [num_seqs, dimensions] lazily."""
+        self.policy.decide(batch.bucket)  # counts the hit; eager, reason "disabled"
+        return self._launch(batch)
+
+    def _launch(self, batch: PackedBatch) -> LazyTensor:
         device = self.device
         meta = batch.meta.to(device)
         pooled = self.model(
@@ -80,15 +101,53 @@ class Engine:
         event.record()
         return LazyTensor(host, event, keepalive=(pooled,))
 
+    def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
+        """(bucket, hits, is_captured) for every bucket hit or prewarmed."""
+        hits = {bucket: state.hits for bucket, state in self.policy.states.items()}
+        return [(b, hits.get(b, 0), b in self._prewarmed) for b in sorted(set(hits) | self._prewarmed)]
 
-def load_engine(config: WorkerConfig) -> Engine:
+    def captured_buckets(self) -> list[Bucket]:
+        return sorted(self._prewarmed)
+
+    def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
+        """Nothing to capture without CUDA graphs: records the buckets so a smoke test covers them."""
+        self._prewarmed.update(buckets)
+        return list(buckets)
+
+    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
+        return smoke_test(self, buckets, min_cosine, seed)
+
+    @torch.inference_mode()
+    def compare(self, token_ids: np.ndarray, lengths: np.ndarray) -> tuple[Bucket, np.ndarray, np.ndarray]:
+        """(bucket, rows run unpadded, rows run padded to the bucket): the smoke test's pair."""
+        reference = self._launch(self.pack(token_ids, lengths)).wait()  # not counted as a hit
+        bucket = self.buckets.lookup(len(lengths), int(lengths.sum()))
+        padded = pad_batch(token_ids, lengths, None, bucket)
+        meta = AttentionMetadata(
+            cu_seqlens=torch.from_numpy(padded.cu_seqlens),
+            max_seqlen=padded.bucket.num_tokens,
+            seq_ids=torch.from_numpy(padded.seq_ids),
+            pad_index=None,
+            unpad_index=None,
+            key_mask=None,
+            host_cu_seqlens=tuple(padded.cu_seqlens.tolist()),
+        )
+        device = self.device
+        rows = self.model(
+            torch.from_numpy(padded.input_ids).to(device),
+            torch.from_numpy(padded.position_ids).to(device),
+            torch.from_numpy(padded.token_type_ids).to(device),
+            meta.to(device),
+        )
+        return padded.bucket, reference, rows[: len(lengths)].float().cpu().numpy()
+
+
+def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     """Read the model directory, build the encoder on the configured device and dtype."""
     started = time.perf_counter()
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
-    backend = config.attention_backend
-    if backend == "auto":  # per-sequence calls are cheap on a CPU, kernel launches per sequence are not
-        backend = "sdpa-padded" if device.type == "cuda" else "sdpa"
+    backend = _resolve_backend(config.attention_backend, device)
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
@@ -101,7 +160,7 @@ def load_engine(config: WorkerConfig) -> Engine:
         dimensions=facts.output_size,
         max_sequence_length=facts.max_sequence_length,
         vocab_size=facts.vocab_size,
-        pooling=model_dir.pooling,
+        pooling=facts.pooling,
         normalize=model_dir.normalize,
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
@@ -118,7 +177,28 @@ def load_engine(config: WorkerConfig) -> Engine:
         info.pooling,
         time.perf_counter() - started,
     )
-    return Engine(model, info, device)
+    max_batch_tokens = max(config.max_batch_tokens, facts.max_sequence_length)
+    if device.type == "cuda" and backend in VARLEN_BACKENDS:
+        return CudaEngine(
+            model, info, device,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_seqs=config.max_batch_sequences,
+            max_graphs=config.max_graphs,
+            use_graphs=config.cuda_graphs,
+            inflight=config.max_inflight_batches,
+            max_pinned_bytes=config.max_pinned_bytes,
+        )  # fmt: skip
+    return Engine(model, info, device, BucketTable(max_batch_tokens, config.max_batch_sequences))
+
+
+def _resolve_backend(requested: str, device: torch.device) -> str:
+    if requested == "auto":  # per-sequence calls are cheap on a CPU, kernel launches per sequence are not
+        if device.type != "cuda":
+            return "sdpa"
+        return next(iter(VARLEN_BACKENDS), "sdpa-padded")
+    if requested not in ATTENTION_BACKENDS:
+        raise RuntimeError(f"attention backend {requested!r} is not available with this torch")
+    return requested
 
 
 def _resolve_device(requested: str) -> torch.device:

@@ -18,9 +18,9 @@ from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
 from kembed.worker.engine.model_dir import ModelDir, load_weights
-from kembed.worker.engine.models import ModelFacts, ServedModel
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.rope import RotaryEmbedding, rotate
+from kembed.worker.engine.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
 
 QWEN3_FAMILY = ("qwen3", "bidirectional_pplx_qwen3")
@@ -200,7 +200,9 @@ class Qwen3Embedder(ServedModel):
         super().__init__()
         self.decoder = Qwen3Decoder(shape, attend)
         self.pooling = pooling
-        self.facts = ModelFacts("embed", shape.hidden_size, shape.max_position_embeddings, shape.vocab_size)
+        self.facts = ModelFacts(
+            "embed", shape.hidden_size, shape.max_position_embeddings, shape.vocab_size, pooling
+        )
 
     def forward(self, input_ids, position_ids, token_type_ids, meta):
         hidden = self.decoder(input_ids, position_ids, meta)  # token types: Qwen3 has none

@@ -1,0 +1,53 @@
+"""`python -m kembed.worker stats|prewarm|smoke` against real worker processes, as operator Jobs run them."""
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from processes import free_port, spawn, start_stack
+
+
+@pytest.fixture(scope="module")
+def worker(log_dir):
+    stack = start_stack(log_dir, num_workers=1)
+    yield stack
+    for proc in stack.processes:
+        proc.stop()
+
+
+def admin(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-P", "-m", "kembed.worker", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_prewarm_carries_over_the_serving_workers_hot_buckets_then_smoke_passes(worker, log_dir):
+    address = worker.workers[0]
+    for _ in range(3):  # traffic: two sequences of 3 and 2 tokens land in bucket 2x64
+        assert httpx.post(f"{worker.url}/embed", json={"inputs": ["a b", "c"]}, timeout=30).status_code == 200
+    stats = admin("stats", "--target", address)
+    assert stats.returncode == 0 and "2x64" in stats.stdout
+    candidate_port = free_port()
+    candidate = spawn(
+        f"candidate-{candidate_port}", ["kembed.worker", "--port", str(candidate_port)], log_dir
+    )
+    try:
+        target = f"127.0.0.1:{candidate_port}"
+        prewarm = admin("prewarm", "--target", target, "--buckets", "1x128,4x512", "--hot-from", address,
+                        "--hot", "1", "--timeout", "60")  # fmt: skip
+        assert prewarm.returncode == 0, prewarm.stdout + prewarm.stderr
+        assert "captured 1x128, 4x512, 2x64" in prewarm.stdout
+        smoke = admin("smoke", "--target", target, "--timeout", "60")
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        assert "PASSED (3 buckets)" in smoke.stdout
+    finally:
+        candidate.stop()
+
+
+def test_unreachable_worker_and_bad_bucket_exit_2_with_a_message(worker):
+    dead = admin("smoke", "--target", f"127.0.0.1:{free_port()}", "--timeout", "2")
+    assert dead.returncode == 2 and "unreachable" in dead.stderr
+    bad = admin("smoke", "--target", worker.workers[0], "--buckets", "8x4")
+    assert bad.returncode == 2 and "not a batch shape" in bad.stderr
+    usage = admin("smoke", "--target", worker.workers[0], "--buckets", "eight")
+    assert usage.returncode == 2 and "SEQSxTOKENS" in usage.stderr

@@ -1,0 +1,192 @@
+"""The CUDA engine on a real GPU (`pytest -m gpu`; CI has none and deselects these).
+
+bf16 results against transformers in fp32 on the same weights, graph replay against eager for
+buckets captured in any order, overlapping batches, and no host sync anywhere in the step path.
+"""
+
+import asyncio
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from kembed.worker.buckets import Bucket
+from kembed.worker.config import WorkerConfig
+from kembed.worker.engine import load_engine
+from kembed.worker.engine.cuda_engine import CudaEngine
+from kembed.worker.scheduler import Scheduler
+
+pytestmark = pytest.mark.gpu
+MODULES = (
+    '[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},'
+    ' {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},'
+    ' {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]'
+)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def ragged(rng: np.random.Generator, lengths, vocab: int):
+    seqs = [rng.integers(5, vocab, n).astype(np.int32) for n in lengths]
+    return seqs, np.concatenate(seqs), np.array(lengths, np.int32)
+
+
+def reference_rows(model, seqs, pooling: str) -> np.ndarray:
+    """transformers in float32, one unpadded sequence at a time."""
+    rows = []
+    with torch.no_grad():
+        for seq in seqs:
+            ids = torch.from_numpy(seq.astype(np.int64))[None].cuda()
+            hidden = model(input_ids=ids).last_hidden_state[0]
+            rows.append({"cls": hidden[0], "mean": hidden.mean(0), "last": hidden[-1]}[pooling])
+    return torch.stack(rows).float().cpu().numpy()
+
+
+@pytest.fixture(scope="module")
+def minilm_dir(tmp_path_factory):
+    """all-MiniLM-L6-v2's shape (BERT, mean pooling) with random weights: the GPU machine has no
+    copy of the bundled package, and correctness here is about the engine, not the weights."""
+    path = tmp_path_factory.mktemp("minilm")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+    )
+    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    (path / "modules.json").write_text(MODULES)
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir) -> CudaEngine:
+    engine = load_engine(WorkerConfig(model=minilm_dir, device="cuda", dtype="bfloat16"))
+    assert isinstance(engine, CudaEngine), "expected the CUDA engine with a varlen backend"
+    return engine
+
+
+@pytest.fixture(scope="module")
+def xlmr_dir(tmp_path_factory):
+    """A small random XLM-RoBERTa (BGE-M3's family, CLS pooling) saved as a model directory."""
+    path = tmp_path_factory.mktemp("xlmr")
+    torch.manual_seed(0)
+    config = transformers.XLMRobertaConfig(
+        vocab_size=5000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=1026,
+    )
+    transformers.XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(path)
+    shutil.copytree("tests/bench/configs/bge-m3/1_Pooling", path / "1_Pooling")
+    shutil.copy("tests/bench/configs/bge-m3/modules.json", path / "modules.json")
+    return path
+
+
+def run(engine, token_ids, lengths) -> np.ndarray:
+    return engine.step(engine.pack(token_ids, lengths)).wait()
+
+
+@pytest.mark.parametrize("model", ["minilm", "xlmr"])
+def test_bf16_matches_transformers_fp32_on_ragged_batches(model, minilm, minilm_dir, xlmr_dir):
+    rng = np.random.default_rng(0)
+    if model == "minilm":
+        engine, path, pooling = minilm, minilm_dir, "mean"
+    else:
+        engine = load_engine(WorkerConfig(model=xlmr_dir, device="cuda", dtype="bfloat16"))
+        path, pooling = xlmr_dir, "cls"
+    reference = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
+    for lengths in ([128], [3, 250, 17, 64, 1, 99], [512, 7, 300], list(rng.integers(1, 200, 40))):
+        seqs, ids, lens = ragged(rng, lengths, engine.info.vocab_size)
+        for _ in range(3):  # cold (eager), capture, replay: all three must be right
+            got = run(engine, ids, lens)
+            assert cosine_rows(got, reference_rows(reference, seqs, pooling)).min() >= 0.999
+
+
+def test_replay_equals_eager_for_every_bucket_captured_in_any_order(minilm):
+    rng = np.random.default_rng(1)
+    buckets = [b for b in minilm.buckets.all() if b.num_tokens <= 2048 and b.num_seqs <= 64]
+    random.Random(2).shuffle(buckets)
+    for bucket in buckets[:40]:
+        num_seqs = max(1, bucket.num_seqs // 2 + 1)
+        total = max(num_seqs, bucket.num_tokens - rng.integers(0, 64))
+        cuts = np.sort(rng.choice(np.arange(1, total), num_seqs - 1, replace=False)) if num_seqs > 1 else []
+        lengths = np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int32)
+        if lengths.max() > 512:
+            continue
+        batch = minilm.pack(rng.integers(5, 30000, total).astype(np.int32), lengths)
+        if batch.bucket != bucket:
+            continue
+        eager, replayed = minilm.run_both(batch)
+        assert np.isfinite(replayed).all()
+        assert cosine_rows(eager, replayed).min() >= 0.999, bucket
+
+
+def test_first_hit_runs_eager_second_captures_third_replays(minilm):
+    rng = np.random.default_rng(3)
+    _seqs, ids, lengths = ragged(rng, [37, 41, 20], 30000)
+    bucket = minilm.pack(ids, lengths).bucket
+    assert not minilm.graphs.is_captured(bucket)
+    replays = minilm.graphs.num_replays
+    first = run(minilm, ids, lengths)
+    assert not minilm.graphs.is_captured(bucket)
+    second = run(minilm, ids, lengths)
+    assert minilm.graphs.is_captured(bucket) and minilm.graphs.num_replays == replays + 1
+    third = run(minilm, ids, lengths)
+    assert minilm.graphs.num_replays == replays + 2
+    assert cosine_rows(first, second).min() >= 0.999 and cosine_rows(second, third).min() >= 0.99999
+
+
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype")
+def test_step_path_never_synchronises_the_host(minilm):
+    rng = np.random.default_rng(4)
+    _, ids, lengths = ragged(rng, [60, 61, 62], 30000)
+    warm = minilm.pack(ids, lengths)
+    minilm.prewarm([warm.bucket])
+    cold = minilm.pack(*ragged(rng, [400, 300], 30000)[1:])  # a bucket not captured yet
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        handles = [minilm.step(warm), minilm.step(cold)]  # a replay and an eager cold run
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [h.wait().shape[0] for h in handles] == [3, 2]
+
+
+async def test_overlapping_batches_through_the_scheduler_stay_correct(minilm):
+    rng = np.random.default_rng(5)
+    scheduler = Scheduler(minilm, max_batch_tokens=512, max_queued_tokens=1 << 20, max_inflight_batches=2)
+    scheduler.start()
+    try:
+        requests = [ragged(rng, list(rng.integers(1, 120, rng.integers(1, 9))), 30000) for _ in range(60)]
+        results = await asyncio.gather(*(scheduler.submit(ids, lens) for _, ids, lens in requests))
+    finally:
+        await scheduler.close()
+    for (seqs, _, _), rows in zip(requests, results, strict=True):
+        alone = np.stack([run(minilm, s, np.array([len(s)], np.int32))[0] for s in seqs])
+        assert cosine_rows(rows, alone).min() >= 0.999
+
+
+def test_prewarm_captures_at_once_and_counts_no_hit(minilm):
+    bucket = Bucket(4, 192)
+    assert minilm.prewarm([bucket]) == [bucket]
+    assert minilm.graphs.is_captured(bucket)
+
+
+def test_smoke_test_replays_every_captured_bucket_against_eager(minilm):
+    wanted = [Bucket(1, 128), Bucket(8, 1024), Bucket(64, 2048)]
+    minilm.prewarm(wanted)
+    results = minilm.smoke_test([], 0.999, seed=1)
+    assert {r.bucket for r in results} >= set(wanted)
+    assert all(r.passed and r.min_cosine >= 0.999 and not r.has_nonfinite for r in results), results

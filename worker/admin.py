@@ -1,0 +1,133 @@
+"""`python -m kembed.worker stats|prewarm|smoke`: the worker image's own tools against running workers.
+
+The operator's rollout Jobs run these against every candidate pod (it imports no kembed code; it
+runs the image's commands):
+- `stats --target ADDR`: per-bucket hit counts and capture state;
+- `prewarm --target ADDR... [--buckets 1x128,8x512] [--hot-from ADDR... --hot N]`: capture the listed
+  buckets plus the N buckets the serving revision's workers hit most;
+- `smoke --target ADDR... [--buckets ...] [--min-cosine 0.999]`: replay captured graphs against
+  eager runs; exits 1 with a readable report when any bucket fails.
+Exit status: 0 success, 1 a check failed, 2 a worker could not be reached or the arguments are wrong.
+"""
+
+import argparse
+import sys
+from collections import Counter
+
+import grpc
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.buckets import Bucket
+
+
+def _stub(address: str, timeout_s: float):
+    channel = grpc.insecure_channel(address)
+    grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    return pb_grpc.EmbedderStub(channel)
+
+
+def _buckets(text: str) -> list[Bucket]:
+    try:
+        return [Bucket.parse(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        message = f"buckets are SEQSxTOKENS, comma-separated (e.g. 1x128,8x512): {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _pb(bucket: Bucket) -> pb.Bucket:
+    return pb.Bucket(num_sequences=bucket.num_seqs, num_tokens=bucket.num_tokens)
+
+
+def _bucket(message: pb.Bucket) -> Bucket:
+    return Bucket(message.num_sequences, message.num_tokens)
+
+
+def hot_buckets(addresses: list[str], count: int, timeout_s: float) -> list[Bucket]:
+    """The `count` buckets with the most hits summed over the serving workers at `addresses`."""
+    hits: Counter[Bucket] = Counter()
+    for address in addresses:
+        for stat in _stub(address, timeout_s).BucketStats(pb.BucketStatsRequest(), timeout=timeout_s).buckets:
+            hits[_bucket(stat.bucket)] += stat.hits
+    return [bucket for bucket, n in hits.most_common(count) if n > 0]
+
+
+def run_stats(args) -> int:
+    stats = _stub(args.target[0], args.timeout).BucketStats(pb.BucketStatsRequest(), timeout=args.timeout)
+    print(f"{'bucket':>12} {'hits':>10} captured")
+    for stat in sorted(stats.buckets, key=lambda s: -s.hits):
+        print(f"{_bucket(stat.bucket)!s:>12} {stat.hits:>10} {'yes' if stat.captured else 'no'}")
+    return 0
+
+
+def run_prewarm(args) -> int:
+    wanted = list(dict.fromkeys(args.buckets + hot_buckets(args.hot_from, args.hot, args.timeout)))
+    if not wanted:
+        print("prewarm: nothing to capture (no buckets listed, none hot)")
+        return 0
+    failed = False
+    for address in args.target:
+        reply = _stub(address, args.timeout).Prewarm(
+            pb.PrewarmRequest(buckets=[_pb(b) for b in wanted]), timeout=args.timeout
+        )
+        captured = ", ".join(str(_bucket(b)) for b in reply.captured) or "none"
+        print(f"prewarm {address}: captured {captured}")
+        for error in reply.errors:
+            print(f"prewarm {address}: ERROR {error}")
+        failed |= bool(reply.errors)
+    return 1 if failed else 0
+
+
+def run_smoke(args) -> int:
+    failed = False
+    for address in args.target:
+        request = pb.SmokeTestRequest(
+            buckets=[_pb(b) for b in args.buckets], min_cosine=args.min_cosine, seed=args.seed
+        )
+        reply = _stub(address, args.timeout).SmokeTest(request, timeout=args.timeout)
+        print(f"smoke {address}: {'PASSED' if reply.passed else 'FAILED'} ({len(reply.results)} buckets)")
+        for result in reply.results:
+            verdict = "ok  " if result.passed else "FAIL"
+            nonfinite = ", NaN/Inf in output" if result.has_nonfinite else ""
+            print(
+                f"  {verdict} {_bucket(result.bucket)!s:>12}  min cosine {result.min_cosine:.6f}{nonfinite}"
+            )
+        if not reply.results:
+            print("  no bucket was tested: nothing captured and none listed")
+        failed |= not reply.passed
+    return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kembed.worker", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, helptext in (
+        ("stats", "per-bucket hit counts"),
+        ("prewarm", "capture buckets now"),
+        ("smoke", "replay captured graphs against eager runs"),
+    ):
+        sub = commands.add_parser(name, help=helptext)
+        sub.add_argument("--target", action="append", required=True, metavar="ADDR", help="worker host:port")
+        sub.add_argument("--timeout", type=float, default=600.0, help="seconds per worker call")
+        if name in ("prewarm", "smoke"):
+            sub.add_argument("--buckets", type=_buckets, default=[], help="e.g. 1x128,8x512")
+        if name == "prewarm":
+            sub.add_argument(
+                "--hot-from",
+                action="append",
+                default=[],
+                metavar="ADDR",
+                help="serving worker whose hottest buckets to carry over",
+            )
+            sub.add_argument("--hot", type=int, default=8, help="how many hot buckets to carry over")
+        if name == "smoke":
+            sub.add_argument("--min-cosine", type=float, default=0.999)
+            sub.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    run = {"stats": run_stats, "prewarm": run_prewarm, "smoke": run_smoke}[args.command]
+    try:
+        return run(args)
+    except (grpc.RpcError, grpc.FutureTimeoutError) as error:
+        details = error.details() if isinstance(error, grpc.RpcError) else "no answer in time"
+        print(f"{args.command}: worker unreachable or failed: {details}", file=sys.stderr)
+        return 2

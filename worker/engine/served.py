@@ -1,0 +1,39 @@
+"""The one interface every served model family implements, and the facts the worker reads off it.
+
+A served model maps a packed ragged batch to one float32 row per sequence: pooled vectors for
+embedders, logits for cross-encoders. The engine (eager or CUDA-graph replay) calls nothing else.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kembed.worker.engine.attention import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the rest of the worker needs to know about a built model."""
+
+    task: str  # "embed" (pooled vectors) or "score" (cross-encoder logits)
+    output_size: int  # columns of each output row: hidden size, or number of labels
+    max_sequence_length: int  # tokens the position table allows
+    vocab_size: int
+    pooling: str = ""  # "cls" | "mean" | "last" for embedders; "" for scorers
+
+
+class ServedModel(nn.Module):
+    """Base of the served families. `forward` must be CUDA-graph capturable: no host syncs, no
+    data-dependent shapes beyond what `AttentionMetadata` carries."""
+
+    facts: ModelFacts
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        position_ids: torch.Tensor,  # [num_tokens] int64, 0-based within each sequence
+        token_type_ids: torch.Tensor,  # [num_tokens] int64
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_seqs, output_size] float32
+        raise NotImplementedError
