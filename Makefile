@@ -16,7 +16,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench-cpu clean
+.PHONY: install run test lint proto bench bench-cpu test-gpu clean
 
 install: $(STAMP)
 
@@ -57,6 +57,13 @@ lint: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) -m kembed.proto.generate
+
+# GPU: the engine against transformers on the same GPU in one run (docs/benchmarks.md says where).
+bench: $(STAMP)
+	$(PY) tests/bench/bench_gpu.py --models bge-m3 qwen3-0.6b
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests/worker $(PYTEST_ARGS)
 
 bench-cpu: $(STAMP)
 	$(PY) tests/bench/bench_cpu.py --out docs/benchmarks.md

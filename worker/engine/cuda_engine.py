@@ -51,6 +51,16 @@ class StaticInputs:
         self.seq_ids = zeros(max_tokens, torch.int64)  # [max_tokens]
         self.cu_seqlens = zeros(max_seqs + 2, torch.int32)  # [max_seqs + 2]
 
+    def fill_neutral(self, bucket: Bucket) -> None:
+        """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
+        captures with no real batch at hand: capture's warm-up runs the model on whatever the block
+        holds, and a stale larger batch there would index past this bucket's rows."""
+        tokens, seqs = bucket.num_tokens, bucket.num_seqs + 2
+        for tensor in (self.input_ids, self.position_ids, self.token_type_ids, self.seq_ids):
+            tensor[:tokens].zero_()
+        self.cu_seqlens[:seqs].fill_(tokens)
+        self.cu_seqlens[0] = 0
+
     def load(self, slot: Slot, bucket: Bucket) -> None:
         """Asynchronous host-to-device copies of the bucket's prefix of every input."""
         tokens, seqs = bucket.num_tokens, bucket.num_seqs + 2
@@ -150,7 +160,9 @@ class CudaEngine:
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
         """Capture each bucket now; returns those captured (new or already)."""
         for bucket in buckets:
-            self.graphs.capture(bucket)
+            if not self.graphs.is_captured(bucket):
+                self.static.fill_neutral(bucket)
+                self.graphs.capture(bucket)
         return [b for b in buckets if self.graphs.is_captured(b)]
 
     def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
