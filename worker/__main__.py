@@ -95,6 +95,7 @@ async def serve(config: WorkerConfig) -> None:
         max_batch_tokens=config.max_batch_tokens,
         max_queued_tokens=config.max_queued_tokens,
         max_inflight_batches=config.max_inflight_batches,
+        max_batch_sequences=config.max_batch_sequences,
     )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port)

@@ -84,9 +84,13 @@ class Scheduler:
         max_queued_tokens: int,
         max_inflight_batches: int = 2,
         on_batch: Callable[[int, int], None] | None = None,
+        max_batch_sequences: int = 256,
     ) -> None:
         self._runner = runner
         self.max_batch_tokens = max_batch_tokens
+        # Sequence cap as well: the CUDA engine's largest sequence bucket; past it a batch of many
+        # short sequences would fit no captured graph.
+        self.max_batch_sequences = max_batch_sequences
         self.max_queued_tokens = max_queued_tokens
         self._on_batch = on_batch  # (num_seqs, num_tokens) per launched batch, for stats
         self._queue: deque[_Sequence] = deque()
@@ -180,7 +184,8 @@ class Scheduler:
             task.add_done_callback(self._inflight_tasks.discard)
 
     def _take_batch(self) -> list[_Sequence]:
-        """Pop sequences first come, first served until the next would pass the token budget."""
+        """Pop sequences first come, first served until the next would pass the token budget (or the
+        sequence cap)."""
         batch: list[_Sequence] = []
         num_tokens = 0
         while self._queue:
@@ -188,7 +193,10 @@ class Scheduler:
             if seq.request.future.done():  # cancelled or failed: drop its remaining sequences
                 self._queue.popleft()
                 continue
-            if batch and num_tokens + seq.num_tokens > self.max_batch_tokens:
+            if batch and (
+                num_tokens + seq.num_tokens > self.max_batch_tokens
+                or len(batch) == self.max_batch_sequences
+            ):
                 break
             batch.append(self._queue.popleft())
             num_tokens += seq.num_tokens

@@ -180,3 +180,11 @@ async def test_a_cancelled_request_gives_back_its_tokens_and_its_sequences_are_s
         await asyncio.sleep(0.01)
     assert (await survivor)[:, 0].tolist() == [50]
     assert runner.batches == [[5], [2]]  # the cancelled request's sequences never ran
+
+
+async def test_a_batch_never_holds_more_sequences_than_the_cap(make_scheduler):
+    runner = RecordingRunner()
+    scheduler = make_scheduler(runner, max_batch_tokens=100, max_inflight_batches=1, max_batch_sequences=4)
+    rows = await scheduler.submit(*ragged(*[1] * 10))
+    assert runner.batches == [[1] * 4, [1] * 4, [1] * 2]
+    assert rows[:, 0].tolist() == list(range(10))
