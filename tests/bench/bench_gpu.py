@@ -30,22 +30,28 @@ from kembed.worker.scheduler import Scheduler
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
-def build(name: str, tmp: Path):
-    """(our engine, the transformers baseline) on the same random bf16 weights."""
+def write_model_dir(name: str, tmp: Path):
+    """(model directory with random bf16 weights for config `name`, the transformers model itself)."""
     src = CONFIGS / name
     config = transformers.AutoConfig.from_pretrained(src)
     with torch.device("cuda"):
         torch.manual_seed(0)
-        baseline = transformers.AutoModel.from_config(
+        model = transformers.AutoModel.from_config(
             config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
         ).eval()
     path = tmp / name
-    baseline.save_pretrained(path)
+    model.save_pretrained(path)
     for extra in ("modules.json", "1_Pooling"):
         if (src / extra).is_dir():
             shutil.copytree(src / extra, path / extra)
         elif (src / extra).exists():
             shutil.copy(src / extra, path / extra)
+    return path, model
+
+
+def build(name: str, tmp: Path):
+    """(our engine, the transformers baseline) on the same random bf16 weights."""
+    path, baseline = write_model_dir(name, tmp)
     engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16", max_batch_tokens=16384))
     return engine, baseline
 
