@@ -94,18 +94,40 @@ def xlmr_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    """A small random Qwen3 decoder (grouped-query attention, last-token pooling) as a model directory."""
+    path = tmp_path_factory.mktemp("qwen3")
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=5000, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=32, intermediate_size=512, max_position_embeddings=1024,
+    )  # fmt: skip
+    model = transformers.Qwen3Model(config).eval()
+    with torch.no_grad():  # norm weights start at one: randomise them so a misplaced norm shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    (path / "modules.json").write_text(MODULES)
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text('{"pooling_mode_lasttoken": true}')
+    return path
+
+
 def run(engine, token_ids, lengths) -> np.ndarray:
     return engine.step(engine.pack(token_ids, lengths)).wait()
 
 
-@pytest.mark.parametrize("model", ["minilm", "xlmr"])
-def test_bf16_matches_transformers_fp32_on_ragged_batches(model, minilm, minilm_dir, xlmr_dir):
+@pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
+def test_bf16_matches_transformers_fp32_on_ragged_batches(model, minilm, minilm_dir, xlmr_dir, qwen3_dir):
     rng = np.random.default_rng(0)
     if model == "minilm":
         engine, path, pooling = minilm, minilm_dir, "mean"
     else:
-        engine = load_engine(WorkerConfig(model=xlmr_dir, device="cuda", dtype="bfloat16"))
-        path, pooling = xlmr_dir, "cls"
+        path, pooling = {"xlmr": (xlmr_dir, "cls"), "qwen3": (qwen3_dir, "last")}[model]
+        engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16"))
+        assert engine.info.pooling == pooling
     reference = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
     for lengths in ([128], [3, 250, 17, 64, 1, 99], [512, 7, 300], list(rng.integers(1, 200, 40))):
         seqs, ids, lens = ragged(rng, lengths, engine.info.vocab_size)
