@@ -89,11 +89,12 @@ class WorkerConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, not {self.dtype!r}")
-        if self.attention_backend not in ("auto", "sdpa", "sdpa-padded"):
-            raise ValueError(
-                f"attention backend must be auto, sdpa or sdpa-padded, not {self.attention_backend!r}"
-            )
+        backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen")
+        if self.attention_backend not in backends:
+            raise ValueError(f"attention backend must be one of {backends}, not {self.attention_backend!r}")
         if self.max_batch_tokens < 1 or self.max_queued_tokens < self.max_batch_tokens:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.max_inflight_batches < 1:
             raise ValueError("max_inflight_batches must be at least 1")
+        if self.max_batch_sequences < 1 or self.max_graphs < 0 or self.max_pinned_bytes < 1:
+            raise ValueError("need max_batch_sequences >= 1, max_graphs >= 0, max_pinned_bytes >= 1")

@@ -58,3 +58,17 @@ def test_max_pooling_is_refused_with_its_name(tmp_path):
 def test_a_directory_without_config_is_refused(tmp_path):
     with pytest.raises(InvalidInput, match=r"config\.json is missing"):
         read_model_dir(tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "sdpa-padded", "torch-varlen"])
+def test_every_documented_attention_backend_is_a_valid_setting(backend):
+    from kembed.worker.config import WorkerConfig
+
+    assert WorkerConfig(model=bundled_model_dir(), attention_backend=backend).attention_backend == backend
+
+
+def test_an_unknown_attention_backend_is_refused_with_the_choices():
+    from kembed.worker.config import WorkerConfig
+
+    with pytest.raises(ValueError, match="torch-varlen"):
+        WorkerConfig(model=bundled_model_dir(), attention_backend="flash-attn-9")
