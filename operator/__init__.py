@@ -1,6 +1,7 @@
-"""kembed.operator: the kopf operator that reconciles `EmbeddingModel` resources (kembed.dev).
+"""kembed.operator: the kopf operator that reconciles `EmbeddingModel` resources (kembed.dev/v1alpha1).
 
-Renders gateway and worker Deployments per revision, runs prewarm and smoke-test Jobs and gates
-rollouts on them. It imports neither the gateway nor the worker: its Jobs run the worker image's own
-command-line tools. (Built in a later issue; this package only reserves the layer.)
+Renders gateway and worker Deployments per revision (pure builders, golden-tested), runs prewarm and
+smoke-test Jobs and promotes a revision only when both pass (`rollout.py`, a pure state machine whose
+state lives in the resource's status). It imports neither the gateway nor the worker: its Jobs run
+the worker image's own command-line tools, and it speaks to them only through flags and environment.
 """

@@ -1,0 +1,135 @@
+"""`KubeCluster`: the `Cluster` calls over the `kubernetes` client's REST layer, answering plain dicts.
+
+Generic paths rather than the typed APIs: the operator reads and writes dicts (its manifests are
+dicts) and needs nothing from the generated models. Failures become `ClusterError`, which says
+whether a retry can help (conflicts, throttling, server errors, no connection).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from kembed.operator.naming import MANAGED_BY, Owner
+from kembed.operator.rbac import KINDS
+from kembed.operator.spec import GROUP, KIND, VERSION
+
+
+class ClusterError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+    @property
+    def is_retryable(self) -> bool:
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+def _path(kind: str, namespace: str, name: str = "") -> str:
+    group, version, resource = KINDS[kind]
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    return f"{base}/namespaces/{namespace}/{resource}" + (f"/{name}" if name else "")
+
+
+class KubeCluster:
+    """The operator's API calls, synchronous (kopf runs sync handlers in its thread pool)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, timeout_s: float) -> None:
+        self._api = api
+        self._timeout_s = timeout_s
+
+    @classmethod
+    def from_environment(cls, timeout_s: float) -> KubeCluster:
+        """In-cluster service account, else the kubeconfig (local runs, tests)."""
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        return cls(kubernetes.client.ApiClient(), timeout_s)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any] | None:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, payload, _ = self._api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(
+                method, url, header_params=headers, body=payload, _request_timeout=self._timeout_s
+            )
+            response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise ClusterError(0, f"{method} {path}: {error}") from None
+        if response.status == 404:
+            return None
+        if response.status >= 400:
+            raise ClusterError(response.status, f"{method} {path}: {response.data[:500]!r}")
+        return json.loads(response.data) if response.data else {}
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call("GET", _path(kind, namespace, name))
+
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        answer = self._call("GET", _path(kind, namespace), query=[("labelSelector", selector)]) or {}
+        items = answer.get("items") or []
+        # Filtered here too: a label selector the server ignored must not widen what we delete.
+        return [
+            i for i in items if all(i["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
+        ]
+
+    def create(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        try:
+            self._call("POST", _path(body["kind"], meta["namespace"]), body=body)
+        except ClusterError as error:
+            if error.status != 409:  # made meanwhile by an overlapping pass: the next pass compares it
+                raise
+
+    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._call(
+            "PATCH", _path(kind, namespace, name), body=body, content_type="application/merge-patch+json"
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        # Background: the Job's pods and the Deployment's ReplicaSets go with them.
+        self._call("DELETE", _path(kind, namespace, name), body={"propagationPolicy": "Background"})
+
+    def event(self, owner: Owner, type_: str, reason: str, message: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": owner.name,
+                "namespace": owner.namespace,
+                "uid": owner.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": MANAGED_BY},
+            "reportingComponent": MANAGED_BY,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", _path("Event", owner.namespace), body=body)

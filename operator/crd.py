@@ -1,0 +1,235 @@
+"""The `embeddingmodels.kembed.dev` CRD, generated from the typed spec in `spec.py`.
+
+`python -m kembed.operator.crd > charts/kembed/crds/embeddingmodels.kembed.dev.yaml`; a test fails when
+the chart's copy is stale. pydantic's JSON schema is turned into a *structural* openAPIV3Schema:
+references inlined, `Optional` unwrapped, int-or-string quantities and free-form Pod fields marked,
+defaults filled in (including nested objects, so the API server defaults a whole missing section),
+and the cross-field rules added as CEL (`x-kubernetes-validations`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from kembed.operator import spec as s
+
+# Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "ModelSource": [
+        {
+            "rule": "[has(self.pvc), has(self.hostPath), has(self.image)].exists_one(x, x)",
+            "message": "set exactly one model source: pvc, hostPath or image",
+        }
+    ],
+    "WorkerSpec": [
+        {
+            "rule": "self.maxBatchTokens <= self.maxQueuedTokens",
+            "message": "maxBatchTokens must not exceed maxQueuedTokens: one batch must fit the queue",
+        },
+        {
+            "rule": "self.device != 'cuda' || (has(self.resources.limits) "
+            "&& 'nvidia.com/gpu' in self.resources.limits)",
+            "message": "device cuda needs an nvidia.com/gpu limit in resources.limits",
+        },
+    ],
+    "EmbeddingModelSpec": [
+        {
+            "rule": "self.gateway.chunkTokens <= self.worker.maxQueuedTokens",
+            "message": "gateway.chunkTokens must not exceed worker.maxQueuedTokens: a larger chunk is "
+            "always refused",
+        },
+        {
+            "rule": "self.worker.cudaGraphs || size(self.graphs.prewarmBuckets) == 0",
+            "message": "graphs.prewarmBuckets needs worker.cudaGraphs",
+        },
+    ],
+}
+# A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.
+ONE_OF: dict[str, list[dict[str, Any]]] = {
+    "ModelSource": [{"required": ["pvc"]}, {"required": ["hostPath"]}, {"required": ["image"]}],
+}
+NAME_RULE = {
+    "rule": "size(self.metadata.name) <= 40",
+    "message": "name must be at most 40 characters: it prefixes the Deployments, Services and Jobs made "
+    "for it",
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Active",
+        "type": "string",
+        "jsonPath": ".status.activeRevision",
+        "description": "Revision the gateway serves from",
+    },
+    {
+        "name": "Ready",
+        "type": "integer",
+        "jsonPath": ".status.readyReplicas",
+        "description": "Ready workers of the serving revision",
+    },
+    {"name": "Candidate", "type": "string", "jsonPath": ".status.candidateRevision", "priority": 1},
+    {"name": "URL", "type": "string", "jsonPath": ".status.gatewayURL", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _models() -> dict[str, type[BaseModel]]:
+    return {
+        name: obj
+        for name, obj in vars(s).items()
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == s.__name__
+    }
+
+
+def _default_of(model: type[BaseModel], name: str) -> Any:
+    """A field's default as it goes on the wire, or None when it has none worth writing."""
+    field = model.model_fields[name]
+    if field.is_required():
+        return None
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):  # `{}` lets the server default the nested fields one by one
+        return value.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+    return value
+
+
+class _Converter:
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self.defs = defs
+        self.models = _models()
+
+    def model(self, name: str) -> dict[str, Any]:
+        raw, cls = self.defs[name], self.models[name]
+        out: dict[str, Any] = {"type": "object", "description": " ".join(raw["description"].split())}
+        by_alias = {f.alias or n: n for n, f in cls.model_fields.items()}
+        props = {}
+        for alias, prop in raw["properties"].items():
+            converted = self.node(prop)
+            default = _default_of(cls, by_alias[alias])
+            if default is not None:
+                converted["default"] = default
+            else:
+                converted.pop("default", None)
+            props[alias] = converted
+        out["properties"] = props
+        if raw.get("required"):
+            out["required"] = raw["required"]
+        if name in ONE_OF:
+            out["oneOf"] = ONE_OF[name]
+        if name in CEL_RULES:
+            out["x-kubernetes-validations"] = CEL_RULES[name]
+        return out
+
+    def node(self, node: dict[str, Any]) -> dict[str, Any]:
+        node = {k: v for k, v in node.items() if k != "title"}
+        if "$ref" in node:
+            resolved = self.model(node.pop("$ref").rsplit("/", 1)[1])
+            if "description" in node:  # the field's description says more than the class's
+                resolved["description"] = node["description"]
+            return resolved | {k: v for k, v in node.items() if k not in ("description",)}
+        if "anyOf" in node:
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            types = sorted(o.get("type", "") for o in options)
+            if types == ["integer", "string"]:
+                return node | {"x-kubernetes-int-or-string": True}
+            assert len(options) == 1, f"unsupported union in the spec: {options}"
+            inner = self.node(options[0])
+            if "description" in node:
+                inner["description"] = node["description"]
+            return inner
+        is_free_form = "properties" not in node and not isinstance(node.get("additionalProperties"), dict)
+        if node.get("type") == "object" and is_free_form:  # a Pod field (affinity, a toleration)
+            node.pop("additionalProperties", None)
+            return node | {"x-kubernetes-preserve-unknown-fields": True}
+        if isinstance(node.get("additionalProperties"), dict):
+            node["additionalProperties"] = self.node(node["additionalProperties"])
+        if "items" in node:
+            node["items"] = self.node(node["items"])
+        if "description" in node:
+            node["description"] = " ".join(node["description"].split())
+        return node
+
+
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural openAPIV3Schema of a spec or status model."""
+    raw = model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+    defs = dict(raw.get("$defs", {}))
+    defs[model.__name__] = {k: v for k, v in raw.items() if k != "$defs"}
+    return _Converter(defs).model(model.__name__)
+
+
+def status_schema() -> dict[str, Any]:
+    status = schema_of(s.EmbeddingModelStatus)
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return status
+
+
+def build_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition as a dict."""
+    root = {
+        "type": "object",
+        "description": "EmbeddingModel: an embedding model served from GPU workers behind an HTTP gateway. "
+        "A change to what shapes the worker pods is a new revision, promoted only after its CUDA-graph "
+        "buckets are prewarmed and its graphs pass a smoke test against eager runs.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": schema_of(s.EmbeddingModelSpec),
+            "status": status_schema(),
+        },
+        "x-kubernetes-validations": [NAME_RULE],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{s.PLURAL}.{s.GROUP}",
+            "labels": {"app.kubernetes.io/name": "kembed", "app.kubernetes.io/part-of": "kembed"},
+        },
+        "spec": {
+            "group": s.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": s.KIND,
+                "listKind": f"{s.KIND}List",
+                "plural": s.PLURAL,
+                "singular": s.KIND.lower(),
+                "shortNames": list(s.SHORT_NAMES),
+                "categories": ["kembed"],
+            },
+            "versions": [
+                {
+                    "name": s.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.worker.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `python -m kembed.operator.crd` from operator/spec.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,76 @@
+"""The kopf handlers: thin. Each parses nothing itself, calls `reconcile` and writes the status.
+
+Create, update (spec or scale), resume (operator start) and a timer all run the same idempotent
+`reconcile`; a per-model lock keeps the timer and an event handler from interleaving (sync handlers
+run in kopf's thread pool). The API client, default images and locks live in kopf's `memo`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from kembed.operator.cluster import ClusterError, KubeCluster
+from kembed.operator.reconcile import Images, InvalidSpec, invalid_status, reconcile
+from kembed.operator.settings import OperatorSettings
+from kembed.operator.spec import GROUP, PLURAL, VERSION
+
+
+def plain(value: Any) -> Any:
+    """kopf's body views as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    raw = plain(body)
+    now = datetime.now(UTC)
+    with memo.locks.setdefault(raw["metadata"]["uid"], threading.Lock()):
+        try:
+            status = reconcile(memo.cluster, raw, memo.images, now)
+        except InvalidSpec as error:
+            patch.status.update(invalid_status(raw, str(error), now))
+            raise kopf.PermanentError(f"invalid spec: {error}") from None
+        except ClusterError as error:
+            if error.is_retryable:
+                raise kopf.TemporaryError(str(error), delay=memo.settings.retry_delay_s) from None
+            raise
+    if status != raw.get("status"):
+        patch.status.update(status)
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Register the handlers for these settings (the timer interval is a setting)."""
+    resource = (GROUP, VERSION, PLURAL)
+
+    def startup(memo: kopf.Memo, **kwargs: Any) -> None:
+        settings_: kopf.OperatorSettings = kwargs["settings"]  # kopf passes it by this name only
+        settings_.peering.standalone = True  # one replica; leader election is the Deployment's job
+        # Progress and diff-base in annotations: status is ours, and the schema prunes unknown fields.
+        settings_.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings_.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings_.posting.level = 30  # kopf posts warnings and errors as Events; our own say the rest
+        memo.settings = settings
+        memo.cluster = KubeCluster.from_environment(settings.api_timeout_s)
+        memo.images = Images(worker=settings.worker_image, gateway=settings.gateway_image)
+        memo.locks = {}
+
+    kopf.on.startup(registry=registry)(startup)
+    # A registry of our own starts empty: kopf's default login handlers live in its default registry.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorate(*resource, registry=registry, id="reconcile")(reconcile_handler)
+    kopf.timer(
+        *resource,
+        registry=registry,
+        id="drift",
+        interval=settings.reconcile_interval_s,
+        initial_delay=settings.reconcile_interval_s,
+    )(reconcile_handler)

@@ -1,0 +1,105 @@
+"""Pure builders of the rollout Jobs: the worker image's own `prewarm` and `smoke` commands.
+
+The operator lists the candidate revision's ready pods and passes each one's address as a
+`--target` (a Service name would reach only one pod, and every pod captures its own graphs). The
+prewarm Job also reads the serving revision's hottest buckets from each of its pods (`--hot-from`).
+Exit 1 is a verdict (a bucket failed) and fails the Job at once; exit 2 (a worker unreachable) is
+retried twice by the Job controller before the Job fails. `activeDeadlineSeconds` is the timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kembed.operator import manifests as m
+from kembed.operator import naming as n
+from kembed.operator.naming import Owner
+from kembed.operator.spec import EmbeddingModelSpec
+
+GOLDEN_MOUNT = "/etc/kembed/golden"
+MAX_UNREACHABLE_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A rollout Job the state machine wants to exist."""
+
+    kind: str  # "prewarm" or "smoke"
+    revision: str
+    attempt: int
+    targets: tuple[str, ...]  # candidate pods, host:port
+    hot_from: tuple[str, ...] = ()  # serving pods to read hot buckets from (prewarm only)
+
+    def name(self, owner: Owner) -> str:
+        return n.job_name(owner, self.kind, self.revision, self.attempt)
+
+
+def command(spec: EmbeddingModelSpec, request: JobRequest) -> list[str]:
+    args = ["kembed-worker", request.kind]
+    for target in request.targets:
+        args += ["--target", target]
+    if request.kind == "prewarm":
+        timeout = spec.rollout.prewarm_timeout_seconds
+        if spec.graphs.prewarm_buckets:
+            args += ["--buckets", ",".join(spec.graphs.prewarm_buckets)]
+        if request.hot_from and spec.graphs.hot_buckets > 0:
+            for source in request.hot_from:
+                args += ["--hot-from", source]
+            args += ["--hot", str(spec.graphs.hot_buckets)]
+    else:
+        timeout = spec.rollout.smoke_timeout_seconds
+        if spec.rollout.smoke_buckets:
+            args += ["--buckets", ",".join(spec.rollout.smoke_buckets)]
+        args += ["--min-cosine", repr(spec.rollout.min_cosine)]
+    return [*args, "--timeout", str(timeout)]
+
+
+def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str) -> dict[str, Any]:
+    timeout = (
+        spec.rollout.prewarm_timeout_seconds
+        if request.kind == "prewarm"
+        else spec.rollout.smoke_timeout_seconds
+    )
+    tmp_volume, tmp_mount = m.scratch()
+    volumes, mounts = [tmp_volume], [tmp_mount]
+    if request.kind == "smoke" and spec.rollout.golden_config_map:
+        volumes.append({"name": "golden", "configMap": {"name": spec.rollout.golden_config_map}})
+        mounts.append({"name": "golden", "mountPath": GOLDEN_MOUNT, "readOnly": True})
+    container = {
+        "name": request.kind,
+        "image": image,
+        "imagePullPolicy": spec.worker.image_pull_policy,
+        "command": command(spec, request),
+        "env": m.base_env(),
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": m.container_security(),
+        "volumeMounts": mounts,
+        # The command's report (which bucket failed, its cosine) becomes the pod's termination
+        # message, which the operator copies into the RolloutBlocked condition: no log access needed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    meta = m.metadata(owner, request.name(owner), request.kind, request.revision)
+    meta["labels"][n.ATTEMPT_LABEL] = str(request.attempt)
+    pod_labels = n.labels(owner, request.kind, request.revision) | {n.ATTEMPT_LABEL: str(request.attempt)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": MAX_UNREACHABLE_RETRIES,
+            "activeDeadlineSeconds": timeout,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": request.kind, "operator": "In", "values": [1]},
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": m.pod_spec([container], volumes, restartPolicy="Never"),
+            },
+        },
+    }

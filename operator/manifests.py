@@ -1,0 +1,331 @@
+"""Pure manifest builders: spec in, Kubernetes objects (dicts) out. No I/O, no clock, no randomness.
+
+Per revision: an immutable ConfigMap of engine settings (`KEMBED_WORKER_*`), a worker Deployment and
+a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked).
+The Jobs are in `jobs.py`. Every object carries an owner reference to its EmbeddingModel (so the
+garbage collector removes it with the model) and the `app.kubernetes.io/*` labels. Pods run non-root
+on a read-only root filesystem with every capability dropped; /tmp is an emptyDir.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from kembed.operator import naming as n
+from kembed.operator.naming import Owner
+from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
+
+MODEL_MOUNT = "/models/model"
+GATEWAY_PORT = 8080
+RUN_AS = 10001  # the uid/gid the kembed images create; any non-root uid works with a readable model
+PRESTOP_SLEEP_S = 5  # endpoints drop a terminating gateway pod before it stops accepting connections
+
+
+def metadata(owner: Owner, name: str, component: str, revision: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": n.labels(owner, component, revision),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def resources(res: Resources) -> dict[str, Any]:
+    out = {}
+    if res.requests:
+        out["requests"] = {k: str(v) for k, v in res.requests.items()}
+    if res.limits:
+        out["limits"] = {k: str(v) for k, v in res.limits.items()}
+    return out
+
+
+def model_volume(source: ModelSource) -> dict[str, Any]:
+    if source.pvc is not None:
+        return {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True},
+        }
+    if source.host_path is not None:
+        return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    assert source.image is not None, "the CRD admits exactly one source"
+    return {
+        "name": "model",
+        "image": {"reference": source.image.reference, "pullPolicy": source.image.pull_policy},
+    }
+
+
+def model_mount(source: ModelSource) -> dict[str, Any]:
+    mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+    sub_path = (source.pvc and source.pvc.path) or (source.image and source.image.path) or ""
+    if sub_path:
+        mount["subPath"] = sub_path.strip("/")
+    return mount
+
+
+def scratch() -> tuple[dict[str, Any], dict[str, Any]]:
+    """/tmp as an emptyDir: the root filesystem is read-only, and torch/triton write caches."""
+    return {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, {"name": "tmp", "mountPath": "/tmp"}
+
+
+def base_env() -> list[dict[str, str]]:
+    return [{"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}]
+
+
+def pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        # No service links: a Service named e.g. `kembed-gateway` would inject KEMBED_GATEWAY_PORT=tcp://…
+        # into every pod of the namespace, and that is the gateway's own port setting.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security(),
+        "containers": containers,
+        "volumes": volumes,
+        **extra,
+    }
+
+
+# --- per revision -------------------------------------------------------------------------------
+
+
+def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
+    """The worker's `KEMBED_WORKER_*` environment (see `python -m kembed.worker --help`)."""
+    w, m = spec.worker, spec.model
+    env = {
+        "KEMBED_WORKER_MODEL": MODEL_MOUNT,
+        "KEMBED_WORKER_HOST": "0.0.0.0",
+        "KEMBED_WORKER_PORT": str(w.port),
+        "KEMBED_WORKER_DEVICE": w.device,
+        "KEMBED_WORKER_DTYPE": m.dtype,
+        "KEMBED_WORKER_ATTENTION_BACKEND": w.attention_backend,
+        "KEMBED_WORKER_MAX_BATCH_TOKENS": str(w.max_batch_tokens),
+        "KEMBED_WORKER_MAX_QUEUED_TOKENS": str(w.max_queued_tokens),
+        "KEMBED_WORKER_MAX_BATCH_SEQUENCES": str(w.max_batch_sequences),
+        "KEMBED_WORKER_MAX_INFLIGHT_BATCHES": str(w.max_inflight_batches),
+        "KEMBED_WORKER_CUDA_GRAPHS": "true" if w.cuda_graphs else "false",
+        "KEMBED_WORKER_MAX_GRAPHS": str(w.max_graphs),
+        "KEMBED_WORKER_MAX_PINNED_BYTES": str(w.max_pinned_bytes),
+        "KEMBED_WORKER_NUM_THREADS": str(w.num_threads),
+        "KEMBED_REVISION": revision,
+    }
+    if m.served_name:
+        env["KEMBED_WORKER_SERVED_MODEL_NAME"] = m.served_name
+    # Overrides of the model's own pipeline: only written when set, so a model served as shipped
+    # carries none.
+    if m.pooling is not None:
+        env["KEMBED_WORKER_POOLING"] = m.pooling
+    if m.normalize is not None:
+        env["KEMBED_WORKER_NORMALIZE"] = "true" if m.normalize else "false"
+    return env
+
+
+def engine_config_map(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, n.engine_config_name(owner, revision), "worker", revision),
+        "immutable": True,  # one per revision: a revision's settings never change under running pods
+        "data": engine_settings(spec, revision),
+    }
+
+
+def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str) -> dict[str, Any]:
+    w = spec.worker
+    name = n.workers_name(owner, revision)
+    tmp_volume, tmp_mount = scratch()
+    tcp = {"tcpSocket": {"port": "grpc"}}  # the worker binds its port only once the model is loaded
+    container = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": w.image_pull_policy,
+        "command": ["kembed-worker"],
+        "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
+        "env": base_env(),
+        "ports": [{"name": "grpc", "containerPort": w.port, "protocol": "TCP"}],
+        "resources": resources(w.resources),
+        "securityContext": container_security(),
+        "volumeMounts": [model_mount(spec.model.source), tmp_mount],
+        # Weight load and allocation can take minutes on a large model: up to 30 min before liveness.
+        "startupProbe": tcp | {"periodSeconds": 5, "failureThreshold": 360},
+        "readinessProbe": tcp | {"periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": tcp | {"periodSeconds": 10, "failureThreshold": 6},
+    }
+    extra: dict[str, Any] = {"terminationGracePeriodSeconds": 30}  # the worker drains in 10 s
+    if w.node_selector:
+        extra["nodeSelector"] = dict(w.node_selector)
+    if w.tolerations:
+        extra["tolerations"] = [dict(t) for t in w.tolerations]
+    if w.affinity:
+        extra["affinity"] = dict(w.affinity)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, name, "worker", revision),
+        "spec": {
+            "replicas": w.replicas,
+            "revisionHistoryLimit": 1,  # the pod template never changes: a new revision is a new Deployment
+            "selector": {"matchLabels": n.selector(owner, "worker", revision)},
+            "template": {
+                "metadata": {"labels": n.labels(owner, "worker", revision)},
+                "spec": pod_spec([container], [model_volume(spec.model.source), tmp_volume], **extra),
+            },
+        },
+    }
+
+
+def worker_service(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dict[str, Any]:
+    """Headless: its DNS name resolves to the revision's ready pods, one gRPC channel each."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, n.workers_name(owner, revision), "worker", revision),
+        "spec": {
+            "clusterIP": "None",
+            "selector": n.selector(owner, "worker", revision),
+            "ports": [{"name": "grpc", "port": spec.worker.port, "targetPort": "grpc", "protocol": "TCP"}],
+        },
+    }
+
+
+def worker_addresses(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[str]:
+    """What the gateway dials for a revision: the headless Service, once per worker replica.
+
+    Each address is one gRPC channel in the gateway; each channel resolves the headless name and
+    connects to one of the ready pods (CoreDNS shuffles the records) and re-resolves when that pod
+    goes, so a restarted worker is found again without touching the gateway.
+    """
+    host = f"{n.workers_name(owner, revision)}.{owner.namespace}.svc"
+    return [f"{host}:{spec.worker.port}"] * max(1, spec.worker.replicas)
+
+
+# --- gateway ------------------------------------------------------------------------------------
+
+
+def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[dict[str, Any]]:
+    g, m = spec.gateway, spec.model
+    values = {
+        "KEMBED_GATEWAY_MODEL_DIR": MODEL_MOUNT,
+        "KEMBED_GATEWAY_HOST": "0.0.0.0",
+        "KEMBED_GATEWAY_PORT": str(GATEWAY_PORT),
+        "KEMBED_GATEWAY_WORKER_ADDRESSES": ",".join(worker_addresses(owner, spec, revision)),
+        "KEMBED_GATEWAY_CHUNK_TOKENS": str(g.chunk_tokens),
+        "KEMBED_GATEWAY_MAX_CHUNK_SEQUENCES": str(g.max_chunk_sequences),
+        "KEMBED_GATEWAY_MAX_REQUEST_BYTES": str(g.max_request_bytes),
+        "KEMBED_GATEWAY_MAX_CLIENT_BATCH_SIZE": str(g.max_client_batch_size),
+        "KEMBED_GATEWAY_MAX_CONCURRENT_REQUESTS": str(g.max_concurrent_requests),
+        "KEMBED_GATEWAY_REQUEST_TIMEOUT_S": str(g.request_timeout_seconds),
+        "KEMBED_GATEWAY_AUTO_TRUNCATE": "true" if g.auto_truncate else "false",
+    }
+    if m.served_name:
+        values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
+    if m.normalize is not None:
+        values["KEMBED_GATEWAY_NORMALIZE"] = "true" if m.normalize else "false"
+    if m.max_sequence_length is not None:
+        values["KEMBED_GATEWAY_MAX_SEQ_LENGTH"] = str(m.max_sequence_length)
+    if m.prompts:
+        values["KEMBED_GATEWAY_PROMPTS"] = json.dumps(dict(sorted(m.prompts.items())))
+    env: list[dict[str, Any]] = base_env() + [{"name": k, "value": v} for k, v in values.items()]
+    if g.api_key_secret_ref is not None:
+        ref = {"name": g.api_key_secret_ref.name, "key": g.api_key_secret_ref.key}
+        env.append({"name": "KEMBED_GATEWAY_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str) -> dict[str, Any]:
+    """The gateway pointed at `revision`'s workers. Switching revisions changes the pod template, so
+    the Deployment rolls: a new pod is Ready (/ready: a worker answered) before an old one stops, and
+    an old one leaves the Service endpoints (preStop sleep) before it drains its requests."""
+    g = spec.gateway
+    tmp_volume, tmp_mount = scratch()
+    http = {"port": "http"}
+    container = {
+        "name": "gateway",
+        "image": image,
+        "imagePullPolicy": g.image_pull_policy,
+        "command": ["kembed-gateway"],
+        "env": gateway_env(owner, spec, revision),
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "resources": resources(g.resources),
+        "securityContext": container_security(),
+        "volumeMounts": [model_mount(spec.model.source), tmp_mount],
+        "startupProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 2, "failureThreshold": 60},
+        "readinessProbe": {"httpGet": {"path": "/ready"} | http, "periodSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 10, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
+    }
+    grace = PRESTOP_SLEEP_S + math.ceil(g.request_timeout_seconds) + 5  # in-flight requests finish
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "spec": {
+            "replicas": g.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": n.selector(owner, "gateway")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "minReadySeconds": 2,
+            "template": {
+                "metadata": {
+                    "labels": n.labels(owner, "gateway"),
+                    "annotations": {n.REVISION_LABEL: revision},
+                },
+                "spec": pod_spec(
+                    [container],
+                    [model_volume(spec.model.source), tmp_volume],
+                    terminationGracePeriodSeconds=grace,
+                ),
+            },
+        },
+    }
+
+
+def gateway_service(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+    svc = spec.gateway.service
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "spec": {
+            "type": svc.type,
+            "selector": n.selector(owner, "gateway"),
+            "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def gateway_url(owner: Owner, spec: EmbeddingModelSpec) -> str:
+    port = spec.gateway.service.port
+    suffix = "" if port == 80 else f":{port}"
+    return f"http://{n.gateway_name(owner)}.{owner.namespace}.svc{suffix}"
+
+
+def service_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "spec": {
+            "selector": {"matchLabels": n.selector(owner, "gateway")},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.metrics.interval}],
+        },
+    }

@@ -1,0 +1,76 @@
+"""Names and labels of everything the operator creates for one EmbeddingModel.
+
+Names are `<model>-<role>[-<revision>][-<attempt>]`; the CRD caps model names at 40 characters so the
+longest (a Job, whose name is also a pod label) stays within 63. Selectors use `kembed.dev/*` labels,
+which only the operator sets; the `app.kubernetes.io/*` ones are the standard, informational set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kembed.operator.spec import GROUP, KIND, VERSION
+
+MODEL_LABEL = "kembed.dev/model"
+REVISION_LABEL = "kembed.dev/revision"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+ATTEMPT_LABEL = "kembed.dev/attempt"
+MANAGED_BY = "kembed-operator"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The EmbeddingModel everything is made for."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def gateway_name(owner: Owner) -> str:
+    return f"{owner.name}-gateway"
+
+
+def workers_name(owner: Owner, revision: str) -> str:
+    """The worker Deployment, its headless Service (same name) of one revision."""
+    return f"{owner.name}-worker-{revision}"
+
+
+def engine_config_name(owner: Owner, revision: str) -> str:
+    return f"{owner.name}-engine-{revision}"
+
+
+def job_name(owner: Owner, kind: str, revision: str, attempt: int) -> str:
+    """`kind` is prewarm or smoke."""
+    return f"{owner.name}-{kind}-{revision}-{attempt}"
+
+
+def selector(owner: Owner, component: str, revision: str | None = None) -> dict[str, str]:
+    labels = {MODEL_LABEL: owner.name, COMPONENT_LABEL: component}
+    if revision is not None:
+        labels[REVISION_LABEL] = revision
+    return labels
+
+
+def labels(owner: Owner, component: str, revision: str | None = None) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "kembed",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/part-of": "kembed",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector(owner, component, revision),
+    }
+
+
+def selector_string(labels_: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels_.items()))

@@ -1,0 +1,279 @@
+"""One idempotent `reconcile`: read the world, let the state machine decide, make it so, return status.
+
+It talks to the API server only through `Cluster` (get/list/create/patch/delete/event on the kinds in
+`rbac.RBAC_RULES`), so the tests run it against an in-memory fake. Objects are applied by a hash of
+their rendered body kept in an annotation: missing → created, hash differs (or a Deployment was
+scaled behind our back) → patched, the same → left alone. That is also how the drift timer repairs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import pydantic
+
+from kembed.operator import jobs as j
+from kembed.operator import manifests as m
+from kembed.operator import naming as n
+from kembed.operator.naming import Owner
+from kembed.operator.revision import revision_of
+from kembed.operator.rollout import Event, Gateway, JobState, Plan, Workers, World, decide
+from kembed.operator.spec import EmbeddingModelSpec, dump, parse_spec, parse_status
+
+APPLIED_HASH = "kembed.dev/applied-hash"
+
+
+class Cluster(Protocol):
+    """The API calls the operator makes. `kind` is one of rbac.KINDS."""
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
+    def create(self, body: dict[str, Any]) -> None: ...
+    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def event(self, owner: Owner, type_: str, reason: str, message: str) -> None: ...
+
+
+class InvalidSpec(Exception):
+    """The spec cannot be reconciled as written; retrying will not help until it changes."""
+
+
+@dataclass(frozen=True)
+class Images:
+    """The operator's default images, used where a spec leaves its image empty."""
+
+    worker: str
+    gateway: str
+
+
+def _hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def apply(cluster: Cluster, body: dict[str, Any]) -> None:
+    """Create `body` or bring the live object back to it. Jobs and ConfigMaps are immutable here."""
+    meta = body["metadata"]
+    digest = _hash(body)
+    body = {
+        **body,
+        "metadata": {**meta, "annotations": {**meta.get("annotations", {}), APPLIED_HASH: digest}},
+    }
+    live = cluster.get(body["kind"], meta["namespace"], meta["name"])
+    if live is None:
+        cluster.create(body)
+        return
+    if body["kind"] == "Job":
+        return  # a Job is named by revision and attempt: an existing one is the one wanted
+    is_same = live["metadata"].get("annotations", {}).get(APPLIED_HASH) == digest
+    if body["kind"] == "Deployment":
+        is_same = is_same and live["spec"].get("replicas") == body["spec"]["replicas"]
+    if is_same:
+        return
+    if body["kind"] == "ConfigMap" and body.get("immutable"):
+        cluster.delete("ConfigMap", meta["namespace"], meta["name"])
+        cluster.create(body)
+        return
+    cluster.patch(body["kind"], meta["namespace"], meta["name"], body)
+
+
+# --- reading the world ----------------------------------------------------------------------------
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    if pod["metadata"].get("deletionTimestamp") or not pod.get("status", {}).get("podIP"):
+        return False
+    conditions = pod["status"].get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _container_port(deployment: dict[str, Any]) -> int:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+
+
+def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
+    selector = n.selector(owner, "worker")
+    pods = [p for p in cluster.list("Pod", owner.namespace, selector) if _is_ready(p)]
+    found = {}
+    for deployment in cluster.list("Deployment", owner.namespace, selector):
+        revision = deployment["metadata"]["labels"].get(n.REVISION_LABEL, "")
+        port = _container_port(deployment)
+        addresses = sorted(
+            f"{p['status']['podIP']}:{port}"
+            for p in pods
+            if p["metadata"]["labels"].get(n.REVISION_LABEL) == revision
+        )
+        found[revision] = Workers(deployment["spec"].get("replicas", 1), tuple(addresses))
+    return found
+
+
+def _failure_message(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> str:
+    condition = next(
+        (c for c in job.get("status", {}).get("conditions", []) if c.get("type") == "Failed"), {}
+    )
+    parts = [f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".strip()]
+    labels = {k: v for k, v in job["metadata"]["labels"].items() if k.startswith("kembed.dev/")}
+    labels[n.COMPONENT_LABEL] = job["metadata"]["labels"][n.COMPONENT_LABEL]
+    for pod in cluster.list("Pod", owner.namespace, labels):
+        for status in pod.get("status", {}).get("containerStatuses", []):
+            report = status.get("state", {}).get("terminated", {}).get("message", "").strip()
+            if report:
+                parts.append(report[-1500:])  # a condition message should stay readable
+                break
+    return "\n".join(parts)
+
+
+def read_jobs(cluster: Cluster, owner: Owner) -> tuple[dict[tuple[str, str, int], JobState], list[dict]]:
+    found, bodies = {}, []
+    for kind in ("prewarm", "smoke"):
+        for job in cluster.list("Job", owner.namespace, n.selector(owner, kind)):
+            labels = job["metadata"]["labels"]
+            key = (kind, labels.get(n.REVISION_LABEL, ""), int(labels.get(n.ATTEMPT_LABEL, "0")))
+            conditions = {c.get("type"): c.get("status") for c in job.get("status", {}).get("conditions", [])}
+            if conditions.get("Complete") == "True":
+                found[key] = JobState("Succeeded")
+            elif conditions.get("Failed") == "True":
+                found[key] = JobState("Failed", _failure_message(cluster, owner, job))
+            else:
+                found[key] = JobState("Running")
+            bodies.append(job)
+    return found, bodies
+
+
+def read_gateway(cluster: Cluster, owner: Owner) -> Gateway | None:
+    live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner))
+    if live is None:
+        return None
+    spec, status = live["spec"], live.get("status", {})
+    want = spec.get("replicas", 1)
+    is_rolled_out = (
+        status.get("observedGeneration", 0) >= live["metadata"].get("generation", 0)
+        and status.get("updatedReplicas", 0) == want
+        and status.get("replicas", 0) == want  # no pod of an older template left
+        and status.get("availableReplicas", 0) == want
+    )
+    revision = spec["template"]["metadata"].get("annotations", {}).get(n.REVISION_LABEL, "")
+    return Gateway(revision, is_rolled_out, status.get("readyReplicas", 0))
+
+
+# --- the one reconcile ----------------------------------------------------------------------------
+
+
+def owner_of(body: dict[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(meta["name"], meta["namespace"], meta["uid"])
+
+
+def typed_spec(body: dict[str, Any]) -> EmbeddingModelSpec:
+    try:
+        return parse_spec(body.get("spec") or {})
+    except pydantic.ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise InvalidSpec(problems) from None
+
+
+def reconcile(cluster: Cluster, body: dict[str, Any], images: Images, now: datetime) -> dict[str, Any]:
+    """Bring the cluster to what `body` asks for, one step of its rollout further; return the status."""
+    owner, spec = owner_of(body), typed_spec(body)
+    worker_image = spec.worker.image or images.worker
+    gateway_image = spec.gateway.image or images.gateway
+    if not worker_image or not gateway_image:
+        raise InvalidSpec(
+            "no worker or gateway image: set spec.worker.image and spec.gateway.image "
+            "or the operator's default images"
+        )
+    revision = revision_of(spec, worker_image)
+    job_states, job_bodies = read_jobs(cluster, owner)
+    world = World(
+        spec=spec,
+        generation=body["metadata"].get("generation", 0),
+        revision=revision,
+        now=now,
+        workers=read_workers(cluster, owner),
+        jobs=job_states,
+        gateway=read_gateway(cluster, owner),
+    )
+    plan = decide(world, parse_status(body.get("status")))
+    carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies)
+    return status_body(owner, spec, plan)
+
+
+def carry_out(
+    cluster: Cluster,
+    owner: Owner,
+    spec: EmbeddingModelSpec,
+    plan: Plan,
+    worker_image: str,
+    gateway_image: str,
+    job_bodies: Iterable[dict[str, Any]],
+) -> None:
+    apply(cluster, m.gateway_service(owner, spec))
+    if plan.deploy is not None:
+        apply(cluster, m.engine_config_map(owner, spec, plan.deploy))
+        apply(cluster, m.worker_service(owner, spec, plan.deploy))
+        apply(cluster, m.worker_deployment(owner, spec, plan.deploy, worker_image))
+    for request in plan.jobs:
+        apply(cluster, j.job(owner, spec, request, worker_image))
+    if plan.gateway is not None:  # only ever the revision the current spec describes
+        apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image))
+    if spec.metrics.service_monitor:
+        apply(cluster, m.service_monitor(owner, spec))
+    for event in plan.events:
+        cluster.event(owner, event.type, event.reason, event.message)
+    _retire(cluster, owner, plan, job_bodies)
+
+
+def _retire(cluster: Cluster, owner: Owner, plan: Plan, job_bodies: Iterable[dict[str, Any]]) -> None:
+    """Delete what the plan no longer keeps: old revisions (after the gateway left them) and Jobs."""
+    wanted_jobs = {(r.kind, r.revision, r.attempt) for r in plan.jobs} | plan.keep_jobs
+    for job in job_bodies:
+        labels = job["metadata"]["labels"]
+        key = (
+            labels[n.COMPONENT_LABEL],
+            labels.get(n.REVISION_LABEL, ""),
+            int(labels.get(n.ATTEMPT_LABEL, "0")),
+        )
+        if key not in wanted_jobs:
+            cluster.delete("Job", owner.namespace, job["metadata"]["name"])
+    for deployment in cluster.list("Deployment", owner.namespace, n.selector(owner, "worker")):
+        revision = deployment["metadata"]["labels"].get(n.REVISION_LABEL, "")
+        if revision not in plan.revisions:
+            cluster.delete("Deployment", owner.namespace, n.workers_name(owner, revision))
+            cluster.delete("Service", owner.namespace, n.workers_name(owner, revision))
+            cluster.delete("ConfigMap", owner.namespace, n.engine_config_name(owner, revision))
+
+
+def status_body(owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> dict[str, Any]:
+    status = plan.status
+    serving = status.active_revision
+    body = dump(status)
+    body["selector"] = n.selector_string(n.selector(owner, "worker", serving)) if serving else ""
+    body["gatewayURL"] = m.gateway_url(owner, spec)
+    body.setdefault("rollout", None)  # explicit null: a merge patch must remove a finished rollout
+    return body
+
+
+def invalid_status(body: dict[str, Any], message: str, now: datetime) -> dict[str, Any]:
+    """Status for a spec that cannot be reconciled: phase Invalid, Ready False, reason InvalidSpec."""
+    status = parse_status(body.get("status"))
+    generation = body["metadata"].get("generation", 0)
+    conditions = [c for c in status.conditions if c.type != "Ready"]
+    ready = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "InvalidSpec",
+        "message": message[:2000],
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "observedGeneration": generation,
+    }
+    out = dump(status.model_copy(update={"conditions": conditions, "observed_generation": generation}))
+    out["conditions"] = sorted([*out["conditions"], ready], key=lambda c: c["type"])
+    out["phase"] = "Invalid"
+    return out
+
+
+__all__ = ["Cluster", "Event", "Images", "InvalidSpec", "apply", "reconcile"]

@@ -1,0 +1,27 @@
+"""A revision: a short hash of everything that shapes a worker pod, and nothing that does not.
+
+Image, model (source, dtype, pooling, prompts, ...), engine settings (backend, buckets, batch limits,
+pinned-memory cap, CUDA graphs), resources and placement are in it; `worker.replicas` is not — scaling
+is never a rollout — and neither are the gateway, graph-prewarm and rollout settings, which change how
+a revision is served or gated, not what it computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from kembed.operator.spec import EmbeddingModelSpec
+
+REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
+
+
+def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
+    """The revision `spec` deploys, with `worker_image` the resolved image (spec or operator default)."""
+    shaping = {
+        "image": worker_image,
+        "model": spec.model.model_dump(mode="json"),
+        "worker": spec.worker.model_dump(mode="json", exclude={"replicas", "image"}),
+    }
+    canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_CHARS]

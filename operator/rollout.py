@@ -1,0 +1,387 @@
+"""The rollout state machine, as one pure function: observed world + last status → plan + new status.
+
+    Deploying ──candidate pods ready──▶ Prewarming ──Job ok──▶ SmokeTesting ──Job ok──▶ Promoting
+        │ not ready in time              │ failed / timed out     │ failed / timed out     │ gateway
+        ▼                                ▼                        ▼                        ▼ rolled
+     Blocked ◀───────────────────────────┴────────────────────────┘                   serving R,
+        │ metadata.generation moves on (a later spec change): attempt + 1, Deploying   old retired
+
+The stage, attempt, stage start and prewarmed pod addresses live in `status.rollout`, so a restarted
+operator resumes where it was; Job names carry revision and attempt, so it finds its Jobs again.
+While blocked, the serving revision and the gateway are untouched and the candidate's workers are
+removed (they hold GPUs); the failed Job stays for its logs. If the candidate's pods change after
+prewarming (a restart loses its graphs), prewarming starts over as a new attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from kembed.operator.jobs import JobRequest
+from kembed.operator.spec import (
+    Condition,
+    EmbeddingModelSpec,
+    EmbeddingModelStatus,
+    RolloutState,
+)
+
+JOB_DEADLINE_GRACE_S = 60  # past activeDeadlineSeconds, a Job still "running" is stuck: block anyway
+
+
+@dataclass(frozen=True)
+class Workers:
+    """One revision's worker Deployment, as observed."""
+
+    replicas: int  # desired
+    addresses: tuple[str, ...]  # ready pods' host:port, sorted
+
+    @property
+    def num_ready(self) -> int:
+        return len(self.addresses)
+
+
+@dataclass(frozen=True)
+class JobState:
+    phase: Literal["Running", "Succeeded", "Failed"]
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Gateway:
+    revision: str  # the revision its pod template points at
+    is_rolled_out: bool  # every gateway pod runs the current template and is available
+    num_ready: int
+
+
+JobKey = tuple[str, str, int]  # (kind, revision, attempt)
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything the decision depends on; built by `reconcile` from the API server."""
+
+    spec: EmbeddingModelSpec
+    generation: int
+    revision: str  # what the spec asks for
+    now: datetime
+    workers: Mapping[str, Workers] = field(default_factory=dict)
+    jobs: Mapping[JobKey, JobState] = field(default_factory=dict)
+    gateway: Gateway | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What must exist afterwards. `reconcile` creates what is missing and deletes the rest."""
+
+    status: EmbeddingModelStatus
+    revisions: frozenset[str]  # worker revisions kept; the others are deleted
+    deploy: str | None  # revision whose workers are rendered from the current spec
+    gateway: str | None  # revision the gateway is rendered for; None leaves it as it is
+    jobs: tuple[JobRequest, ...] = ()  # rollout Jobs that must exist
+    keep_jobs: frozenset[JobKey] = frozenset()  # finished Jobs kept (logs of a block); others deleted
+    events: tuple[Event, ...] = ()
+
+
+def timestamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age_s(since: str, now: datetime) -> float:
+    started = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+    return (now - started).total_seconds()
+
+
+def set_condition(
+    status: EmbeddingModelStatus, type_: str, value: bool, reason: str, message: str, world: World
+) -> EmbeddingModelStatus:
+    """`status` with one condition set; lastTransitionTime moves only when the value changes."""
+    text = "True" if value else "False"
+    old = next((c for c in status.conditions if c.type == type_), None)
+    changed_at = old.last_transition_time if old is not None and old.status == text else timestamp(world.now)
+    new = Condition(
+        type=type_,
+        status=text,
+        reason=reason,
+        message=message,
+        last_transition_time=changed_at,
+        observed_generation=world.generation,
+    )
+    others = [c for c in status.conditions if c.type != type_]
+    return status.model_copy(update={"conditions": sorted([*others, new], key=lambda c: c.type)})
+
+
+def decide(world: World, status: EmbeddingModelStatus) -> Plan:
+    """The plan for `world`, given the status last written. Pure: same inputs, same plan."""
+    status = status.model_copy(update={"observed_generation": world.generation})
+    if status.active_revision and status.active_revision == world.revision:
+        return _serve(world, status, ())
+    return _roll(world, status)
+
+
+# --- serving: no rollout --------------------------------------------------------------------------
+
+
+def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]) -> Plan:
+    active = status.active_revision
+    workers = world.workers.get(active, Workers(0, ()))
+    gateway = world.gateway
+    is_switched = gateway is not None and gateway.revision == active and gateway.is_rolled_out
+    is_serving = gateway is not None and gateway.num_ready > 0 and workers.num_ready > 0
+    is_short = workers.num_ready < world.spec.worker.replicas
+    status = status.model_copy(update={"candidate_revision": "", "rollout": None})
+    status = _counts(status, world, active)
+    status = set_condition(status, "RolloutBlocked", False, "NotBlocked", "", world)
+    status = set_condition(
+        status,
+        "Progressing",
+        not is_switched,
+        "GatewayRolling" if not is_switched else "Serving",
+        f"revision {active}" + (": the gateway is rolling" if not is_switched else " serves"),
+        world,
+    )
+    status = set_condition(
+        status,
+        "Ready",
+        is_serving,
+        "Serving" if is_serving else "NotServing",
+        f"{workers.num_ready}/{world.spec.worker.replicas} workers of {active} ready",
+        world,
+    )
+    status = set_condition(
+        status,
+        "Degraded",
+        is_short,
+        "WorkersUnavailable" if is_short else "AllWorkersReady",
+        f"{workers.num_ready}/{world.spec.worker.replicas} workers ready",
+        world,
+    )
+    # Short of workers while serving is a scale-up or a restart under way (the Degraded condition
+    # says so); Degraded as a phase means nothing answers.
+    phase = "Degraded" if not is_serving else ("Ready" if is_switched and not is_short else "Progressing")
+    return Plan(
+        status=status.model_copy(update={"phase": phase}),
+        revisions=frozenset({active}),
+        deploy=active,
+        gateway=active,
+        events=events,
+    )
+
+
+def _counts(status: EmbeddingModelStatus, world: World, serving: str) -> EmbeddingModelStatus:
+    ready = world.workers[serving].num_ready if serving in world.workers else 0
+    return status.model_copy(update={"replicas": world.spec.worker.replicas, "ready_replicas": ready})
+
+
+# --- rolling out a candidate ----------------------------------------------------------------------
+
+
+def _roll(world: World, status: EmbeddingModelStatus) -> Plan:
+    candidate, active = world.revision, status.active_revision
+    rollout = status.rollout if status.rollout and status.rollout.revision == candidate else None
+    events: list[Event] = []
+    if rollout is None:
+        rollout = _start(world, attempt=1)
+        events.append(Event("Normal", "RolloutStarted", f"rolling out revision {candidate}"))
+    elif rollout.stage == "Blocked" and rollout.generation != world.generation:
+        rollout = _start(world, attempt=rollout.attempt + 1)
+        events.append(Event("Normal", "RolloutRetried", f"spec changed: retrying revision {candidate}"))
+
+    step = _step(world, rollout, active)
+    rollout, events = step.rollout, events + list(step.events)
+    if rollout.stage == "Promoting" and _is_gateway_on(world, candidate):
+        promoted = status.model_copy(update={"active_revision": candidate})
+        message = f"revision {candidate} serves" + (f"; {active} retired" if active else "")
+        return _serve(world, promoted, (*events, Event("Normal", "Promoted", message)))
+
+    status = status.model_copy(update={"candidate_revision": candidate, "rollout": rollout})
+    status = (
+        _counts(status, world, active)
+        if active
+        else status.model_copy(update={"replicas": world.spec.worker.replicas, "ready_replicas": 0})
+    )
+    status = _rollout_conditions(world, status, rollout)
+    is_blocked = rollout.stage == "Blocked"
+    keep_jobs = frozenset((kind, candidate, rollout.attempt) for kind in ("prewarm", "smoke"))
+    return Plan(
+        status=status.model_copy(update={"phase": "Blocked" if is_blocked else "Progressing"}),
+        revisions=frozenset(r for r in (active, None if is_blocked else candidate) if r),
+        deploy=None if is_blocked else candidate,
+        gateway=candidate if rollout.stage == "Promoting" else None,
+        jobs=step.jobs,
+        keep_jobs=keep_jobs,
+        events=tuple(events),
+    )
+
+
+def _start(world: World, attempt: int) -> RolloutState:
+    return RolloutState(
+        revision=world.revision,
+        stage="Deploying",
+        attempt=attempt,
+        generation=world.generation,
+        stage_started_at=timestamp(world.now),
+    )
+
+
+def _is_gateway_on(world: World, revision: str) -> bool:
+    return world.gateway is not None and world.gateway.revision == revision and world.gateway.is_rolled_out
+
+
+@dataclass(frozen=True)
+class _Step:
+    rollout: RolloutState
+    jobs: tuple[JobRequest, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+def _enter(world: World, rollout: RolloutState, stage: str, **changes) -> RolloutState:
+    return replace_state(rollout, stage=stage, stage_started_at=timestamp(world.now), **changes)
+
+
+def replace_state(rollout: RolloutState, **changes) -> RolloutState:
+    return rollout.model_copy(update=changes)
+
+
+def _block(world: World, rollout: RolloutState, reason: str, message: str) -> _Step:
+    blocked = _enter(world, rollout, "Blocked", reason=reason, message=message, generation=world.generation)
+    text = f"revision {rollout.revision} blocked ({reason}): {message}"
+    return _Step(blocked, events=(Event("Warning", "RolloutBlocked", text),))
+
+
+def _step(world: World, rollout: RolloutState, active: str) -> _Step:
+    """One move of the machine from `rollout.stage` on what `world` shows."""
+    spec, candidate = world.spec, rollout.revision
+    workers = world.workers.get(candidate, Workers(0, ()))
+    is_ready = workers.num_ready >= spec.worker.replicas and workers.replicas == spec.worker.replicas
+    hot_from = world.workers[active].addresses if active in world.workers else ()
+
+    def prewarm(state: RolloutState) -> JobRequest:
+        return JobRequest("prewarm", candidate, state.attempt, tuple(state.targets), hot_from)
+
+    def smoke(state: RolloutState) -> JobRequest:
+        return JobRequest("smoke", candidate, state.attempt, tuple(state.targets))
+
+    if rollout.stage == "Blocked":
+        return _Step(rollout)
+    if rollout.stage == "Deploying":
+        if spec.worker.replicas == 0:  # nothing to gate: no pod would take traffic anyway
+            return _Step(_enter(world, rollout, "Promoting"))
+        if is_ready:
+            state = _enter(world, rollout, "Prewarming", targets=list(workers.addresses))
+            return _Step(state, jobs=(prewarm(state),))
+        if _age_s(rollout.stage_started_at, world.now) > spec.rollout.ready_timeout_seconds:
+            message = (
+                f"{workers.num_ready}/{spec.worker.replicas} candidate workers ready after "
+                f"{spec.rollout.ready_timeout_seconds} s"
+            )
+            return _block(world, rollout, "CandidateNotReady", message)
+        return _Step(rollout)
+    if rollout.stage in ("Prewarming", "SmokeTesting"):
+        kind = "prewarm" if rollout.stage == "Prewarming" else "smoke"
+        job = world.jobs.get((kind, candidate, rollout.attempt))
+        request = prewarm(rollout) if kind == "prewarm" else smoke(rollout)
+        if tuple(rollout.targets) != workers.addresses:  # a pod restarted: its graphs are gone
+            again = replace_state(rollout, attempt=rollout.attempt + 1)
+            if is_ready:
+                state = _enter(world, again, "Prewarming", targets=list(workers.addresses))
+                return _Step(state, jobs=(prewarm(state),))
+            return _Step(_enter(world, again, "Deploying", targets=[]))
+        timeout = (
+            spec.rollout.prewarm_timeout_seconds if kind == "prewarm" else spec.rollout.smoke_timeout_seconds
+        )
+        if job is None or job.phase == "Running":
+            if _age_s(rollout.stage_started_at, world.now) > timeout + JOB_DEADLINE_GRACE_S:
+                reason = "PrewarmTimedOut" if kind == "prewarm" else "SmokeTestTimedOut"
+                return _block(world, rollout, reason, f"the {kind} Job did not finish in {timeout} s")
+            return _Step(rollout, jobs=(request,))
+        if job.phase == "Failed":
+            reason = "PrewarmFailed" if kind == "prewarm" else "SmokeTestFailed"
+            return _block(world, rollout, reason, job.message or f"the {kind} Job failed")
+        if kind == "prewarm":
+            state = _enter(world, rollout, "SmokeTesting")
+            return _Step(
+                state,
+                jobs=(smoke(state),),
+                events=(
+                    Event(
+                        "Normal",
+                        "Prewarmed",
+                        f"revision {candidate}: buckets captured on {len(rollout.targets)} pod(s)",
+                    ),
+                ),
+            )
+        return _Step(
+            _enter(world, rollout, "Promoting"),
+            events=(
+                Event("Normal", "SmokeTestPassed", f"revision {candidate}: graph replay matches eager runs"),
+            ),
+        )
+    assert rollout.stage == "Promoting", rollout.stage
+    return _Step(rollout)
+
+
+def _rollout_conditions(
+    world: World, status: EmbeddingModelStatus, rollout: RolloutState
+) -> EmbeddingModelStatus:
+    stage, candidate, active = rollout.stage, rollout.revision, status.active_revision
+    order = ["Deploying", "Prewarming", "SmokeTesting", "Promoting"]
+    reached = order.index(stage) if stage in order else -1
+    is_blocked = stage == "Blocked"
+    if is_blocked:
+        prewarmed = rollout.reason not in ("CandidateNotReady", "PrewarmFailed", "PrewarmTimedOut")
+        smoked = False
+    else:
+        prewarmed, smoked = reached >= 2, reached >= 3
+    status = set_condition(
+        status,
+        "Prewarmed",
+        prewarmed,
+        "Prewarmed" if prewarmed else "NotPrewarmed",
+        f"revision {candidate}",
+        world,
+    )
+    status = set_condition(
+        status, "SmokeTestPassed", smoked, "Passed" if smoked else "NotPassed", f"revision {candidate}", world
+    )
+    status = set_condition(
+        status,
+        "RolloutBlocked",
+        is_blocked,
+        rollout.reason if is_blocked else "NotBlocked",
+        rollout.message if is_blocked else "",
+        world,
+    )
+    status = set_condition(
+        status,
+        "Progressing",
+        not is_blocked,
+        stage if not is_blocked else rollout.reason,
+        f"revision {candidate}: {stage} (attempt {rollout.attempt})",
+        world,
+    )
+    serving = world.workers.get(active, Workers(0, ())) if active else Workers(0, ())
+    gateway = world.gateway
+    is_serving = bool(active) and gateway is not None and gateway.num_ready > 0 and serving.num_ready > 0
+    message = f"revision {active} serves" if is_serving else "no revision serves yet"
+    status = set_condition(
+        status, "Ready", is_serving, "Serving" if is_serving else "NotServing", message, world
+    )
+    is_short = bool(active) and serving.num_ready < serving.replicas
+    return set_condition(
+        status,
+        "Degraded",
+        is_short,
+        "WorkersUnavailable" if is_short else "AllWorkersReady",
+        f"{serving.num_ready}/{serving.replicas} workers of {active or 'none'} ready",
+        world,
+    )

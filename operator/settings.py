@@ -1,0 +1,75 @@
+"""`OperatorSettings`: the operator's one configuration, from flags and `KEMBED_OPERATOR_*` environment.
+
+Parsed once in `__main__`; nothing else reads the environment. A flag wins over the environment,
+which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "KEMBED_OPERATOR_"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Everything the operator is told at start."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose EmbeddingModels it reconciles (comma-separated in the environment). Empty
+    means every namespace, which needs a ClusterRole; the chart's default is its own namespace."""
+
+    reconcile_interval_s: float = 10.0
+    """Seconds between timer passes over each model. The timer moves rollouts along (the operator does
+    not watch Deployments and Jobs) and repairs drift, so a rollout stage ends at most this late;
+    10 s is short next to a Job's duration and cheap (a handful of GETs per model)."""
+
+    retry_delay_s: float = 15.0
+    """Delay before retrying after a transient API error (conflict, throttling, server error)."""
+
+    api_timeout_s: float = 30.0
+    """Timeout of one API call, in seconds."""
+
+    worker_image: str = "ghcr.io/kembed/worker:0.1.0"
+    """Worker image for models that name none. Part of the revision: changing it rolls those models
+    out (gated like any other revision)."""
+
+    gateway_image: str = "ghcr.io/kembed/gateway:0.1.0"
+    """Gateway image for models that name none."""
+
+    log_level: str = "INFO"
+    """Python log level name."""
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> OperatorSettings:
+    parser = argparse.ArgumentParser(prog="python -m kembed.operator", description=__doc__.split("\n\n")[0])
+    for field in fields(OperatorSettings):
+        env_name = ENV_PREFIX + field.name.upper()
+        raw = env.get(env_name)
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "namespaces":
+            default = tuple(x.strip() for x in (raw or "").split(",") if x.strip())
+            parser.add_argument(
+                flag,
+                "-n",
+                dest="namespaces",
+                action="append",
+                default=None,
+                help=f"repeatable [env {env_name}, comma-separated; default: all]",
+            )
+            parser.set_defaults(_namespaces_env=default)
+        else:
+            kind = type(field.default)
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=field.default if raw is None else kind(raw),
+                help=f"[env {env_name}; default %(default)s]",
+            )
+    args = vars(parser.parse_args(argv))
+    from_env = args.pop("_namespaces_env")
+    args["namespaces"] = tuple(args["namespaces"]) if args["namespaces"] else from_env
+    return OperatorSettings(**args)

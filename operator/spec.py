@@ -1,0 +1,440 @@
+"""The typed `EmbeddingModel` (kembed.dev/v1alpha1): spec and status, the one source of the CRD schema.
+
+Every field carries a description with its unit and why its default is what it is: `crd.py` turns
+these models into the openAPIV3Schema, so `kubectl explain em.spec.worker` reads the same text.
+Field names are snake_case here and camelCase on the wire (aliases). Engine and gateway defaults
+mirror `WorkerConfig` and `GatewayConfig` (copied, not imported: the operator imports neither).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "kembed.dev"
+VERSION = "v1alpha1"
+KIND = "EmbeddingModel"
+PLURAL = "embeddingmodels"
+SHORT_NAMES = ("em",)
+
+BUCKET_PATTERN = r"^[1-9][0-9]*x[1-9][0-9]*$"
+Quantity = int | str  # a Kubernetes resource quantity: 2, "500m", "16Gi"
+Bucket = Annotated[str, Field(pattern=BUCKET_PATTERN)]  # SEQUENCESxTOKENS, e.g. 8x512
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored, not refused: the API server has already pruned them against the
+    # schema, and an operator must not fail on a CRD one version newer than itself.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+# --- model --------------------------------------------------------------------------------------
+
+
+class PvcSource(_Model):
+    """Weights on a PersistentVolumeClaim, mounted read-only into every worker and gateway pod."""
+
+    claim_name: str = Field(
+        min_length=1,
+        description="Name of the PersistentVolumeClaim in this namespace. "
+        "Use a ReadOnlyMany claim when pods land on several nodes.",
+    )
+    path: str = Field(
+        "",
+        description="Directory inside the claim holding config.json, the safetensors and "
+        "tokenizer.json (a subPath); empty means the claim's root.",
+    )
+
+
+class HostPathSource(_Model):
+    """Weights in a directory on every node (pre-pulled by a DaemonSet or baked into the node image)."""
+
+    path: str = Field(
+        min_length=1,
+        pattern="^/",
+        description="Absolute directory on the node with config.json, the safetensors and tokenizer.json.",
+    )
+
+
+class ImageSource(_Model):
+    """Weights shipped as an OCI image, mounted as an image volume (Kubernetes 1.31+, ImageVolume)."""
+
+    reference: str = Field(
+        min_length=1,
+        description="Image reference holding the model directory, "
+        "e.g. registry.example/models/bge-m3:v1. Pin a digest for reproducible revisions.",
+    )
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the model image."
+    )
+    path: str = Field(
+        "",
+        description="Directory inside the image holding the model (a subPath); empty means the image's root.",
+    )
+
+
+class ModelSource(_Model):
+    """Where the weights are. Exactly one of pvc, hostPath or image. Nothing is downloaded at run time."""
+
+    pvc: PvcSource | None = Field(None, description="Weights on a PersistentVolumeClaim.")
+    host_path: HostPathSource | None = Field(None, description="Weights in a directory on the node.")
+    image: ImageSource | None = Field(None, description="Weights in an OCI image mounted as a volume.")
+
+
+class ModelSpec(_Model):
+    """What is served: the weights and how their output is presented."""
+
+    source: ModelSource = Field(description="Where the weights are; exactly one source.")
+    served_name: str = Field(
+        "",
+        description="Name clients send in `model` and /v1/models reports; empty "
+        "means the model directory's name.",
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Weight and activation precision. auto: bfloat16 on CUDA, float32 on CPU "
+        "(where half precision is slower).",
+    )
+    pooling: Literal["cls", "mean", "lasttoken"] | None = Field(
+        None, description="Override of the pooling in the model's modules.json; unset keeps the model's own."
+    )
+    normalize: bool | None = Field(
+        None,
+        description="Override of L2 normalisation; unset keeps the model's sentence-transformers "
+        "pipeline (a Normalize module means normalised).",
+    )
+    max_sequence_length: int | None = Field(
+        None,
+        ge=1,
+        le=131072,
+        description="Tokens kept per input before truncation; unset keeps the model's max_seq_length.",
+    )
+    prompts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Prompt name to prefix (e.g. query: 'query: '), added to those in "
+        "config_sentence_transformers.json; requests select one with prompt_name.",
+    )
+
+
+# --- worker -------------------------------------------------------------------------------------
+
+
+class Resources(_Model):
+    """Container resources, as in a Pod (quantities like 2, 500m, 16Gi)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Resources the scheduler reserves."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Hard caps; GPUs (nvidia.com/gpu) are requested here."
+    )
+
+
+class WorkerSpec(_Model):
+    """The GPU workers: one Deployment per revision, each pod one worker process (one GPU)."""
+
+    image: str = Field(
+        "",
+        description="Worker image; empty means the operator's default worker image "
+        "(its setting KEMBED_OPERATOR_WORKER_IMAGE). Part of the revision.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the worker image."
+    )
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="Worker pods of the serving revision. Scaling "
+        "is not a new revision: it never triggers a rollout.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the model runs: auto picks cuda when the pod sees a GPU."
+    )
+    resources: Resources = Field(
+        default_factory=lambda: Resources(
+            requests={"cpu": "2", "memory": "8Gi"}, limits={"memory": "16Gi", "nvidia.com/gpu": 1}
+        ),
+        description="Container resources. Default: one GPU, 2 CPUs (tokenization is the gateway's job, "
+        "the worker only packs batches), 8-16 GiB of host memory for weights and pinned buffers.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods require (e.g. a GPU model)."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Pod tolerations, as in a Pod spec (e.g. for tainted GPU nodes)."
+    )
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity, as in a Pod spec.")
+    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen"] = Field(
+        "auto",
+        description="Ragged attention kernel: auto times what is installed; torch-varlen is the "
+        "CUDA choice CUDA graphs replay; sdpa the CPU one.",
+    )
+    max_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Token budget of one forward pass, in tokens. "
+        "The worker's own default; lower it to the GPU's measured saturation "
+        "point (~512 for a sub-1B model) for lower latency.",
+    )
+    max_queued_tokens: int = Field(
+        65536,
+        ge=1,
+        description="Admission cap in tokens admitted and not yet "
+        "answered; past it the worker refuses at once so the gateway retries "
+        "elsewhere (32 full batches of backlog).",
+    )
+    max_batch_sequences: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="Most sequences in one batch and the largest sequence-count bucket of the CUDA graphs.",
+    )
+    max_inflight_batches: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Batches launched and not yet collected; 2 lets the CPU pack batch N+1 while N runs.",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="Capture whole-model CUDA graphs per bucket (lazily, on a "
+        "bucket's second hit; prewarmed buckets at rollout).",
+    )
+    max_graphs: int = Field(
+        128,
+        ge=0,
+        le=4096,
+        description="Cap on resident CUDA graphs; past it new "
+        "buckets run eagerly. Bounds capture time and memory.",
+    )
+    max_pinned_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="Hard cap on pinned host memory for "
+        "in-flight batches, in bytes (default 256 MiB); when full, launches wait.",
+    )
+    num_threads: int = Field(
+        0, ge=0, le=512, description="torch intra-op threads on CPU; 0 keeps torch's default (one per core)."
+    )
+    port: int = Field(
+        50051, ge=1, le=65535, description="gRPC port of the worker (the conventional gRPC default)."
+    )
+
+
+# --- gateway ------------------------------------------------------------------------------------
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in this namespace."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field("api-key", min_length=1, description="Key within the Secret.")
+
+
+class ServiceSpec(_Model):
+    """How the gateway is exposed."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="Service type; ClusterIP keeps it in-cluster (put an Ingress in front)."
+    )
+    port: int = Field(80, ge=1, le=65535, description="Service port clients use (HTTP).")
+
+
+class GatewaySpec(_Model):
+    """The HTTP gateway: tokenization, chunking and balancing over the serving revision's workers."""
+
+    image: str = Field(
+        "",
+        description="Gateway image; empty means the operator's default gateway image "
+        "(KEMBED_OPERATOR_GATEWAY_IMAGE).",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the gateway image."
+    )
+    replicas: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="Gateway pods; 2 so a rolling switch between "
+        "revisions or a node drain never leaves none.",
+    )
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "2Gi"}),
+        description="Container resources. Tokenization is CPU-bound: give it cores, not GPUs.",
+    )
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="The gateway Service.")
+    chunk_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Most tokens per chunk sent to a worker: a few "
+        "times the worker's saturation point, so big requests spread over replicas.",
+    )
+    max_chunk_sequences: int = Field(64, ge=1, le=4096, description="Most sequences per chunk.")
+    max_request_bytes: int = Field(
+        8 << 20, ge=1024, description="Largest HTTP body, in bytes (413 above; default 8 MiB)."
+    )
+    max_client_batch_size: int = Field(
+        2048, ge=1, description="Most inputs per request (413 above; OpenAI's own limit)."
+    )
+    max_concurrent_requests: int = Field(
+        512, ge=1, description="Requests handled at once; one more gets 429 at once (TEI's default)."
+    )
+    request_timeout_seconds: float = Field(
+        60.0, ge=0.1, le=3600, description="Deadline of one request, in seconds (504 after)."
+    )
+    auto_truncate: bool = Field(True, description="Truncate over-long inputs (true) or refuse them with 413.")
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding the API key clients must send, passed to the gateway as "
+        "KEMBED_GATEWAY_API_KEY. (Enforced once the gateway reads that setting.)",
+    )
+
+
+# --- rollout ------------------------------------------------------------------------------------
+
+
+class GraphsSpec(_Model):
+    """Which CUDA-graph buckets a new revision captures before it takes traffic."""
+
+    prewarm_buckets: list[Bucket] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Buckets SEQUENCESxTOKENS (e.g. 8x512) always captured on every candidate pod.",
+    )
+    hot_buckets: int = Field(
+        8,
+        ge=0,
+        le=256,
+        description="How many of the serving revision's most-hit "
+        "buckets to capture too, read from its workers' stats.",
+    )
+
+
+class RolloutSpec(_Model):
+    """The gate a new revision passes before the gateway switches to it."""
+
+    smoke_buckets: list[Bucket] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Buckets the smoke test replays against eager runs; empty means every captured one.",
+    )
+    min_cosine: float = Field(
+        0.999,
+        ge=0.0,
+        le=1.0,
+        description="Lowest cosine similarity per row between "
+        "graph replay and eager output that passes (bf16 replay vs eager is ~0.9999).",
+    )
+    golden_config_map: str | None = Field(
+        None,
+        description="ConfigMap with golden embeddings, mounted at /etc/kembed/golden in the smoke "
+        "Job. (Compared once the worker's smoke command reads it.)",
+    )
+    ready_timeout_seconds: int = Field(
+        1800,
+        ge=10,
+        description="Seconds the candidate workers may take to "
+        "become ready (image pull, weight load) before the rollout blocks.",
+    )
+    prewarm_timeout_seconds: int = Field(900, ge=10, description="Deadline of the prewarm Job, in seconds.")
+    smoke_timeout_seconds: int = Field(600, ge=10, description="Deadline of the smoke-test Job, in seconds.")
+
+
+class MetricsSpec(_Model):
+    """Prometheus scraping."""
+
+    service_monitor: bool = Field(
+        False,
+        description="Create a ServiceMonitor (Prometheus Operator) for "
+        "the gateway; off by default as its CRD may not be installed.",
+    )
+    interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
+
+
+class EmbeddingModelSpec(_Model):
+    """An embedding model served from GPU workers behind an HTTP gateway, rolled out gated."""
+
+    model: ModelSpec = Field(description="The weights and how their output is presented.")
+    worker: WorkerSpec = Field(default_factory=WorkerSpec, description="The GPU workers.")
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The HTTP gateway.")
+    graphs: GraphsSpec = Field(
+        default_factory=GraphsSpec, description="CUDA-graph prewarming of a new revision."
+    )
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The rollout gate.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus scraping.")
+
+
+# --- status -------------------------------------------------------------------------------------
+
+ConditionType = Literal["Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
+Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
+
+
+class Condition(_Model):
+    """One observation, as in metav1.Condition."""
+
+    type: ConditionType = Field(
+        description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked or Degraded."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, machine-readable.")
+    message: str = Field("", description="What happened, for humans.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(0, description="metadata.generation this condition was set for.")
+
+
+class RolloutState(_Model):
+    """The rollout in flight, kept in status so a restarted operator resumes it where it was."""
+
+    revision: str = Field(description="Candidate revision.")
+    stage: Stage = Field(description="Deploying, Prewarming, SmokeTesting, Promoting or Blocked.")
+    attempt: int = Field(1, description="Attempt at this revision; part of the Job names.")
+    generation: int = Field(
+        0,
+        description="metadata.generation the attempt started at; a blocked "
+        "rollout retries when the generation moves on.",
+    )
+    stage_started_at: str = Field(description="When the current stage began (RFC 3339), for timeouts.")
+    targets: list[str] = Field(
+        default_factory=list,
+        description="Candidate pod addresses the prewarm Job captured on; a change means prewarming again.",
+    )
+    reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
+    message: str = Field("", description="Details of the block.")
+
+
+class EmbeddingModelStatus(_Model):
+    """What the operator observed and decided."""
+
+    observed_generation: int = Field(0, description="metadata.generation last reconciled.")
+    phase: Phase = Field("Pending", description="Pending, Progressing, Ready, Degraded, Blocked or Invalid.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions, one per type.")
+    active_revision: str = Field("", description="Revision the gateway serves from.")
+    candidate_revision: str = Field("", description="Revision being rolled out (empty when none).")
+    replicas: int = Field(0, description="Desired workers of the serving revision (the scale subresource).")
+    ready_replicas: int = Field(0, description="Ready workers of the serving revision.")
+    selector: str = Field("", description="Label selector of the serving workers (the scale subresource).")
+    gateway_url: str = Field("", alias="gatewayURL", description="In-cluster URL of the gateway.")
+    rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
+
+
+def parse_spec(raw: dict[str, Any]) -> EmbeddingModelSpec:
+    """A body's spec as the typed model; pydantic.ValidationError on a bad one."""
+    return EmbeddingModelSpec.model_validate(raw)
+
+
+def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
+    """A body's status; an unreadable one (e.g. written by another version) counts as empty."""
+    try:
+        return EmbeddingModelStatus.model_validate(raw or {})
+    except ValueError:
+        return EmbeddingModelStatus()
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """camelCase JSON-ready dict, unset optionals left out."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,147 @@
+"""An in-memory stand-in for the few API calls the operator makes, and helpers playing the
+controllers it relies on (Deployment pods becoming ready, Jobs finishing, the gateway rolling)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kembed.operator import naming as n
+from kembed.operator.rbac import allows
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "charts" / "kembed" / "examples"
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def model_body(spec: dict[str, Any], name: str = "minilm", generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "kembed.dev/v1alpha1",
+        "kind": "EmbeddingModel",
+        "metadata": {"name": name, "namespace": "ml", "uid": "uid-1", "generation": generation},
+        "spec": copy.deepcopy(spec),
+    }
+
+
+class FakeCluster:
+    """Objects by (kind, namespace, name); every call checked against RBAC_RULES and recorded."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    def _record(self, verb: str, kind: str) -> None:
+        assert allows(verb, kind), f"RBAC_RULES do not allow {verb} on {kind}"
+        self.calls.append((verb, kind))
+
+    def get(self, kind, namespace, name):
+        self._record("get", kind)
+        found = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(found)
+
+    def list(self, kind, namespace, labels):
+        self._record("list", kind)
+        return [
+            copy.deepcopy(o)
+            for (k, ns, _), o in sorted(self.objects.items())
+            if k == kind
+            and ns == namespace
+            and all(o["metadata"].get("labels", {}).get(a) == b for a, b in labels.items())
+        ]
+
+    def create(self, body):
+        self._record("create", body["kind"])
+        meta = body["metadata"]
+        key = (body["kind"], meta["namespace"], meta["name"])
+        assert key not in self.objects, f"{key} exists"
+        stored = copy.deepcopy(body)
+        stored["metadata"]["generation"] = 1
+        self.objects[key] = stored
+
+    def patch(self, kind, namespace, name, body):
+        self._record("patch", kind)
+        live = self.objects[(kind, namespace, name)]
+        generation = live["metadata"]["generation"]
+        status = live.get("status")
+        merged = copy.deepcopy(body)  # our patches carry whole bodies
+        merged["metadata"]["generation"] = generation + (merged.get("spec") != live.get("spec"))
+        if status is not None:
+            merged["status"] = status
+        self.objects[(kind, namespace, name)] = merged
+
+    def delete(self, kind, namespace, name):
+        self._record("delete", kind)
+        self.objects.pop((kind, namespace, name), None)
+        if kind == "Deployment":  # play the ReplicaSet controller: its pods go with it
+            for key in [k for k, o in self.objects.items() if k[0] == "Pod" and o.get("_owner") == name]:
+                del self.objects[key]
+
+    def event(self, owner, type_, reason, message):
+        self._record("create", "Event")
+        self.events.append((type_, reason, message))
+
+    # --- playing the controllers ----------------------------------------------------------------
+
+    def named(self, kind: str, component: str, revision: str | None = None) -> list[dict[str, Any]]:
+        return [
+            o
+            for (k, _, _), o in sorted(self.objects.items())
+            if k == kind
+            and o["metadata"]["labels"].get(n.COMPONENT_LABEL) == component
+            and (revision is None or o["metadata"]["labels"].get(n.REVISION_LABEL) == revision)
+        ]
+
+    def run_workers(self, revision: str, ready: bool = True, ip_base: int = 10) -> None:
+        """The worker Deployment of `revision` gets its pods (ready or not)."""
+        (deployment,) = self.named("Deployment", "worker", revision)
+        name = deployment["metadata"]["name"]
+        for key in [k for k, o in self.objects.items() if k[0] == "Pod" and o.get("_owner") == name]:
+            del self.objects[key]
+        for i in range(deployment["spec"]["replicas"]):
+            pod_name = f"{name}-{i}"
+            self.objects[("Pod", "ml", pod_name)] = {
+                "_owner": name,
+                "metadata": {
+                    "name": pod_name,
+                    "labels": deployment["spec"]["template"]["metadata"]["labels"],
+                },
+                "status": {
+                    "podIP": f"10.0.{ip_base}.{i + 1}",
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                },
+            }
+
+    def finish_job(self, component: str, succeeded: bool, report: str = "") -> str:
+        """The one unfinished Job of `component` (prewarm or smoke) ends; its name."""
+        (job,) = [j for j in self.named("Job", component) if "conditions" not in j.get("status", {})]
+        condition = {"type": "Complete" if succeeded else "Failed", "status": "True"}
+        if not succeeded:
+            condition |= {"reason": "PodFailurePolicy", "message": "container exited with 1"}
+            pod_name = job["metadata"]["name"] + "-x"
+            self.objects[("Pod", "ml", pod_name)] = {
+                "metadata": {"name": pod_name, "labels": job["spec"]["template"]["metadata"]["labels"]},
+                "status": {
+                    "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": report}}}]
+                },
+            }
+        job["status"] = {"conditions": [condition]}
+        return job["metadata"]["name"]
+
+    def roll_gateway(self) -> None:
+        """The gateway Deployment's pods all run its current template and are available."""
+        (deployment,) = self.named("Deployment", "gateway")
+        replicas = deployment["spec"]["replicas"]
+        deployment["status"] = {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "availableReplicas": replicas,
+            "readyReplicas": replicas,
+        }

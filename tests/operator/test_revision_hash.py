@@ -1,0 +1,56 @@
+"""A revision changes with what shapes worker pods, and with nothing else."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from operator_fakes import example
+
+from kembed.operator.revision import revision_of
+from kembed.operator.spec import parse_spec
+
+BASE = example("bge-m3-gpu.yaml")["spec"]
+IMAGE = "registry.test/kembed/worker:1"
+
+
+def revision_after(section: str, **fields) -> str:
+    spec = copy.deepcopy(BASE)
+    spec[section].update(fields)
+    return revision_of(parse_spec(spec), IMAGE)
+
+
+SHAPING = {
+    "dtype": ("model", {"dtype": "float16"}),
+    "served-name": ("model", {"servedName": "bge"}),
+    "backend": ("worker", {"attentionBackend": "sdpa"}),
+    "batch-tokens": ("worker", {"maxBatchTokens": 512}),
+    "bucket-sequences": ("worker", {"maxBatchSequences": 64}),
+    "cuda-graphs": ("worker", {"cudaGraphs": False}),
+    "pinned-cap": ("worker", {"maxPinnedBytes": 1 << 30}),
+    "resources": ("worker", {"resources": {"limits": {"nvidia.com/gpu": 2}}}),
+    "node-selector": ("worker", {"nodeSelector": {"gpu": "a100"}}),
+}
+NOT_SHAPING = {
+    "worker-replicas": ("worker", {"replicas": 7}),
+    "gateway-replicas": ("gateway", {"replicas": 5}),
+    "chunk-tokens": ("gateway", {"chunkTokens": 1024}),
+    "prewarm-buckets": ("graphs", {"prewarmBuckets": ["1x64"]}),
+    "min-cosine": ("rollout", {"minCosine": 0.99}),
+}
+
+
+@pytest.mark.parametrize("section,fields", SHAPING.values(), ids=SHAPING.keys())
+def test_what_shapes_worker_pods_is_a_new_revision(section, fields):
+    assert revision_after(section, **fields) != revision_of(parse_spec(BASE), IMAGE)
+
+
+@pytest.mark.parametrize("section,fields", NOT_SHAPING.values(), ids=NOT_SHAPING.keys())
+def test_scaling_and_serving_settings_are_not_a_revision(section, fields):
+    assert revision_after(section, **fields) == revision_of(parse_spec(BASE), IMAGE)
+
+
+def test_the_image_is_part_of_the_revision():
+    spec = parse_spec(BASE)
+    assert revision_of(spec, IMAGE) != revision_of(spec, IMAGE + "-patched")
+    assert len(revision_of(spec, IMAGE)) == 8
