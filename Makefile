@@ -70,3 +70,32 @@ bench-cpu: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+
+# Container images: $(IMAGE_PREFIX)/gateway, /worker (CUDA) and /operator, tagged with the package
+# version (the chart's appVersion, so its defaults find them). Needs a running Docker engine (BuildKit);
+# where there is none — as on the machines this repository is developed on — it says so and fails.
+IMAGE_PREFIX ?= ghcr.io/kembed
+IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DOCKER       ?= docker
+IMAGES       := gateway worker operator
+
+.PHONY: images e2e-kind
+
+images:
+	@command -v $(DOCKER) >/dev/null 2>&1 || { \
+	  echo "make images: no '$(DOCKER)' command on this machine, so no images were built."; \
+	  echo "Install Docker (or set DOCKER=podman) and run it again."; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  echo "make images: '$(DOCKER)' is installed but no Docker engine answers, so no images were built."; \
+	  echo "Start the engine (or point DOCKER_HOST at one) and run it again."; exit 1; }
+	@set -e; for image in $(IMAGES); do \
+	  echo "== $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; \
+	  DOCKER_BUILDKIT=1 $(DOCKER) build -f $$image/Dockerfile -t $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG) .; \
+	done
+
+# On a machine with Docker and kind: build the images, start a kind cluster, load them, install the
+# chart, apply an example EmbeddingModel and wait until it is Ready and answers. It cannot run on the
+# machines this repository is developed on (no Docker); docs/operator.md says what it adds over
+# `make test`. KEEP_CLUSTER=1 leaves the cluster up afterwards.
+e2e-kind: images
+	IMAGE_PREFIX=$(IMAGE_PREFIX) IMAGE_TAG=$(IMAGE_TAG) tests/chart/e2e_kind.sh

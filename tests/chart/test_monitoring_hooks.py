@@ -1,0 +1,58 @@
+"""Opt-in monitoring: a metrics Service with a ServiceMonitor or PodMonitor that select it, and the
+Grafana dashboard hook (a sidecar-labelled ConfigMap per dashboards/*.json, none shipped yet)."""
+
+import json
+import shutil
+
+from chart_tools import CHART_DIR, NAMESPACE, find
+from values_cases import CUSTOMISED
+
+
+def test_monitoring_is_off_by_default(helm_template):
+    docs = helm_template()
+    assert {doc["kind"] for doc in docs} == {"ServiceAccount", "Role", "RoleBinding", "Deployment"}
+
+
+def test_service_monitor_scrapes_the_operators_metrics_port(helm_template):
+    docs = helm_template(CUSTOMISED)
+    [service] = find(docs, "Service")
+    [monitor] = find(docs, "ServiceMonitor")
+    [deployment] = find(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    [port] = service["spec"]["ports"]
+    assert port["targetPort"] in {p["name"] for p in container["ports"]}
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {"port": port["name"], "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    # The label a kube-prometheus-stack Prometheus selects monitors by.
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_pod_monitor_selects_the_operator_pod(helm_template):
+    docs = helm_template(CUSTOMISED)
+    [monitor] = find(docs, "PodMonitor")
+    [deployment] = find(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_dashboard_hook_renders_nothing_until_dashboards_exist(helm_template):
+    assert not list((CHART_DIR / "dashboards").glob("*.json")), "dashboards now ship: test their ConfigMaps"
+    assert not find(helm_template(CUSTOMISED), "ConfigMap")
+
+
+def test_a_dashboard_file_becomes_a_configmap_the_grafana_sidecar_loads(helm_template, tmp_path):
+    chart = tmp_path / "kembed"
+    shutil.copytree(CHART_DIR, chart)
+    dashboard = {"title": "kembed latency", "panels": []}
+    (chart / "dashboards" / "kembed_latency.json").write_text(json.dumps(dashboard))
+    [configmap] = find(helm_template(CUSTOMISED, chart=chart), "ConfigMap")
+    assert configmap["metadata"]["name"] == "embeddings-operator-dashboard-kembed-latency"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["kembed_latency.json"]) == dashboard
