@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         standalone=True,
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
-        liveness_endpoint="http://0.0.0.0:8081/healthz",
+        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
     )
 
 

@@ -40,6 +40,10 @@ class OperatorSettings:
     gateway_image: str = "ghcr.io/kembed/gateway:0.1.0"
     """Gateway image for models that name none."""
 
+    health_port: int = 8081
+    """Port of kopf's liveness endpoint (`/healthz`), which the chart's probe reads. 8081 by the
+    convention of controller-runtime operators; tests running several operators on one host move it."""
+
     log_level: str = "INFO"
     """Python log level name."""
 

@@ -1,0 +1,467 @@
+"""`LocalKubelet`: the controllers and the kubelet the API stand-in lacks, played with real processes.
+
+A thread polls the emulator through its HTTP API (as a controller would list/watch) and:
+
+- runs each Deployment replica as a real local process on a loopback address of its own
+  (127.0.0.N: Linux routes all of 127.0.0.0/8 to `lo`), so `podIP:containerPort` is what it is in a
+  cluster; records a Pod (labels of the template, `status.podIP`, Ready once the template's
+  readiness probe passes) and writes the Deployment's status (replicas, updated/ready/available,
+  observedGeneration). A changed pod template rolls: the new pod is Ready before an old one stops.
+- runs each Job's pod command as a real local process and writes Complete or Failed: exit codes
+  matched by a `FailJob` podFailurePolicy rule fail at once, others are retried `backoffLimit`
+  times, `activeDeadlineSeconds` kills it; the pod's termination message is the log tail
+  (`FallbackToLogsOnError`).
+- plays the garbage collector: an object whose owner (by uid) is gone is deleted.
+
+Translation from a pod to a local process, each the local stand-in of a node fact: `kembed-worker`
+/ `kembed-gateway` are the images' entry points (`python -P -m kembed.worker|gateway`); a volume is a
+local directory (hostPath through `host_paths`, emptyDir a fresh one) and any environment value or
+argument under a mount path points into it; `0.0.0.0` (all of the pod's addresses) is the pod IP; a
+Service name `<svc>.<ns>.svc` is resolved as cluster DNS would, once at pod start, to the ready pods
+the Service selects (headless). Images, resources, security contexts and node placement are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "kembed.gateway"}
+SERVICE_HOST = re.compile(r"\b([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?\b")
+TERMINATION_TAIL_BYTES = 2048  # what Kubernetes keeps of the log for FallbackToLogsOnError
+POLL_S = 0.25
+
+
+@dataclass
+class LocalPod:
+    name: str
+    owner_kind: str  # Deployment or Job
+    owner_name: str
+    owner_uid: str
+    template_hash: str
+    ip: str
+    container: dict[str, Any]
+    popen: subprocess.Popen
+    log: Path
+    scratch: tempfile.TemporaryDirectory
+    started: float = field(default_factory=time.monotonic)
+    is_ready: bool = False
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self.scratch.cleanup()
+
+
+@dataclass
+class JobRun:
+    """A Job as the harness saw it run: for the tests' assertions."""
+
+    name: str
+    labels: dict[str, str]
+    command: list[str]
+    exit_codes: list[int] = field(default_factory=list)
+    outcome: str = ""  # Complete or Failed
+
+
+class LocalKubelet:
+    def __init__(self, api_url: str, namespace: str, host_paths: dict[str, Path], log_dir: Path) -> None:
+        self._api = httpx.Client(base_url=api_url, timeout=10)
+        self._ns = namespace
+        self._host_paths = host_paths
+        self._log_dir = log_dir
+        self._pods: dict[str, LocalPod] = {}
+        self._ips = (f"127.0.0.{i}" for i in itertools.count(10))
+        self._names = itertools.count(1)
+        self._dns_turn = 0
+        self.jobs: dict[str, JobRun] = {}
+        self.errors: list[str] = []
+        self.is_holding_jobs = threading.Event()  # set: Jobs stay pending, as if no node had room
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalKubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for pod in list(self._pods.values()):
+            pod.stop()
+        self._api.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as error:  # the test reads these; the loop must go on
+                self.errors.append(repr(error))
+            self._stop.wait(POLL_S)
+
+    def pods_of(self, owner_name: str) -> list[LocalPod]:
+        return [p for p in self._pods.values() if p.owner_name == owner_name]
+
+    # --- API helpers ------------------------------------------------------------------------------
+
+    def _items(self, prefix: str, plural: str) -> list[dict[str, Any]]:
+        answer = self._api.get(f"{prefix}/namespaces/{self._ns}/{plural}")
+        answer.raise_for_status()
+        return answer.json()["items"]
+
+    def _patch_status(self, prefix: str, plural: str, name: str, status: dict[str, Any]) -> None:
+        self._api.patch(
+            f"{prefix}/namespaces/{self._ns}/{plural}/{name}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    def _delete(self, prefix: str, plural: str, name: str) -> None:
+        self._api.delete(f"{prefix}/namespaces/{self._ns}/{plural}/{name}")
+
+    # --- one pass ---------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        self._collect_garbage()
+        self._sync_deployments()
+        self._sync_jobs()
+
+    def _collect_garbage(self) -> None:
+        kinds = [
+            ("/apis/kembed.dev/v1alpha1", "embeddingmodels"),
+            ("/apis/apps/v1", "deployments"),
+            ("/apis/batch/v1", "jobs"),
+            ("/api/v1", "services"),
+            ("/api/v1", "configmaps"),
+            ("/api/v1", "pods"),
+        ]
+        listed = {kind: self._items(*kind) for kind in kinds}
+        uids = {o["metadata"]["uid"] for items in listed.values() for o in items}
+        for (prefix, plural), items in listed.items():
+            for obj in items:
+                owners = obj["metadata"].get("ownerReferences") or []
+                if owners and not any(o["uid"] in uids for o in owners):
+                    self._delete(prefix, plural, obj["metadata"]["name"])
+
+    # --- Deployments ------------------------------------------------------------------------------
+
+    def _sync_deployments(self) -> None:
+        deployments = {d["metadata"]["name"]: d for d in self._items("/apis/apps/v1", "deployments")}
+        for pod in [p for p in self._pods.values() if p.owner_kind == "Deployment"]:
+            live = deployments.get(pod.owner_name)
+            if live is None or live["metadata"]["uid"] != pod.owner_uid:
+                self._remove(pod)
+        for deployment in deployments.values():
+            self._sync_deployment(deployment)
+
+    def _sync_deployment(self, deployment: dict[str, Any]) -> None:
+        name, spec = deployment["metadata"]["name"], deployment["spec"]
+        want = spec.get("replicas", 1)
+        template_hash = hashlib.sha256(json.dumps(spec["template"], sort_keys=True).encode()).hexdigest()[:10]
+        for pod in self.pods_of(name):
+            if pod.popen.poll() is not None:  # crashed: the ReplicaSet replaces it
+                self.errors.append(f"pod {pod.name} exited with {pod.popen.returncode}: {pod.log}")
+                self._remove(pod)
+        current = [p for p in self.pods_of(name) if p.template_hash == template_hash]
+        old = [p for p in self.pods_of(name) if p.template_hash != template_hash]
+        for pod in current[want:]:
+            self._remove(pod)
+        current = current[:want]
+        for _ in range(want - len(current)):
+            pod = self._start(deployment, "Deployment", template_hash, name)
+            if pod is None:
+                break  # a Service name did not resolve yet: try on the next pass
+            current.append(pod)
+        for pod in current:
+            if not pod.is_ready and self._probe(pod):
+                pod.is_ready = True
+                self._write_pod(pod, deployment["spec"]["template"], phase="Running", is_ready=True)
+        num_ready = sum(p.is_ready for p in current)
+        if num_ready >= want:
+            for pod in old:
+                self._remove(pod)
+            old = []
+        status = {
+            "observedGeneration": deployment["metadata"].get("generation", 1),
+            "replicas": len(current) + len(old),
+            "updatedReplicas": len(current),
+            "readyReplicas": num_ready + sum(p.is_ready for p in old),
+            "availableReplicas": num_ready + sum(p.is_ready for p in old),
+        }
+        if {k: deployment.get("status", {}).get(k) for k in status} != status:
+            self._patch_status("/apis/apps/v1", "deployments", name, status)
+
+    # --- Jobs -------------------------------------------------------------------------------------
+
+    def _sync_jobs(self) -> None:
+        jobs = {j["metadata"]["name"]: j for j in self._items("/apis/batch/v1", "jobs")}
+        for pod in [p for p in self._pods.values() if p.owner_kind == "Job"]:
+            live = jobs.get(pod.owner_name)
+            if live is None or live["metadata"]["uid"] != pod.owner_uid:
+                self._remove(pod)
+        for job in jobs.values():
+            conditions = job.get("status", {}).get("conditions", [])
+            if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conditions):
+                continue
+            self._sync_job(job)
+
+    def _sync_job(self, job: dict[str, Any]) -> None:
+        name, spec = job["metadata"]["name"], job["spec"]
+        run = self.jobs.setdefault(
+            name,
+            JobRun(
+                name,
+                dict(job["metadata"].get("labels", {})),
+                spec["template"]["spec"]["containers"][0]["command"],
+            ),
+        )
+        pods = self.pods_of(name)
+        if not pods and self.is_holding_jobs.is_set():
+            return
+        if len(run.exit_codes) == len(pods):  # no pod yet, or every one has been accounted for
+            self._start(job, "Job", "", name)  # None (a ConfigMap missing): the next pass tries again
+            return
+        deadline = spec.get("activeDeadlineSeconds")
+        if any(p.popen.poll() is None for p in pods):
+            if deadline is not None and time.monotonic() - min(p.started for p in pods) > deadline:
+                for pod in pods:
+                    pod.stop()
+                message = "Job was active longer than specified deadline"
+                self._finish(job, run, "Failed", "DeadlineExceeded", message)
+            return
+        pod = max(self.pods_of(name), key=lambda p: p.started)
+        code = pod.popen.returncode
+        run.exit_codes.append(code)
+        message = ""
+        if code != 0:
+            with pod.log.open("rb") as log:
+                log.seek(0, 2)
+                log.seek(max(0, log.tell() - TERMINATION_TAIL_BYTES))
+                message = log.read().decode(errors="replace")
+        self._write_pod(
+            pod,
+            spec["template"],
+            phase="Succeeded" if code == 0 else "Failed",
+            exit_code=code,
+            message=message,
+        )
+        if code == 0:
+            self._finish(job, run, "Complete", "", "")
+            return
+        container = pod.container["name"]
+        for index, rule in enumerate(spec.get("podFailurePolicy", {}).get("rules", [])):
+            on = rule.get("onExitCodes", {})
+            if rule.get("action") == "FailJob" and on.get("containerName", container) == container:
+                matched = (
+                    code in on.get("values", [])
+                    if on.get("operator") == "In"
+                    else code not in on.get("values", [])
+                )
+                if matched:
+                    text = (
+                        f"Container {container} for pod {self._ns}/{pod.name} failed with exit code {code} "
+                        f"matching FailJob rule at index {index}"
+                    )
+                    self._finish(job, run, "Failed", "PodFailurePolicy", text)
+                    return
+        if len(run.exit_codes) > spec.get("backoffLimit", 6):
+            self._finish(
+                job, run, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+            )
+            return
+        self._start(job, "Job", "", name)
+
+    def _finish(self, job: dict[str, Any], run: JobRun, outcome: str, reason: str, message: str) -> None:
+        run.outcome = outcome
+        condition = {"type": outcome, "status": "True", "reason": reason, "message": message}
+        counts = {"succeeded": 1} if outcome == "Complete" else {"failed": len(run.exit_codes) or 1}
+        self._patch_status(
+            "/apis/batch/v1", "jobs", job["metadata"]["name"], {"conditions": [condition], **counts}
+        )
+
+    # --- pods -------------------------------------------------------------------------------------
+
+    def _start(
+        self, owner: dict[str, Any], owner_kind: str, template_hash: str, owner_name: str
+    ) -> LocalPod | None:
+        template = owner["spec"]["template"]
+        pod_spec = template["spec"]
+        container = pod_spec["containers"][0]
+        scratch = tempfile.TemporaryDirectory(prefix="pod-")
+        ip = next(self._ips)
+        mounts = self._mounts(pod_spec, container, Path(scratch.name))
+        env: dict[str, str] = {}
+        for source in container.get("envFrom", []):
+            name = source["configMapRef"]["name"]
+            answer = self._api.get(f"/api/v1/namespaces/{self._ns}/configmaps/{name}")
+            if answer.status_code != 200:
+                scratch.cleanup()
+                return None  # the kubelet waits for the ConfigMap
+            env.update(answer.json().get("data", {}))
+        for item in container.get("env", []):
+            if "value" not in item:
+                raise NotImplementedError(f"env {item['name']}: only literal values are played")
+            env[item["name"]] = item["value"]
+        try:
+            env = {k: self._translate(v, mounts, ip) for k, v in env.items()}
+            args = [self._translate(a, mounts, ip) for a in container["command"] + container.get("args", [])]
+        except LookupError:
+            scratch.cleanup()
+            return None
+        if args[0] in ENTRY_POINTS:
+            args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
+        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1"}
+        name = f"{owner_name}-{next(self._names)}"
+        log = self._log_dir / f"{name}.log"
+        with log.open("w") as out:
+            popen = subprocess.Popen(
+                args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        pod = LocalPod(
+            name,
+            owner_kind,
+            owner_name,
+            owner["metadata"]["uid"],
+            template_hash,
+            ip,
+            container,
+            popen,
+            log,
+            scratch,
+        )
+        self._pods[name] = pod
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self._ns,
+                "labels": dict(template["metadata"].get("labels", {})),
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner_kind,
+                        "name": owner_name,
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": pod_spec,
+        }
+        self._api.post(f"/api/v1/namespaces/{self._ns}/pods", json=body)
+        self._write_pod(pod, template, phase="Running" if owner_kind == "Job" else "Pending", is_ready=False)
+        return pod
+
+    def _write_pod(
+        self,
+        pod: LocalPod,
+        template: dict[str, Any],
+        phase: str,
+        is_ready: bool = False,
+        exit_code: int | None = None,
+        message: str = "",
+    ) -> None:
+        state: dict[str, Any] = {"running": {}}
+        if exit_code is not None:
+            state = {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "message": message,
+                    "reason": "Completed" if exit_code == 0 else "Error",
+                }
+            }
+        status = {
+            "phase": phase,
+            "podIP": pod.ip,
+            "conditions": [{"type": "Ready", "status": "True" if is_ready else "False"}],
+            "containerStatuses": [{"name": pod.container["name"], "ready": is_ready, "state": state}],
+        }
+        self._patch_status("/api/v1", "pods", pod.name, status)
+
+    def _remove(self, pod: LocalPod) -> None:
+        pod.stop()
+        self._pods.pop(pod.name, None)
+        self._delete("/api/v1", "pods", pod.name)
+
+    def _mounts(self, pod_spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> dict[str, Path]:
+        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+        mounts = {}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if "hostPath" in volume:
+                local = self._host_paths[volume["hostPath"]["path"]]
+            elif "emptyDir" in volume:
+                local = scratch / mount["name"]
+                local.mkdir()
+            else:
+                raise NotImplementedError(f"volume {volume}: only hostPath and emptyDir are played")
+            mounts[mount["mountPath"]] = local / mount.get("subPath", "")
+        return mounts
+
+    def _translate(self, value: str, mounts: dict[str, Path], ip: str) -> str:
+        for path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if value == path or value.startswith(path + "/"):
+                return str(local) + value[len(path) :]
+        value = value.replace("0.0.0.0", ip)
+        return SERVICE_HOST.sub(self._resolve, value)
+
+    def _resolve(self, match: re.Match) -> str:
+        """Cluster DNS for a headless Service: one of its ready pods' IPs, spread over repeats."""
+        service, namespace = match.group(1), match.group(2)
+        answer = self._api.get(f"/api/v1/namespaces/{namespace}/services/{service}")
+        if answer.status_code != 200:
+            raise LookupError(service)
+        selector = answer.json()["spec"].get("selector", {})
+        pods = self._api.get(f"/api/v1/namespaces/{namespace}/pods").json()["items"]
+        ips = sorted(
+            p["status"]["podIP"]
+            for p in pods
+            if all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        )
+        if not ips:
+            raise LookupError(service)
+        self._dns_turn += 1
+        return ips[self._dns_turn % len(ips)]
+
+    def _probe(self, pod: LocalPod) -> bool:
+        probe = pod.container.get("readinessProbe") or {}
+        ports = {p["name"]: p["containerPort"] for p in pod.container.get("ports", [])}
+        if "tcpSocket" in probe:
+            port = probe["tcpSocket"]["port"]
+            with contextlib.suppress(OSError), socket.create_connection((pod.ip, ports.get(port, port)), 1):
+                return True
+            return False
+        if "httpGet" in probe:
+            port = probe["httpGet"]["port"]
+            url = f"http://{pod.ip}:{ports.get(port, port)}{probe['httpGet'].get('path', '/')}"
+            try:
+                return httpx.get(url, timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+        return pod.popen.poll() is None

@@ -1,0 +1,215 @@
+"""The real operator against the API stand-in, with real workers, gateway and Job processes.
+
+Scenarios of issue 4, in order: apply the example → Ready and answering; a spec change rolls out
+through prewarm and smoke and retires the old revision; a candidate whose smoke test fails is
+blocked while the old revision keeps answering; an operator killed mid-rollout resumes it; deleting
+the model removes everything it owns.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import kubernetes
+import pytest
+from operator_cluster import CORRUPT_MODEL_DIR, EXAMPLE, MODELS, NAMESPACE, condition
+
+pytestmark = pytest.mark.slow
+
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def apply(cluster, body) -> None:
+    """Create through the kubernetes client, as `kubectl apply` of a new object would."""
+    client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    with client:
+        kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
+            "kembed.dev", "v1alpha1", NAMESPACE, "embeddingmodels", body
+        )
+
+
+def is_ready(cluster) -> bool:
+    model = cluster.model()
+    return (
+        bool(model)
+        and (model.get("status") or {}).get("phase") == "Ready"
+        and condition(model, "Ready")["status"] == "True"
+    )
+
+
+def gateway_url(cluster) -> str:
+    (pod,) = cluster.kubelet.pods_of("minilm-gateway")
+    return f"http://{pod.ip}:8080"
+
+
+def embed(url: str, text: str = "hello kubernetes") -> list[float]:
+    answer = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL_NAME, "input": text}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["data"][0]["embedding"]
+
+
+def worker_ips(cluster, revision: str) -> set[str]:
+    return {p.ip for p in cluster.kubelet.pods_of(f"minilm-worker-{revision}")}
+
+
+def test_example_becomes_ready_and_answers(cluster, kubectl):
+    started = time.monotonic()
+    applied = cluster.kubectl(kubectl, "apply", "--server-side", "--validate=false", "-f", str(EXAMPLE))
+    assert "serverside-applied" in applied
+    cluster.wait("phase Ready", lambda: is_ready(cluster), timeout_s=120)
+    status = cluster.model()["status"]
+    revision = status["activeRevision"]
+    runs = cluster.kubelet.jobs
+    assert runs[f"minilm-prewarm-{revision}-1"].outcome == "Complete"
+    assert runs[f"minilm-smoke-{revision}-1"].outcome == "Complete"
+    assert status["readyReplicas"] == 1
+    url = gateway_url(cluster)
+    info = httpx.get(f"{url}/info", timeout=5).json()
+    assert {w["address"].split(":")[0] for w in info["workers"]} == worker_ips(cluster, revision)
+    assert len(embed(url)) == 384
+    assert {"RolloutStarted", "Prewarmed", "SmokeTestPassed", "Promoted"} <= {r for _, r in cluster.events()}
+    assert "minilm" in cluster.kubectl(kubectl, "get", "embeddingmodels", "-o", "name")
+    print(f"ready and answering after {time.monotonic() - started:.1f} s")
+
+
+def patch_spec(cluster, spec: dict) -> None:
+    answer = cluster.api.patch(
+        f"{MODELS}/minilm", json={"spec": spec}, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    answer.raise_for_status()
+
+
+def serves(cluster, revision: str) -> bool:
+    status = (cluster.model() or {}).get("status") or {}
+    return status.get("activeRevision") == revision and is_ready(cluster)
+
+
+def start_ready(cluster, example) -> str:
+    apply(cluster, example)
+    cluster.wait("phase Ready", lambda: is_ready(cluster), timeout_s=120)
+    return cluster.model()["status"]["activeRevision"]
+
+
+def new_candidate(cluster, old: str) -> str:
+    return cluster.wait(
+        "a new candidate revision",
+        lambda: ((cluster.model().get("status") or {}).get("candidateRevision") or "").replace(old, ""),
+        timeout_s=30,
+    )
+
+
+def names(cluster, prefix: str, plural: str) -> set[str]:
+    return {o["metadata"]["name"] for o in cluster.items(prefix, plural)}
+
+
+def test_spec_change_rolls_out_through_prewarm_and_smoke(cluster, example):
+    old = start_ready(cluster, example)
+    (old_ip,) = worker_ips(cluster, old)
+    embed(gateway_url(cluster))  # traffic on the old revision: its hot buckets are what prewarm reads
+    started = time.monotonic()
+    patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})
+    new = new_candidate(cluster, old)
+    cluster.wait(f"revision {new} serving", lambda: serves(cluster, new), timeout_s=120)
+    runs = cluster.kubelet.jobs
+    assert runs[f"minilm-prewarm-{new}-1"].outcome == "Complete"
+    assert f"{old_ip}:50051" in runs[f"minilm-prewarm-{new}-1"].command  # --hot-from the serving pod
+    assert runs[f"minilm-smoke-{new}-1"].outcome == "Complete"
+    cluster.wait(
+        f"revision {old} retired",
+        lambda: (
+            names(cluster, "/apis/apps/v1", "deployments") == {"minilm-gateway", f"minilm-worker-{new}"}
+            and not cluster.kubelet.pods_of(f"minilm-worker-{old}")
+        ),
+        timeout_s=30,
+    )
+    assert f"minilm-engine-{old}" not in names(cluster, "/api/v1", "configmaps")
+    assert f"minilm-worker-{old}" not in names(cluster, "/api/v1", "services")
+    url = gateway_url(cluster)
+    info = httpx.get(f"{url}/info", timeout=5).json()
+    assert {w["address"].split(":")[0] for w in info["workers"]} == worker_ips(cluster, new)
+    assert len(embed(url)) == 384
+    print(f"rolled out {old} -> {new} in {time.monotonic() - started:.1f} s")
+
+
+def test_failed_smoke_test_blocks_and_old_revision_keeps_serving(cluster, example):
+    old = start_ready(cluster, example)
+    url = gateway_url(cluster)
+    before = embed(url)
+    started = time.monotonic()
+    patch_spec(cluster, {"model": {"source": {"hostPath": {"path": CORRUPT_MODEL_DIR}}}})
+    new = new_candidate(cluster, old)
+    blocked = cluster.wait(
+        "RolloutBlocked",
+        lambda: condition(cluster.model(), "RolloutBlocked").get("status") == "True",
+        timeout_s=120,
+    )
+    assert blocked
+    model = cluster.model()
+    reason = condition(model, "RolloutBlocked")
+    assert reason["reason"] == "SmokeTestFailed", reason
+    assert "NaN" in reason["message"] or "FAIL" in reason["message"].upper(), reason["message"]
+    assert model["status"]["phase"] == "Blocked"
+    assert model["status"]["activeRevision"] == old
+    assert cluster.kubelet.jobs[f"minilm-smoke-{new}-1"].outcome == "Failed"
+    assert ("Warning", "RolloutBlocked") in cluster.events()
+    # The candidate's workers go (they hold GPUs); the old revision and the gateway stay as they were.
+    cluster.wait(
+        "candidate workers removed",
+        lambda: not cluster.kubelet.pods_of(f"minilm-worker-{new}"),
+        timeout_s=30,
+    )
+    assert gateway_url(cluster) == url
+    assert embed(url) == pytest.approx(before, abs=1e-5)
+    print(f"blocked {new} in {time.monotonic() - started:.1f} s: {reason['message'][:200]!r}")
+
+
+def test_operator_killed_mid_rollout_resumes_it(cluster, example):
+    old = start_ready(cluster, example)
+    started = time.monotonic()
+    cluster.kubelet.is_holding_jobs.set()  # the prewarm Job pends: the rollout waits in Prewarming
+    patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})
+    new = new_candidate(cluster, old)
+    cluster.wait("stage Prewarming", lambda: rollout_stage(cluster) == "Prewarming", timeout_s=60)
+    cluster.kill_operator()
+    status = cluster.model()["status"]
+    assert (status["activeRevision"], status["rollout"]["stage"]) == (old, "Prewarming")
+    cluster.start_operator()
+    cluster.kubelet.is_holding_jobs.clear()
+    cluster.wait(f"revision {new} serving", lambda: serves(cluster, new), timeout_s=120)
+    runs = cluster.kubelet.jobs
+    assert runs[f"minilm-prewarm-{new}-1"].outcome == "Complete"  # the same Job, found again
+    assert f"minilm-prewarm-{new}-2" not in runs
+    assert len(embed(gateway_url(cluster))) == 384
+    print(f"killed in Prewarming; {new} served {time.monotonic() - started:.1f} s after the change")
+
+
+def rollout_stage(cluster) -> str:
+    return (((cluster.model() or {}).get("status") or {}).get("rollout") or {}).get("stage", "")
+
+
+def test_delete_removes_everything_owned(cluster, example):
+    revision = start_ready(cluster, example)
+    started = time.monotonic()
+    cluster.api.delete(f"{MODELS}/minilm").raise_for_status()
+    kinds = [
+        ("/apis/apps/v1", "deployments"),
+        ("/apis/batch/v1", "jobs"),
+        ("/api/v1", "services"),
+        ("/api/v1", "configmaps"),
+        ("/api/v1", "pods"),
+    ]
+    cluster.wait(
+        "every owned object gone",
+        lambda: not any(cluster.items(*kind) for kind in kinds),
+        timeout_s=30,
+    )
+    cluster.wait(
+        "every process stopped",
+        lambda: (
+            not cluster.kubelet.pods_of(f"minilm-worker-{revision}")
+            and not cluster.kubelet.pods_of("minilm-gateway")
+        ),
+        timeout_s=30,
+    )
+    print(f"deleted in {time.monotonic() - started:.1f} s")
