@@ -194,8 +194,7 @@ class Scheduler:
                 self._queue.popleft()
                 continue
             if batch and (
-                num_tokens + seq.num_tokens > self.max_batch_tokens
-                or len(batch) == self.max_batch_sequences
+                num_tokens + seq.num_tokens > self.max_batch_tokens or len(batch) == self.max_batch_sequences
             ):
                 break
             batch.append(self._queue.popleft())
