@@ -17,10 +17,12 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kembed.gateway.auth import BearerAuth
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     Flavour,
@@ -257,4 +259,5 @@ def create_app(config: GatewayConfig) -> Starlette:
         ],
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
+        middleware=[Middleware(BearerAuth, api_key=config.api_key)] if config.api_key else [],
     )

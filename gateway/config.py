@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MIB = 1024 * 1024
@@ -72,6 +72,10 @@ class GatewayConfig:
     max_health_age_s: float = 10.0
     """A replica counts as ready only if its last SERVING answer is younger than this, in seconds
     (five missed probes at the default interval)."""
+
+    api_key: str = field(default="", repr=False)
+    """API key every request must carry as `Authorization: Bearer <key>` (except /health and /ready);
+    empty: no key required. On Kubernetes it comes from a Secret. Never logged."""
 
     retry_after_s: int = 1
     """Value of the Retry-After header on 429, in seconds. Worker queues drain in well under that."""

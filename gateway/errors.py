@@ -32,6 +32,10 @@ class PayloadTooLarge(GatewayError):
     """The body, the input count or one input's token count exceeds a limit (413)."""
 
 
+class Unauthorized(GatewayError):
+    """The gateway requires an API key and the request did not carry the right one (401)."""
+
+
 class NotFound(GatewayError):
     """The request names a model this gateway does not serve (404)."""
 
@@ -79,6 +83,7 @@ class _Mapping:
 _TABLE: dict[type[GatewayError], _Mapping] = {
     InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
     PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
+    Unauthorized: _Mapping(401, "invalid_request_error", "unauthorized"),
     NotFound: _Mapping(404, "invalid_request_error", "not_found"),
     MethodNotAllowed: _Mapping(405, "invalid_request_error", "validation"),
     Overloaded: _Mapping(429, "rate_limit_error", "overloaded"),

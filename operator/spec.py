@@ -288,8 +288,8 @@ class GatewaySpec(_Model):
     auto_truncate: bool = Field(True, description="Truncate over-long inputs (true) or refuse them with 413.")
     api_key_secret_ref: SecretKeyRef | None = Field(
         None,
-        description="Secret key holding the API key clients must send, passed to the gateway as "
-        "KEMBED_GATEWAY_API_KEY. (Enforced once the gateway reads that setting.)",
+        description="Secret key holding the API key clients must send as `Authorization: Bearer <key>` "
+        "(every route but /health and /ready); passed to the gateway as KEMBED_GATEWAY_API_KEY.",
     )
 
 

@@ -1,0 +1,34 @@
+"""API-key check in front of every route but the probes: `Authorization: Bearer <key>`, as the OpenAI
+and TEI clients send it (`api_key=` / `--api-key`).
+
+A plain ASGI middleware, so a refused request costs no routing or body parsing; the comparison is
+constant-time. /health and /ready stay open for the kubelet's probes.
+"""
+
+import hmac
+
+from kembed.gateway.errors import Flavour, Unauthorized, render
+
+OPEN_PATHS = frozenset({"/health", "/ready"})
+
+
+class BearerAuth:
+    """Refuses with 401 (in the route's OpenAI or TEI error shape) unless the bearer token matches."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        error = Unauthorized("missing or wrong API key: send the header `Authorization: Bearer <key>`")
+        flavour = Flavour.OPENAI if scope["path"].startswith("/v1/") else Flavour.TEI
+        response = render(error, flavour, retry_after_s=0)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, send)
