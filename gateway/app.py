@@ -8,6 +8,8 @@ renders the answer with orjson. Errors are raised, never rendered here: the one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +35,7 @@ from kembed.gateway.errors import (
     WorkerFailed,
     render,
 )
-from kembed.gateway.model_files import load_model_spec
+from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.schemas import (
     EmbeddingRequest,
     EmbedRequest,
@@ -218,9 +220,19 @@ class Routes:
         return _json({"status": "not ready", "workers": workers}, status_code=503)
 
 
+def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
+    """The model directory's tokenization facts with the deployment's overrides (max length, prompts)."""
+    prompts = {**spec.prompts, **(json.loads(config.prompts) if config.prompts else {})}
+    return dataclasses.replace(
+        spec, max_seq_length=config.max_seq_length or spec.max_seq_length, prompts=prompts
+    )
+
+
 def create_app(config: GatewayConfig) -> Starlette:
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan."""
-    tokenization = Tokenization(load_model_spec(config.model_dir), config.tokenization_workers)
+    tokenization = Tokenization(
+        with_overrides(load_model_spec(config.model_dir), config), config.tokenization_workers
+    )
     pool = WorkerPool(config)
     routes = Routes(config, EmbeddingService(config, tokenization, pool))
 

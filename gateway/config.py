@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,14 @@ class GatewayConfig:
     """A replica counts as ready only if its last SERVING answer is younger than this, in seconds
     (five missed probes at the default interval)."""
 
+    max_seq_length: int = 0
+    """Truncation limit in tokens, special tokens included; 0 keeps the model's own (its
+    sentence_bert_config.json max_seq_length, as sentence-transformers reads it)."""
+
+    prompts: str = ""
+    """Extra or overriding prompts as a JSON object of name to prefix text (e.g.
+    `{"query": "query: "}`), merged over config_sentence_transformers.json's; empty adds none."""
+
     api_key: str = field(default="", repr=False)
     """API key every request must carry as `Authorization: Bearer <key>` (except /health and /ready);
     empty: no key required. On Kubernetes it comes from a Secret. Never logged."""
@@ -111,5 +120,14 @@ class GatewayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.max_seq_length < 0:
+            raise ValueError(f"max_seq_length must be >= 0, got {self.max_seq_length}")
+        if self.prompts:
+            try:
+                prompts = json.loads(self.prompts)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"prompts must be a JSON object: {error}") from None
+            if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+                raise ValueError('prompts must be a JSON object of strings, e.g. {"query": "query: "}')
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")

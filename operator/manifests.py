@@ -238,8 +238,7 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     }
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
-    if m.normalize is not None:
-        values["KEMBED_GATEWAY_NORMALIZE"] = "true" if m.normalize else "false"
+    # normalize is the worker's setting: the gateway normalises as the worker's Info says.
     if m.max_sequence_length is not None:
         values["KEMBED_GATEWAY_MAX_SEQ_LENGTH"] = str(m.max_sequence_length)
     if m.prompts:

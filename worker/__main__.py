@@ -33,6 +33,15 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         help="local Hugging Face-format model directory (default: the bundled all-MiniLM-L6-v2)",
     )
     parser.add_argument("--served-model-name", default=default("served_model_name", ""))
+    parser.add_argument(
+        "--pooling", default=default("pooling", ""), help="override the model's pooling: cls|mean|last"
+    )
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=_optional_bool(env.get("KEMBED_WORKER_NORMALIZE")),
+        help="override whether the model's pipeline normalises (default: as the model says)",
+    )
     parser.add_argument("--host", default=default("host", WorkerConfig.host))
     parser.add_argument("--port", type=int, default=default("port", WorkerConfig.port))
     parser.add_argument("--device", default=default("device", WorkerConfig.device), help="auto|cpu|cuda")
@@ -113,6 +122,10 @@ async def serve(config: WorkerConfig) -> None:
 
 
 ADMIN_COMMANDS = ("stats", "prewarm", "smoke")
+
+
+def _optional_bool(raw: str | None) -> bool | None:
+    return None if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,14 @@ class WorkerConfig:
     """Local Hugging Face-format model directory (config.json, *.safetensors, sentence-transformers
     files). Nothing is ever downloaded."""
 
+    pooling: str = ""
+    """Override of the model's sentence-transformers pooling: `cls`, `mean` or `last`
+    (`lasttoken` accepted); empty keeps the model's own."""
+
+    normalize: bool | None = None
+    """Override of whether the model's pipeline ends in Normalize (reported by Info; the gateway
+    normalises accordingly); None keeps the model's own."""
+
     served_model_name: str = ""
     """Name reported by Info; empty means the model directory's name."""
 
@@ -89,6 +97,8 @@ class WorkerConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, not {self.dtype!r}")
+        if self.pooling not in ("", "cls", "mean", "last", "lasttoken"):
+            raise ValueError(f"pooling must be cls, mean or last (or empty), not {self.pooling!r}")
         backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen")
         if self.attention_backend not in backends:
             raise ValueError(f"attention backend must be one of {backends}, not {self.attention_backend!r}")

@@ -95,3 +95,25 @@ async def test_cli_serves_embeddings_over_real_http():
         # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -15 is a clean exit.
         assert process.returncode in (0, -15), stderr.decode()
         assert b"Traceback" not in stderr, stderr.decode()
+
+
+async def test_max_length_and_prompt_overrides_reach_tokenization(gateway_with):
+    from gateway_fakes import FakeEmbedder
+
+    async with gateway_with(FakeEmbedder(), max_seq_length=8, prompts='{"query": "query: "}') as client:
+        tokens = (
+            await client.post("/tokenize", json={"inputs": "one two three four five six seven eight nine"})
+        ).json()
+        prompted = (await client.post("/tokenize", json={"inputs": "hi", "prompt_name": "query"})).json()
+        embedded = await client.post("/embed", json={"inputs": "word " * 50, "truncate": False})
+    assert [t["text"] for t in prompted[0]][:4] == ["[CLS]", "query", ":", "hi"]
+    assert embedded.status_code == 413 and "8" in embedded.json()["error"]
+    assert len(tokens[0]) > 8  # /tokenize shows everything; truncation applies to what is embedded
+
+
+@pytest.mark.parametrize("prompts", ["not json", '["a"]', '{"query": 1}'], ids=["text", "list", "number"])
+def test_bad_prompt_overrides_are_refused_at_start(model_dir, prompts):
+    from kembed.gateway.config import GatewayConfig
+
+    with pytest.raises(ValueError, match="prompts"):
+        GatewayConfig(model_dir=model_dir, prompts=prompts)

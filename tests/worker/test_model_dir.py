@@ -34,7 +34,7 @@ def make_dir(tmp_path, pooling_config: dict | None, normalize: bool):
         ({"pooling_mode_mean_tokens": True}, False, ("mean", False)),
         ({"pooling_mode_lasttoken": True}, True, ("last", True)),
         ({"pooling_mode": "lasttoken"}, False, ("last", False)),
-        (None, False, ("mean", False)),
+        (None, False, (None, False)),  # no pipeline: the model family's default pooling applies
     ],
     ids=["cls-normalized", "mean-raw", "last-flag", "last-by-name", "bare-transformers-dir"],
 )

@@ -5,6 +5,7 @@ varlen attention kernels, a pinned result ring under a byte cap) replaces `step`
 same two calls, `pack` and `step`.
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -151,6 +152,12 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
+    if config.pooling:  # the deployment's overrides of the model's own pipeline
+        model_dir = dataclasses.replace(
+            model_dir, pooling={"lasttoken": "last"}.get(config.pooling, config.pooling)
+        )
+    if config.normalize is not None:
+        model_dir = dataclasses.replace(model_dir, normalize=config.normalize)
     model = build_model(model_dir, ATTENTION_BACKENDS[backend]).to(device=device, dtype=dtype).eval()
     facts = model.facts
     info = ModelInfo(

@@ -30,7 +30,7 @@ class ModelDir:
 
     path: Path
     config: dict  # config.json as written
-    pooling: str  # "cls" | "mean" | "last"
+    pooling: str | None  # "cls" | "mean" | "last"; None: no sentence-transformers pipeline, family default
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
 
     @property
@@ -49,11 +49,12 @@ def read_model_dir(path: Path) -> ModelDir:
     return ModelDir(path=path, config=config, pooling=pooling, normalize=normalize)
 
 
-def _read_pipeline(path: Path) -> tuple[str, bool]:
-    """(pooling, normalize) from modules.json; a bare transformers directory means mean, no normalise."""
+def _read_pipeline(path: Path) -> tuple[str | None, bool]:
+    """(pooling, normalize) from modules.json; a bare transformers directory: the family's
+    default pooling (None), no normalise."""
     modules_file = path / "modules.json"
     if not modules_file.is_file():
-        return "mean", False
+        return None, False
     modules = json.loads(modules_file.read_text())
     pooling = "mean"
     normalize = False

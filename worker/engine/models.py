@@ -23,7 +23,7 @@ def build_model(model_dir: ModelDir, attend: Callable) -> ServedModel:
     if model_type in BERT_FAMILY and any(a.endswith("ForSequenceClassification") for a in architectures):
         return BertCrossEncoder.load(model_dir, attend)
     if model_type in BERT_FAMILY:
-        model = BertEmbedder(BertShape.from_config(config), attend, model_dir.pooling)
+        model = BertEmbedder(BertShape.from_config(config), attend, model_dir.pooling or "mean")
         model.encoder.load_hf_weights(load_weights(model_dir.path))
         return model
     if model_type in QWEN3_FAMILY:

@@ -220,6 +220,6 @@ def build_qwen3(model_dir: ModelDir, attend: Callable) -> Qwen3Embedder:
 def qwen3_pooling(model_dir: ModelDir, shape: Qwen3Shape) -> str:
     """The directory's sentence-transformers pooling; without modules.json, the last token for a causal
     model (only it has seen the whole sequence) and the mean for a bidirectional one."""
-    if (model_dir.path / "modules.json").is_file():
+    if model_dir.pooling is not None:  # the directory's pipeline, or the deployment's override
         return model_dir.pooling
     return "last" if shape.is_causal else "mean"
