@@ -330,8 +330,9 @@ class RolloutSpec(_Model):
     )
     golden_config_map: str | None = Field(
         None,
-        description="ConfigMap with golden embeddings, mounted at /etc/kembed/golden in the smoke "
-        "Job. (Compared once the worker's smoke command reads it.)",
+        description="ConfigMap of golden embeddings: each *.json key holds {token_ids: [[...]], "
+        "embeddings: [[...]]}. The smoke Job embeds those token ids on every candidate pod and requires "
+        "cosine >= minCosine per row against the stored embeddings.",
     )
     ready_timeout_seconds: int = Field(
         1800,

@@ -5,16 +5,20 @@ runs the image's commands):
 - `stats --target ADDR`: per-bucket hit counts and capture state;
 - `prewarm --target ADDR... [--buckets 1x128,8x512] [--hot-from ADDR... --hot N]`: capture the listed
   buckets plus the N buckets the serving revision's workers hit most;
-- `smoke --target ADDR... [--buckets ...] [--min-cosine 0.999]`: replay captured graphs against
-  eager runs; exits 1 with a readable report when any bucket fails.
+- `smoke --target ADDR... [--buckets ...] [--min-cosine 0.999] [--golden FILE|DIR]`: replay captured
+  graphs against eager runs, and embed golden token ids against their expected embeddings; exits 1
+  with a readable report when any bucket or golden case fails.
 Exit status: 0 success, 1 a check failed, 2 a worker could not be reached or the arguments are wrong.
 """
 
 import argparse
+import json
 import sys
 from collections import Counter
+from pathlib import Path
 
 import grpc
+import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
@@ -78,8 +82,41 @@ def run_prewarm(args) -> int:
     return 1 if failed else 0
 
 
+def load_golden(path: Path) -> list[tuple[str, list[list[int]], np.ndarray]]:
+    """Golden cases from a JSON file, or every *.json in a directory (a mounted ConfigMap): each
+    `{"token_ids": [[...], ...], "embeddings": [[...], ...]}`, one embedding per sequence."""
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    cases = []
+    for file in files:
+        data = json.loads(file.read_text())
+        token_ids, embeddings = data["token_ids"], np.asarray(data["embeddings"], dtype=np.float32)
+        if len(token_ids) != len(embeddings) or not token_ids:
+            raise ValueError(f"{file}: need one embedding per token-id sequence, and at least one")
+        cases.append((file.name, token_ids, embeddings))
+    return cases
+
+
+def check_golden(stub, cases, min_cosine: float, timeout_s: float) -> list[str]:
+    """One report line per golden file; lines starting with FAIL are failures."""
+    lines = []
+    for name, token_ids, expected in cases:
+        ids = np.concatenate([np.asarray(seq, dtype="<i4") for seq in token_ids])
+        batch = pb.TokenBatch(token_ids=ids.tobytes(), lengths=[len(seq) for seq in token_ids])
+        reply = stub.Embed(pb.EmbedRequest(batch=batch, request_id=f"golden/{name}"), timeout=timeout_s)
+        got = np.frombuffer(reply.embeddings, dtype="<f4").reshape(reply.num_sequences, reply.dimensions)
+        if got.shape != expected.shape:
+            lines.append(f"FAIL golden {name}: shape {got.shape}, expected {expected.shape}")
+            continue
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+        worst = float(np.nan_to_num((got * expected).sum(1) / np.maximum(norms, 1e-30), nan=-1.0).min())
+        verdict = "ok  " if worst >= min_cosine else "FAIL"
+        lines.append(f"{verdict} golden {name}: {len(token_ids)} sequences, min cosine {worst:.6f}")
+    return lines
+
+
 def run_smoke(args) -> int:
     failed = False
+    golden = load_golden(args.golden) if args.golden else []
     for address in args.target:
         request = pb.SmokeTestRequest(
             buckets=[_pb(b) for b in args.buckets], min_cosine=args.min_cosine, seed=args.seed
@@ -95,6 +132,9 @@ def run_smoke(args) -> int:
         if not reply.results:
             print("  no bucket was tested: nothing captured and none listed")
         failed |= not reply.passed
+        for line in check_golden(_stub(address, args.timeout), golden, args.min_cosine, args.timeout):
+            print(f"  {line}")
+            failed |= line.startswith("FAIL")
     return 1 if failed else 0
 
 
@@ -123,10 +163,19 @@ def main(argv: list[str]) -> int:
         if name == "smoke":
             sub.add_argument("--min-cosine", type=float, default=0.999)
             sub.add_argument("--seed", type=int, default=0)
+            sub.add_argument(
+                "--golden",
+                type=Path,
+                default=None,
+                help="JSON file, or directory of them, with token_ids and expected embeddings",
+            )
     args = parser.parse_args(argv)
     run = {"stats": run_stats, "prewarm": run_prewarm, "smoke": run_smoke}[args.command]
     try:
         return run(args)
+    except (OSError, ValueError, KeyError) as error:  # a golden file missing or malformed
+        print(f"{args.command}: bad golden input: {error}", file=sys.stderr)
+        return 2
     except (grpc.RpcError, grpc.FutureTimeoutError) as error:
         details = error.details() if isinstance(error, grpc.RpcError) else "no answer in time"
         print(f"{args.command}: worker unreachable or failed: {details}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`python -m kembed.worker stats|prewarm|smoke` against real worker processes, as operator Jobs run them."""
 
+import json
 import subprocess
 import sys
 
@@ -51,3 +52,22 @@ def test_unreachable_worker_and_bad_bucket_exit_2_with_a_message(worker):
     assert bad.returncode == 2 and "not a batch shape" in bad.stderr
     usage = admin("smoke", "--target", worker.workers[0], "--buckets", "eight")
     assert usage.returncode == 2 and "SEQSxTOKENS" in usage.stderr
+
+
+def test_smoke_checks_golden_embeddings_and_fails_on_a_wrong_one(worker, reference, tmp_path):
+    texts = ["golden query one", "a second, longer golden document about vectors"]
+    token_ids = reference.tokenizer(texts)["input_ids"]
+    expected = reference.encode(texts)  # sentence-transformers on the same weights: an independent reference
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "minilm.json").write_text(json.dumps({"token_ids": token_ids, "embeddings": expected.tolist()}))
+    passed = admin("smoke", "--target", worker.workers[0], "--golden", str(golden))
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "ok   golden minilm.json: 2 sequences" in passed.stdout
+    (golden / "swapped.json").write_text(
+        json.dumps({"token_ids": token_ids, "embeddings": expected[::-1].tolist()})
+    )
+    failed = admin("smoke", "--target", worker.workers[0], "--golden", str(golden))
+    assert failed.returncode == 1 and "FAIL golden swapped.json" in failed.stdout
+    broken = admin("smoke", "--target", worker.workers[0], "--golden", str(tmp_path / "missing.json"))
+    assert broken.returncode == 2 and "golden" in broken.stderr

@@ -116,3 +116,16 @@ def test_a_verdict_fails_the_job_at_once_and_unreachable_workers_are_retried():
         "--timeout",
         "600",
     ]
+
+
+def test_a_golden_config_map_is_mounted_and_checked_by_the_smoke_job():
+    raw = example("minilm-cpu.yaml")["spec"]
+    raw.setdefault("rollout", {})["goldenConfigMap"] = "minilm-golden"
+    spec = parse_spec(raw)
+    job = j.job(OWNER, spec, j.JobRequest("smoke", "abc", 1, ("10.0.0.1:50051",)), IMAGE)
+    pod = job["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--golden") + 1] == j.GOLDEN_MOUNT
+    assert {"name": "golden", "configMap": {"name": "minilm-golden"}} in pod["volumes"]
+    prewarm = j.job(OWNER, spec, j.JobRequest("prewarm", "abc", 1, ("10.0.0.1:50051",)), IMAGE)
+    assert "--golden" not in prewarm["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -13,6 +13,9 @@ import numpy as np
 from kembed.worker.buckets import Bucket
 
 DEFAULT_MIN_COSINE = 0.999
+# Tested when nothing is listed and nothing was captured yet (a first rollout with no prewarm list):
+# a revision is never promoted on an empty check; these capture on the spot.
+DEFAULT_BUCKETS = (Bucket(1, 64), Bucket(4, 256), Bucket(16, 1024))
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,14 @@ def random_batch(rng: np.random.Generator, bucket: Bucket, max_length: int, voca
 def smoke_test(
     engine, buckets: list[Bucket], min_cosine: float = DEFAULT_MIN_COSINE, seed: int = 0
 ) -> list[SmokeResult]:
-    """Results per bucket (every captured bucket when `buckets` is empty), in bucket order.
+    """Results per bucket (every captured bucket when `buckets` is empty, DEFAULT_BUCKETS when none
+    is captured either), in bucket order.
     `engine.compare(ids, lengths)` gives (bucket, reference rows, candidate rows): eager against
     graph replay on CUDA, unpadded against padded-to-bucket on the eager engine."""
     rng = np.random.default_rng(seed)
     info = engine.info
     results = []
-    for bucket in sorted(buckets or engine.captured_buckets()):
+    for bucket in sorted(buckets or engine.captured_buckets() or DEFAULT_BUCKETS):
         batch = random_batch(rng, bucket, info.max_sequence_length, info.vocab_size)
         if batch is None:
             results.append(SmokeResult(bucket, 1.0, False, True, "no real batch fits this bucket"))
