@@ -9,6 +9,7 @@ STAMP     := $(VENV)/.kembed-installed
 WORKERS   ?= 1
 PORT      ?= 8080
 WORKER_PORT ?= 50051
+WORKER_METRICS_PORT ?= 9091
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. On these
 # machines 2.13.0 is a local CPU build (found through /opt/wheels); on a GPU machine set
 # TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
@@ -32,7 +33,7 @@ run: $(STAMP)
 	workers=""; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
-	  $(PY) -m kembed.worker --port $$port & \
+	  $(PY) -m kembed.worker --port $$port --metrics-port $$(($(WORKER_METRICS_PORT) + i)) & \
 	  workers="$$workers --worker 127.0.0.1:$$port"; \
 	done; \
 	$(PY) -m kembed.gateway --port $(PORT) $$workers & \

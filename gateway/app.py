@@ -33,8 +33,10 @@ from kembed.gateway.errors import (
     NotFound,
     PayloadTooLarge,
     WorkerFailed,
+    reason_of,
     render,
 )
+from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.schemas import (
     EmbeddingRequest,
@@ -213,6 +215,10 @@ class Routes:
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok"})
 
+    async def metrics(self, request: Request) -> Response:
+        text, content_type = self.service.metrics.render()
+        return Response(text, media_type=content_type)
+
     async def ready(self, request: Request) -> Response:
         if self.service.pool.is_ready():
             return _json({"status": "ready"})
@@ -233,8 +239,9 @@ def create_app(config: GatewayConfig) -> Starlette:
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config), config.tokenization_workers
     )
-    pool = WorkerPool(config)
-    routes = Routes(config, EmbeddingService(config, tokenization, pool))
+    metrics = GatewayMetrics()
+    pool = WorkerPool(config, metrics)
+    routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -254,22 +261,29 @@ def create_app(config: GatewayConfig) -> Starlette:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
             error = WorkerFailed("internal error in the gateway (see its log)")
+        metrics.errors.labels(reason_of(error)).inc()
         flavour = Flavour.OPENAI if request.url.path.startswith("/v1/") else Flavour.TEI
         return render(error, flavour, retry_after_s=config.retry_after_s)
 
+    http_routes = [
+        Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/embed", routes.tei_embed, methods=["POST"]),
+        Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
+        Route("/rerank", routes.tei_rerank, methods=["POST"]),
+        Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
+        Route("/info", routes.info, methods=["GET"]),
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/ready", routes.ready, methods=["GET"]),
+        Route(METRICS_PATH, routes.metrics, methods=["GET"]),
+    ]
+    # Outermost first: the timing middleware sees requests the API key check refuses.
+    middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]
+    if config.api_key:
+        middleware.append(Middleware(BearerAuth, api_key=config.api_key, metrics=metrics))
     return Starlette(
-        routes=[
-            Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
-            Route("/v1/models", routes.models, methods=["GET"]),
-            Route("/embed", routes.tei_embed, methods=["POST"]),
-            Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
-            Route("/rerank", routes.tei_rerank, methods=["POST"]),
-            Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
-            Route("/info", routes.info, methods=["GET"]),
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/ready", routes.ready, methods=["GET"]),
-        ],
+        routes=http_routes,
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
-        middleware=[Middleware(BearerAuth, api_key=config.api_key)] if config.api_key else [],
+        middleware=middleware,
     )

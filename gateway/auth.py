@@ -2,21 +2,23 @@
 and TEI clients send it (`api_key=` / `--api-key`).
 
 A plain ASGI middleware, so a refused request costs no routing or body parsing; the comparison is
-constant-time. /health and /ready stay open for the kubelet's probes.
+constant-time. /health and /ready stay open for the kubelet's probes, /metrics for Prometheus.
 """
 
 import hmac
 
-from kembed.gateway.errors import Flavour, Unauthorized, render
+from kembed.gateway.errors import Flavour, Unauthorized, reason_of, render
+from kembed.gateway.metrics import GatewayMetrics
 
-OPEN_PATHS = frozenset({"/health", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class BearerAuth:
     """Refuses with 401 (in the route's OpenAI or TEI error shape) unless the bearer token matches."""
 
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, metrics: GatewayMetrics) -> None:
         self.app = app
+        self._metrics = metrics
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -28,6 +30,7 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         error = Unauthorized("missing or wrong API key: send the header `Authorization: Bearer <key>`")
+        self._metrics.errors.labels(reason_of(error)).inc()
         flavour = Flavour.OPENAI if scope["path"].startswith("/v1/") else Flavour.TEI
         response = render(error, flavour, retry_after_s=0)
         response.headers["WWW-Authenticate"] = "Bearer"

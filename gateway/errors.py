@@ -94,6 +94,11 @@ _TABLE: dict[type[GatewayError], _Mapping] = {
 }
 
 
+def reason_of(error: GatewayError) -> str:
+    """The `reason` label of `kembed_gateway_errors_total`: the error class in snake case (bounded)."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in type(error).__name__).lstrip("_")
+
+
 def status_of(error: GatewayError) -> int:
     """The HTTP status `error` is answered with."""
     return _TABLE[type(error)].status

@@ -7,6 +7,7 @@ OpenAI and TEI routes cannot drift apart in limits, truncation or normalisation.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from kembed.gateway.errors import (
     Unavailable,
     Unsupported,
 )
+from kembed.gateway.metrics import GatewayMetrics
 from kembed.gateway.model_files import Direction
 from kembed.gateway.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
@@ -52,10 +54,13 @@ class Scored:
 class EmbeddingService:
     """Everything between a parsed request and its response, independent of the API shape."""
 
-    def __init__(self, config: GatewayConfig, tokenization: Tokenization, pool: WorkerPool) -> None:
+    def __init__(
+        self, config: GatewayConfig, tokenization: Tokenization, pool: WorkerPool, metrics: GatewayMetrics
+    ) -> None:
         self.config = config
         self.tokenization = tokenization
         self.pool = pool
+        self.metrics = metrics
         self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
 
     @property
@@ -104,6 +109,14 @@ class EmbeddingService:
         finally:
             self._num_in_flight -= 1
 
+    def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
+        """Records a request's tokenize time, input and token counts; returns its token count."""
+        num_tokens = sum(len(s) for s in sequences)
+        self.metrics.tokenize_duration.observe(time.perf_counter() - started)
+        self.metrics.request_inputs.observe(num_inputs)
+        self.metrics.request_tokens.observe(num_tokens)
+        return num_tokens
+
     def _deadline(self) -> float:
         return asyncio.get_running_loop().time() + self.config.request_timeout_s
 
@@ -129,6 +142,7 @@ class EmbeddingService:
         deadline = self._deadline()
 
         async def run() -> tuple[np.ndarray, int]:
+            started = time.perf_counter()
             sequences = await self.tokenization.encode(
                 inputs,
                 truncate=self.config.auto_truncate if truncate is None else truncate,
@@ -136,8 +150,9 @@ class EmbeddingService:
                 prompt_name=prompt_name,
                 vocab_size=vocab_size,
             )
+            num_tokens = self._observe_tokenized(started, len(inputs), sequences)
             raw = await self.pool.embed(sequences, uuid.uuid4().hex, deadline)
-            return raw, sum(len(s) for s in sequences)
+            return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
         is_normalized = info.normalize if normalize is None else normalize
@@ -179,6 +194,7 @@ class EmbeddingService:
         deadline = self._deadline()
 
         async def run() -> tuple[np.ndarray, int]:
+            started = time.perf_counter()
             ids, type_ids = await self.tokenization.encode_pairs(
                 query,
                 texts,
@@ -186,8 +202,9 @@ class EmbeddingService:
                 direction=direction,
                 param=param,
             )
+            num_tokens = self._observe_tokenized(started, len(texts), ids)
             logits = await self.pool.score(ids, type_ids, uuid.uuid4().hex, deadline)
-            return logits, sum(len(s) for s in ids)
+            return logits, num_tokens
 
         try:
             logits, num_tokens = await self._run(run)

@@ -30,6 +30,7 @@ from kembed.gateway.errors import (
     Unsupported,
     WorkerFailed,
 )
+from kembed.gateway.metrics import GatewayMetrics
 from kembed.gateway.vectors import decode_embeddings, decode_scores
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
@@ -79,8 +80,9 @@ def _translate(error: grpc.aio.AioRpcError, address: str) -> GatewayError:
 class WorkerPool:
     """All replicas behind one gateway. `start` probes them once; a background task keeps probing."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics) -> None:
         self._config = config
+        self._metrics = metrics
         self.replicas: list[Replica] = []
         self._health_task: asyncio.Task[None] | None = None
         self._num_picks = 0
@@ -173,10 +175,12 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
         is_overloaded = False
-        for _ in range(self._config.max_attempts):
+        for attempt in range(self._config.max_attempts):
             replica = self._pick(tried)
             if replica is None:
                 break
+            if attempt > 0:  # the previous replica refused the chunk or was down
+                self._metrics.upstream_retries.inc()
             tried.append(replica)
             remaining = deadline - loop.time()
             if remaining <= 0:

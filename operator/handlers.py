@@ -2,12 +2,13 @@
 
 Create, update (spec or scale), resume (operator start) and a timer all run the same idempotent
 `reconcile`; a per-model lock keeps the timer and an event handler from interleaving (sync handlers
-run in kopf's thread pool). The API client, default images and locks live in kopf's `memo`.
+run in kopf's thread pool). The API client, default images, locks and metrics live in kopf's `memo`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import kopf
 
 from kembed.operator.cluster import ClusterError, KubeCluster
+from kembed.operator.metrics import OperatorMetrics
 from kembed.operator.reconcile import Images, InvalidSpec, invalid_status, reconcile
 from kembed.operator.settings import OperatorSettings
 from kembed.operator.spec import GROUP, PLURAL, VERSION
@@ -32,22 +34,34 @@ def plain(value: Any) -> Any:
 def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     raw = plain(body)
     now = datetime.now(UTC)
+    metrics: OperatorMetrics = memo.metrics
     with memo.locks.setdefault(raw["metadata"]["uid"], threading.Lock()):
+        started, result = time.perf_counter(), "error"
         try:
-            status = reconcile(memo.cluster, raw, memo.images, now)
+            status = reconcile(memo.cluster, raw, memo.images, now, metrics.hooks())
+            result = "ok"
         except InvalidSpec as error:
+            result = "invalid"
             patch.status.update(invalid_status(raw, str(error), now))
             raise kopf.PermanentError(f"invalid spec: {error}") from None
         except ClusterError as error:
             if error.is_retryable:
+                result = "retry"
                 raise kopf.TemporaryError(str(error), delay=memo.settings.retry_delay_s) from None
             raise
+        finally:
+            metrics.reconciles.labels(result).inc()
+            metrics.reconcile_duration.observe(time.perf_counter() - started)
     if status != raw.get("status"):
         patch.status.update(status)
 
 
-def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
-    """Register the handlers for these settings (the timer interval is a setting)."""
+def register(
+    registry: kopf.OperatorRegistry, settings: OperatorSettings, metrics: OperatorMetrics | None = None
+) -> None:
+    """Register the handlers for these settings (the timer interval is a setting); they record into
+    `metrics` (a registry nobody serves if None)."""
+    metrics = OperatorMetrics() if metrics is None else metrics
     resource = (GROUP, VERSION, PLURAL)
 
     def startup(memo: kopf.Memo, **kwargs: Any) -> None:
@@ -61,6 +75,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         memo.cluster = KubeCluster.from_environment(settings.api_timeout_s)
         memo.images = Images(worker=settings.worker_image, gateway=settings.gateway_image)
         memo.locks = {}
+        memo.metrics = metrics
 
     kopf.on.startup(registry=registry)(startup)
     # A registry of our own starts empty: kopf's default login handlers live in its default registry.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -26,6 +26,7 @@ from kembed.operator.rollout import Event, Gateway, JobState, Plan, Workers, Wor
 from kembed.operator.spec import EmbeddingModelSpec, dump, parse_spec, parse_status
 
 APPLIED_HASH = "kembed.dev/applied-hash"
+ROLLOUT_RESULTS = {"Promoted": "promoted", "RolloutBlocked": "blocked"}  # gate outcome by Event reason
 
 
 class Cluster(Protocol):
@@ -37,6 +38,19 @@ class Cluster(Protocol):
     def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def event(self, owner: Owner, type_: str, reason: str, message: str) -> None: ...
+
+
+def _ignore(*_: Any) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ReconcileHooks:
+    """Plain callbacks for what a reconcile sees (the metrics; this module imports none)."""
+
+    rollout_ended: Callable[[str], None] = _ignore  # "promoted" | "blocked", once per transition
+    job_ended: Callable[[str, str, str, float], None] = _ignore  # (uid, kind, result, seconds), each
+    # reconcile while the finished Job exists: the receiver counts a uid once
 
 
 class InvalidSpec(Exception):
@@ -144,6 +158,34 @@ def read_jobs(cluster: Cluster, owner: Owner) -> tuple[dict[tuple[str, str, int]
     return found, bodies
 
 
+def _job_seconds(job: dict[str, Any]) -> float | None:
+    """Start to completion (or to the Failed condition) of a finished Job, None if unknown."""
+    status = job.get("status", {})
+    ended = status.get("completionTime") or next(
+        (c.get("lastTransitionTime") for c in status.get("conditions", []) if c.get("type") == "Failed"), None
+    )
+    if not status.get("startTime") or not ended:
+        return None
+    started = datetime.fromisoformat(status["startTime"])
+    return max(0.0, (datetime.fromisoformat(ended) - started).total_seconds())
+
+
+def report_jobs(
+    job_states: dict[tuple[str, str, int], JobState], bodies: Iterable[dict], hooks: ReconcileHooks
+):
+    """Tell `hooks` the duration of every finished Job."""
+    for job in bodies:
+        labels = job["metadata"]["labels"]
+        kind = labels.get(n.COMPONENT_LABEL, "")
+        key = (kind, labels.get(n.REVISION_LABEL, ""), int(labels.get(n.ATTEMPT_LABEL, "0")))
+        state = job_states.get(key)
+        seconds = _job_seconds(job)
+        if state is not None and state.phase != "Running" and seconds is not None:
+            hooks.job_ended(
+                job["metadata"].get("uid", job["metadata"]["name"]), kind, state.phase.lower(), seconds
+            )
+
+
 def read_gateway(cluster: Cluster, owner: Owner) -> Gateway | None:
     live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner))
     if live is None:
@@ -176,8 +218,15 @@ def typed_spec(body: dict[str, Any]) -> EmbeddingModelSpec:
         raise InvalidSpec(problems) from None
 
 
-def reconcile(cluster: Cluster, body: dict[str, Any], images: Images, now: datetime) -> dict[str, Any]:
+def reconcile(
+    cluster: Cluster,
+    body: dict[str, Any],
+    images: Images,
+    now: datetime,
+    hooks: ReconcileHooks | None = None,
+) -> dict[str, Any]:
     """Bring the cluster to what `body` asks for, one step of its rollout further; return the status."""
+    hooks = hooks or ReconcileHooks()
     owner, spec = owner_of(body), typed_spec(body)
     worker_image = spec.worker.image or images.worker
     gateway_image = spec.gateway.image or images.gateway
@@ -199,6 +248,10 @@ def reconcile(cluster: Cluster, body: dict[str, Any], images: Images, now: datet
     )
     plan = decide(world, parse_status(body.get("status")))
     carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies)
+    report_jobs(job_states, job_bodies, hooks)
+    for event in plan.events:
+        if event.reason in ROLLOUT_RESULTS:
+            hooks.rollout_ended(ROLLOUT_RESULTS[event.reason])
     return status_body(owner, spec, plan)
 
 

@@ -44,6 +44,10 @@ class OperatorSettings:
     """Port of kopf's liveness endpoint (`/healthz`), which the chart's probe reads. 8081 by the
     convention of controller-runtime operators; tests running several operators on one host move it."""
 
+    metrics_port: int = 9090
+    """Port of the Prometheus metrics endpoint (`/metrics`, all addresses); 0 disables it. 9090 is the
+    chart's `metrics.port` default (the chart passes its value here)."""
+
     log_level: str = "INFO"
     """Python log level name."""
 

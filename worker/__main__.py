@@ -44,6 +44,12 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     )
     parser.add_argument("--host", default=default("host", WorkerConfig.host))
     parser.add_argument("--port", type=int, default=default("port", WorkerConfig.port))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=default("metrics_port", WorkerConfig.metrics_port),
+        help="Prometheus /metrics port on --host (0: off)",
+    )
     parser.add_argument("--device", default=default("device", WorkerConfig.device), help="auto|cpu|cuda")
     parser.add_argument(
         "--dtype", default=default("dtype", WorkerConfig.dtype), help="auto|float32|float16|bfloat16"
@@ -95,19 +101,27 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
 async def serve(config: WorkerConfig) -> None:
     # Imported here so `--help` and config errors answer without loading torch.
     from kembed.worker.engine import load_engine
+    from kembed.worker.metrics import WorkerMetrics, serve_metrics
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import EmbedderService, build_server
 
     engine = load_engine(config)
+    metrics = WorkerMetrics(engine.info, revision=config.revision)
     scheduler = Scheduler(
         engine,
         max_batch_tokens=config.max_batch_tokens,
         max_queued_tokens=config.max_queued_tokens,
         max_inflight_batches=config.max_inflight_batches,
         max_batch_sequences=config.max_batch_sequences,
+        hooks=metrics.hooks(),
     )
+    metrics.watch(engine.stats, lambda: scheduler.queued_tokens, config.max_pinned_bytes)
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port)
+    metrics_server = None
+    if config.metrics_port:
+        metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
+        log.info("worker metrics on http://%s:%d/metrics", config.host, metrics_port)
     scheduler.start()
     await server.start()
     log.info("worker serving %s on %s:%d", engine.info.model_name, config.host, port)
@@ -119,6 +133,8 @@ async def serve(config: WorkerConfig) -> None:
     log.info("worker stopping: finishing in-flight requests")
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()
+    if metrics_server is not None:
+        metrics_server.shutdown()
 
 
 ADMIN_COMMANDS = ("stats", "prewarm", "smoke")

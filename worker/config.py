@@ -43,6 +43,10 @@ class WorkerConfig:
     port: int = 50051
     """gRPC port (the conventional gRPC default)."""
 
+    metrics_port: int = 9091
+    """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091
+    is the issue's contract, one above Prometheus' own 9090, clear of the gRPC port."""
+
     device: str = "auto"
     """`cpu`, `cuda` or `auto` (cuda when torch sees a GPU, else cpu)."""
 
@@ -106,5 +110,7 @@ class WorkerConfig:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.max_inflight_batches < 1:
             raise ValueError("max_inflight_batches must be at least 1")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be 0 (off) or a port number, not {self.metrics_port}")
         if self.max_batch_sequences < 1 or self.max_graphs < 0 or self.max_pinned_bytes < 1:
             raise ValueError("need max_batch_sequences >= 1, max_graphs >= 0, max_pinned_bytes >= 1")

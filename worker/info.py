@@ -1,6 +1,7 @@
-"""What a loaded model is, as the server reports it: a plain record, free of torch and gRPC."""
+"""What a loaded model is, and what its engine has done so far: plain records, free of torch and gRPC."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -18,3 +19,18 @@ class ModelInfo:
     dtype: str
     device: str
     attention_backend: str
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's own counters and memory, read at scrape time by the metrics
+    collector (worker/metrics.py). Counters count since start; an eager engine reports no graphs."""
+
+    pinned_in_use_bytes: int = 0  # pinned ring slots holding a batch in flight
+    pinned_reserved_bytes: int = 0  # pinned ring slots allocated (in use or free)
+    gpu_memory_bytes: int = 0  # device memory held by torch's caching allocator (graph pool included)
+    num_captures: int = 0  # CUDA graphs captured (lazily or by prewarm)
+    capture_seconds: tuple[float, ...] = ()  # duration of each capture, in order
+    num_replays: int = 0  # steps that replayed a captured graph
+    num_graphs_resident: int = 0  # captured graphs held now
+    eager_steps: Mapping[str, int] = field(default_factory=dict)  # eager steps by reason (graphs.py)

@@ -12,6 +12,7 @@ so the event loop never blocks on the device.
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,21 @@ class BatchRunner(Protocol):
     def step(self, batch: Any) -> Pending: ...
 
 
+def _ignore(*_: float) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SchedulerHooks:
+    """Plain callbacks for what the scheduler sees (the metrics; the scheduler imports none). They run
+    on the event loop and must be cheap. Durations are in seconds."""
+
+    batch_launched: Callable[[int, int], None] = _ignore  # (num_seqs, num_tokens) per launched batch
+    queue_waited: Callable[[float], None] = _ignore  # per request: admission to its first batch's launch
+    batch_finished: Callable[[float], None] = _ignore  # per batch: launch to rows on the host
+    request_finished: Callable[[float], None] = _ignore  # per request: admission to answer (or failure)
+
+
 @dataclass(eq=False)
 class _Request:
     token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
@@ -50,6 +66,8 @@ class _Request:
     rows: list[np.ndarray | None] = field(default_factory=list)
     num_pending: int = 0  # sequences not yet answered
     num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
+    admitted_at: float = 0.0  # time.perf_counter() at admission
+    is_started: bool = False  # one of its sequences has been launched
 
 
 @dataclass(frozen=True)
@@ -83,7 +101,7 @@ class Scheduler:
         max_batch_tokens: int,
         max_queued_tokens: int,
         max_inflight_batches: int = 2,
-        on_batch: Callable[[int, int], None] | None = None,
+        hooks: SchedulerHooks | None = None,
         max_batch_sequences: int = 256,
     ) -> None:
         self._runner = runner
@@ -92,7 +110,7 @@ class Scheduler:
         # short sequences would fit no captured graph.
         self.max_batch_sequences = max_batch_sequences
         self.max_queued_tokens = max_queued_tokens
-        self._on_batch = on_batch  # (num_seqs, num_tokens) per launched batch, for stats
+        self._hooks = hooks or SchedulerHooks()
         self._queue: deque[_Sequence] = deque()
         self._queued_tokens = 0
         self._has_work = asyncio.Event()
@@ -160,6 +178,7 @@ class Scheduler:
             rows=[None] * len(lengths),
             num_pending=len(lengths),
             num_queued_tokens=num_tokens,
+            admitted_at=time.perf_counter(),
         )
         self._queued_tokens += num_tokens
         self._queue.extend(_Sequence(request, i) for i in range(len(lengths)))
@@ -169,6 +188,8 @@ class Scheduler:
         except asyncio.CancelledError:
             self._release(request)  # its queued sequences are skipped when they come up
             raise
+        finally:
+            self._hooks.request_finished(time.perf_counter() - request.admitted_at)
 
     async def _run(self) -> None:
         while True:
@@ -203,6 +224,11 @@ class Scheduler:
 
     async def _execute(self, batch: list[_Sequence]) -> None:
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        for seq in batch:
+            if not seq.request.is_started:
+                seq.request.is_started = True
+                self._hooks.queue_waited(started - seq.request.admitted_at)
         try:
             lengths = np.fromiter((s.num_tokens for s in batch), dtype=np.int32, count=len(batch))
             token_ids = np.concatenate([s.token_ids() for s in batch])
@@ -212,9 +238,9 @@ class Scheduler:
             else:
                 packed = self._runner.pack(token_ids, lengths)
             pending = await loop.run_in_executor(self._launcher, self._runner.step, packed)
-            if self._on_batch is not None:
-                self._on_batch(len(batch), int(lengths.sum()))
+            self._hooks.batch_launched(len(batch), int(lengths.sum()))
             rows = await loop.run_in_executor(self._waiter, pending.wait)
+            self._hooks.batch_finished(time.perf_counter() - started)
         except Exception as exc:  # a failed batch fails its requests, never the loop
             log.exception("batch of %d sequences failed", len(batch))
             for seq in batch:

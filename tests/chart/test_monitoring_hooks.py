@@ -56,3 +56,16 @@ def test_a_dashboard_file_becomes_a_configmap_the_grafana_sidecar_loads(helm_tem
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(configmap["data"]["kembed_latency.json"]) == dashboard
+
+
+def test_the_operator_serves_metrics_on_the_port_the_chart_declares(helm_template):
+    def operator(docs):
+        [deployment] = find(docs, "Deployment")
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return env, {p["name"]: p["containerPort"] for p in container["ports"]}
+
+    env, ports = operator(helm_template(CUSTOMISED))
+    assert env["KEMBED_OPERATOR_METRICS_PORT"] == str(ports["metrics"])
+    env, ports = operator(helm_template())
+    assert env["KEMBED_OPERATOR_METRICS_PORT"] == "0" and "metrics" not in ports

@@ -100,7 +100,17 @@ def start_stack(
         processes.append(
             spawn(
                 f"worker{i}-{port}",
-                ["kembed.worker", "--port", str(port), "--device", "cpu", *worker_args],
+                # A metrics port of its own: several workers run on this host.
+                [
+                    "kembed.worker",
+                    "--port",
+                    str(port),
+                    "--metrics-port",
+                    str(free_port()),
+                    "--device",
+                    "cpu",
+                    *worker_args,
+                ],
                 log_dir,
             )
         )

@@ -4,6 +4,8 @@ controllers it relies on (Deployment pods becoming ready, Jobs finishing, the ga
 from __future__ import annotations
 
 import copy
+import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import yaml
 
 from kembed.operator import naming as n
 from kembed.operator.rbac import allows
+from kembed.operator.reconcile import Images, ReconcileHooks, reconcile
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "charts" / "kembed" / "examples"
@@ -118,10 +121,16 @@ class FakeCluster:
                 },
             }
 
-    def finish_job(self, component: str, succeeded: bool, report: str = "") -> str:
-        """The one unfinished Job of `component` (prewarm or smoke) ends; its name."""
+    def finish_job(self, component: str, succeeded: bool, report: str = "", seconds: float = 42) -> str:
+        """The one unfinished Job of `component` (prewarm or smoke) ends after `seconds`; its name."""
         (job,) = [j for j in self.named("Job", component) if "conditions" not in j.get("status", {})]
-        condition = {"type": "Complete" if succeeded else "Failed", "status": "True"}
+        started = datetime(2026, 1, 1, tzinfo=UTC)
+        ended = (started + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+        condition = {
+            "type": "Complete" if succeeded else "Failed",
+            "status": "True",
+            "lastTransitionTime": ended,
+        }
         if not succeeded:
             condition |= {"reason": "PodFailurePolicy", "message": "container exited with 1"}
             pod_name = job["metadata"]["name"] + "-x"
@@ -131,7 +140,9 @@ class FakeCluster:
                     "containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": report}}}]
                 },
             }
-        job["status"] = {"conditions": [condition]}
+        job["status"] = {"conditions": [condition], "startTime": started.isoformat().replace("+00:00", "Z")}
+        if succeeded:
+            job["status"]["completionTime"] = ended
         return job["metadata"]["name"]
 
     def roll_gateway(self) -> None:
@@ -145,3 +156,42 @@ class FakeCluster:
             "availableReplicas": replicas,
             "readyReplicas": replicas,
         }
+
+
+IMAGES = Images(worker="registry.test/kembed/worker:1", gateway="registry.test/kembed/gateway:1")
+
+
+class Driver:
+    """Plays the API server's copy of one EmbeddingModel across reconcile passes."""
+
+    def __init__(self, spec: dict, hooks: ReconcileHooks | None = None) -> None:
+        self.hooks = hooks
+        self.cluster = FakeCluster()
+        self.body = model_body(spec)
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def step(self, seconds: float = 5) -> dict:
+        self.now += timedelta(seconds=seconds)
+        status = reconcile(self.cluster, copy.deepcopy(self.body), IMAGES, self.now, self.hooks)
+        self.body["status"] = json.loads(json.dumps(status))  # stored, and read back, as JSON
+        return self.body["status"]
+
+    def edit(self, section: str, **fields) -> None:
+        self.body["spec"].setdefault(section, {}).update(fields)
+        self.body["metadata"]["generation"] += 1
+
+    def condition(self, type_: str) -> dict:
+        return next(c for c in self.body["status"]["conditions"] if c["type"] == type_)
+
+    def promote(self) -> str:
+        """Drive the candidate through the gate to serving; its revision."""
+        revision = self.step()["candidateRevision"]
+        self.cluster.run_workers(revision)
+        assert self.step()["rollout"]["stage"] == "Prewarming"
+        self.cluster.finish_job("prewarm", True)
+        assert self.step()["rollout"]["stage"] == "SmokeTesting"
+        self.cluster.finish_job("smoke", True)
+        assert self.step()["rollout"]["stage"] == "Promoting"
+        self.cluster.roll_gateway()
+        assert self.step()["activeRevision"] == revision
+        return revision

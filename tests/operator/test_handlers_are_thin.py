@@ -9,13 +9,18 @@ from operator_fakes import FakeCluster, example, model_body
 
 from kembed.operator.cluster import ClusterError
 from kembed.operator.handlers import reconcile_handler, register
+from kembed.operator.metrics import OperatorMetrics
 from kembed.operator.reconcile import Images
 from kembed.operator.settings import OperatorSettings
 
 
 def memo(cluster) -> kopf.Memo:
     return kopf.Memo(
-        cluster=cluster, images=Images("w:1", "g:1"), locks={}, settings=OperatorSettings(retry_delay_s=7)
+        cluster=cluster,
+        images=Images("w:1", "g:1"),
+        locks={},
+        settings=OperatorSettings(retry_delay_s=7),
+        metrics=OperatorMetrics(),
     )
 
 

@@ -3,52 +3,13 @@ old revisions retired, blocks reported, drift repaired — with every call insid
 
 from __future__ import annotations
 
-import copy
-import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
-from operator_fakes import FakeCluster, example, model_body
+from operator_fakes import IMAGES, Driver, FakeCluster, example, model_body
 
 from kembed.operator import naming as n
 from kembed.operator.reconcile import Images, InvalidSpec, reconcile
-
-IMAGES = Images(worker="registry.test/kembed/worker:1", gateway="registry.test/kembed/gateway:1")
-
-
-class Driver:
-    """Plays the API server's copy of one EmbeddingModel across reconcile passes."""
-
-    def __init__(self, spec: dict) -> None:
-        self.cluster = FakeCluster()
-        self.body = model_body(spec)
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def step(self, seconds: float = 5) -> dict:
-        self.now += timedelta(seconds=seconds)
-        status = reconcile(self.cluster, copy.deepcopy(self.body), IMAGES, self.now)
-        self.body["status"] = json.loads(json.dumps(status))  # stored, and read back, as JSON
-        return self.body["status"]
-
-    def edit(self, section: str, **fields) -> None:
-        self.body["spec"].setdefault(section, {}).update(fields)
-        self.body["metadata"]["generation"] += 1
-
-    def condition(self, type_: str) -> dict:
-        return next(c for c in self.body["status"]["conditions"] if c["type"] == type_)
-
-    def promote(self) -> str:
-        """Drive the candidate through the gate to serving; its revision."""
-        revision = self.step()["candidateRevision"]
-        self.cluster.run_workers(revision)
-        assert self.step()["rollout"]["stage"] == "Prewarming"
-        self.cluster.finish_job("prewarm", True)
-        assert self.step()["rollout"]["stage"] == "SmokeTesting"
-        self.cluster.finish_job("smoke", True)
-        assert self.step()["rollout"]["stage"] == "Promoting"
-        self.cluster.roll_gateway()
-        assert self.step()["activeRevision"] == revision
-        return revision
 
 
 @pytest.fixture

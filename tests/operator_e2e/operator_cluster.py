@@ -42,6 +42,7 @@ class Cluster:
             KEMBED_OPERATOR_RECONCILE_INTERVAL_S="1",
             KEMBED_OPERATOR_RETRY_DELAY_S="1",
             KEMBED_OPERATOR_HEALTH_PORT=str(_free_port()),  # 8081 may be taken on a shared host
+            KEMBED_OPERATOR_METRICS_PORT=str(_free_port()),  # and 9090 by a Prometheus
         )
         log = (self.log_dir / "operator.log").open("a")
         self.operator = subprocess.Popen(

@@ -212,3 +212,24 @@ def test_smoke_test_replays_every_captured_bucket_against_eager(minilm):
     results = minilm.smoke_test([], 0.999, seed=1)
     assert {r.bucket for r in results} >= set(wanted)
     assert all(r.passed and r.min_cosine >= 0.999 and not r.has_nonfinite for r in results), results
+
+
+def test_engine_stats_follow_captures_replays_and_the_pinned_ring(minilm):
+    rng = np.random.default_rng(5)
+    # A bucket no earlier test in this module has hit (they share the engine): many short sequences.
+    for num_seqs, length in ((128, 15), (96, 13), (100, 9), (72, 11)):
+        _seqs, ids, lengths = ragged(rng, [length] * num_seqs, 30000)
+        if minilm.pack(ids, lengths).bucket not in minilm.graphs.policy.states:
+            break
+    else:
+        pytest.fail("every candidate bucket was already hit")
+    before = minilm.stats()
+    for _ in range(3):  # cold (eager), captured, replayed
+        run(minilm, ids, lengths)
+    after = minilm.stats()
+    assert after.eager_steps["cold"] == before.eager_steps["cold"] + 1
+    assert after.num_captures == before.num_captures + 1 == len(after.capture_seconds)
+    assert after.num_replays == before.num_replays + 2
+    assert after.num_graphs_resident == before.num_graphs_resident + 1
+    assert after.pinned_in_use_bytes == 0 < after.pinned_reserved_bytes  # every slot given back
+    assert after.gpu_memory_bytes > 0

@@ -18,7 +18,7 @@ from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.staging import PaddedBatch, PinnedRing, Slot, pad_batch
-from kembed.worker.info import ModelInfo
+from kembed.worker.info import EngineStats, ModelInfo
 
 
 class CudaLazyTensor:
@@ -173,6 +173,21 @@ class CudaEngine:
 
     def captured_buckets(self) -> list[Bucket]:
         return self.graphs.captured_buckets()
+
+    def stats(self) -> EngineStats:
+        """Counters and memory now. Called from the metrics thread: it only reads (the ring's lock
+        guards its free list; the allocator's counters are thread-safe)."""
+        graphs = self.graphs
+        return EngineStats(
+            pinned_in_use_bytes=self.ring.in_use_bytes,
+            pinned_reserved_bytes=self.ring.reserved_bytes,
+            gpu_memory_bytes=torch.cuda.memory_reserved(self.device),
+            num_captures=len(graphs.capture_seconds),
+            capture_seconds=tuple(graphs.capture_seconds),
+            num_replays=graphs.num_replays,
+            num_graphs_resident=graphs.num_resident,
+            eager_steps=graphs.policy.eager_counts(),
+        )
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
         return smoke_test(self, buckets, min_cosine, seed)

@@ -28,7 +28,7 @@ from kembed.worker.engine.model_dir import read_model_dir
 from kembed.worker.engine.models import ServedModel, build_model
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.staging import pad_batch
-from kembed.worker.info import ModelInfo
+from kembed.worker.info import EngineStats, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,12 @@ class Engine:
 
     def captured_buckets(self) -> list[Bucket]:
         return sorted(self._prewarmed)
+
+    def stats(self) -> EngineStats:
+        """Counters and memory now (called from the metrics thread; only reads). No pinned ring and
+        no graphs here: those read 0; every step is eager with reason "disabled"."""
+        gpu_bytes = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+        return EngineStats(gpu_memory_bytes=gpu_bytes, eager_steps=self.policy.eager_counts())
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
         """Nothing to capture without CUDA graphs: records the buckets so a smoke test covers them."""

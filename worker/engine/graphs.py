@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 REPLAY, CAPTURE = "replay", "capture"
 COLD, FULL, DISABLED, UNCAPTURABLE = "cold", "full", "disabled", "uncapturable"  # eager reasons
+EAGER_REASONS = (COLD, UNCAPTURABLE, DISABLED, FULL)
 
 
 @dataclass
@@ -56,6 +57,11 @@ class CapturePolicy:
             return CAPTURE
         self.eager_reasons[reason] += 1
         return reason
+
+    def eager_counts(self) -> dict[str, int]:
+        """Eager steps by reason, every reason present. Safe from another thread: it reads the known
+        keys one by one (a Counter's missing key reads 0 without being inserted), never iterates."""
+        return {reason: self.eager_reasons[reason] for reason in EAGER_REASONS}
 
     def captured(self, bucket: Bucket) -> None:
         state = self.states.setdefault(bucket, BucketState())
@@ -122,6 +128,11 @@ class GraphCache:
         graph, output = self._graphs[bucket]
         graph.replay()
         return output
+
+    @property
+    def num_resident(self) -> int:
+        """Captured graphs held now (a len, safe to read from the metrics thread)."""
+        return len(self._graphs)
 
     def is_captured(self, bucket: Bucket) -> bool:
         return bucket in self._graphs

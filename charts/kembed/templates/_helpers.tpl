@@ -139,6 +139,8 @@ An empty KEMBED_OPERATOR_NAMESPACES means every namespace: only ever with the Cl
   value: {{ .Values.operator.apiTimeoutSeconds | quote }}
 - name: KEMBED_OPERATOR_LOG_LEVEL
   value: {{ .Values.operator.logLevel | quote }}
+- name: KEMBED_OPERATOR_METRICS_PORT
+  value: {{ if .Values.metrics.enabled }}{{ .Values.metrics.port | quote }}{{ else }}"0"{{ end }}
 - name: KEMBED_OPERATOR_WORKER_IMAGE
   value: {{ include "kembed.image" (dict "root" . "image" .Values.defaultImages.worker) | quote }}
 - name: KEMBED_OPERATOR_GATEWAY_IMAGE

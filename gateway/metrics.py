@@ -1,0 +1,117 @@
+"""The gateway's Prometheus metrics, on a registry of its own per app, and the ASGI middleware that
+times every request.
+
+Names and labels are a contract with the dashboards and alerts (docs/metrics.md). Labels stay
+bounded: `route` is one of the app's route paths (none has parameters) or `unmatched`; `code` is an
+HTTP status; `reason` is an error class's snake-case name. A registry per app (not prometheus_client's
+global one) lets several gateways live in one process, as the tests run them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Geometric buckets as text-embeddings-inference uses: 10 µs doubling to about 21 s, so a tokenize
+# call of tens of microseconds and a request queued behind seconds of work both land in a real bucket.
+DURATION_BUCKETS = tuple(10e-6 * 2**i for i in range(22))
+# Counts per request: 1 to 4096 inputs (past the default client batch cap), 1 to 2**20 tokens.
+INPUT_BUCKETS = tuple(float(2**i) for i in range(13))
+TOKEN_BUCKETS = tuple(float(2**i) for i in range(21))
+
+METRICS_PATH = "/metrics"
+UNMATCHED = "unmatched"  # the route label of a path no route serves
+
+
+class GatewayMetrics:
+    """Every gateway metric, registered on `registry` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+        self.request_duration = Histogram(
+            "kembed_gateway_request_duration_seconds",
+            "Time from a request's arrival to its response, by route template and HTTP status.",
+            ["route", "code"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_duration = Histogram(
+            "kembed_gateway_tokenize_duration_seconds",
+            "Time to tokenize one request's inputs (batch-encoded off the event loop).",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.request_inputs = Histogram(
+            "kembed_gateway_request_inputs",
+            "Inputs (texts, token lists or rerank documents) per embedding or rerank request.",
+            buckets=INPUT_BUCKETS,
+            registry=r,
+        )
+        self.request_tokens = Histogram(
+            "kembed_gateway_request_tokens",
+            "Tokens sent to the workers per embedding or rerank request, after templates and truncation.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "kembed_gateway_upstream_retries",
+            "Chunks sent again to another replica after one refused (full queue) or was down.",
+            registry=r,
+        )
+        self.errors = Counter(
+            "kembed_gateway_errors",
+            "Requests answered with an error, by the error's kind.",
+            ["reason"],
+            registry=r,
+        )
+        self.inflight_requests = Gauge(
+            "kembed_gateway_inflight_requests",
+            "Requests received and not yet answered (scrapes of /metrics excluded).",
+            registry=r,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestMetrics:
+    """ASGI middleware, outermost: counts a request in flight and times it to its response's status,
+    labelled by route. Requests refused by the API key check inside it are counted too."""
+
+    def __init__(self, app, metrics: GatewayMetrics, routes: Collection[str]) -> None:
+        self.app = app
+        self._metrics = metrics
+        self._routes = frozenset(routes)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] == METRICS_PATH:
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in self._routes else UNMATCHED
+        code = 500  # if the app fails before it starts a response
+        started = time.perf_counter()
+
+        async def send_status(message) -> None:
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        inflight = self._metrics.inflight_requests
+        inflight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            inflight.dec()
+            self._metrics.request_duration.labels(route, str(code)).observe(time.perf_counter() - started)

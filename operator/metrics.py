@@ -1,0 +1,81 @@
+"""The operator's Prometheus metrics: reconciles, rollout gate outcomes, prewarm and smoke Job durations.
+
+Names and labels are a contract with the dashboards and alerts (docs/metrics.md); every label set is
+bounded. `reconcile` reports through plain `ReconcileHooks` (it imports no prometheus); the handler
+times and counts the reconciles. A registry of its own per operator, served on `metrics_port`.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from kembed.operator.reconcile import ReconcileHooks
+
+# A reconcile is a handful of API calls: milliseconds to tens of seconds (API timeouts).
+RECONCILE_BUCKETS = tuple(1e-3 * 2**i for i in range(16))
+# A prewarm or smoke Job runs seconds (a few buckets on a warm node) to its timeout (minutes).
+JOB_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+RECONCILE_RESULTS = ("ok", "invalid", "retry", "error")
+
+
+class OperatorMetrics:
+    """Every operator metric, registered on `registry` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+        self.reconciles = Counter(
+            "kembed_operator_reconciles",
+            "Reconciles of an EmbeddingModel, by result: ok, invalid (bad spec), retry (transient API "
+            "error), error (anything else).",
+            ["result"],
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "kembed_operator_reconcile_duration_seconds",
+            "Time of one reconcile (read the world, decide, apply).",
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.rollouts = Counter(
+            "kembed_operator_rollouts",
+            "Rollouts that ended at the gate: promoted (prewarm and smoke test passed) or blocked.",
+            ["result"],
+            registry=r,
+        )
+        self.job_duration = Histogram(
+            "kembed_operator_job_duration_seconds",
+            "Run time of a finished prewarm or smoke-test Job (start to completion or failure).",
+            ["kind", "result"],
+            buckets=JOB_BUCKETS,
+            registry=r,
+        )
+        for result in RECONCILE_RESULTS:  # every series present from the start, at 0
+            self.reconciles.labels(result)
+        for result in ("promoted", "blocked"):
+            self.rollouts.labels(result)
+        self._seen_jobs: set[str] = set()
+        self._lock = threading.Lock()  # kopf runs sync handlers on a thread pool
+
+    def _job_ended(self, uid: str, kind: str, result: str, seconds: float) -> None:
+        # Every reconcile sees a finished Job again until it is retired: observe each Job once.
+        with self._lock:
+            if uid in self._seen_jobs:
+                return
+            self._seen_jobs.add(uid)
+        self.job_duration.labels(kind, result).observe(seconds)
+
+    def hooks(self) -> ReconcileHooks:
+        """`reconcile`'s callbacks, bound to these metrics."""
+        return ReconcileHooks(
+            rollout_ended=lambda result: self.rollouts.labels(result).inc(), job_ended=self._job_ended
+        )
+
+
+def serve_metrics(registry: CollectorRegistry, port: int) -> tuple[ThreadingHTTPServer, int]:
+    """prometheus_client's HTTP server for `registry` on all addresses, on a daemon thread."""
+    server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
+    return server, server.server_port

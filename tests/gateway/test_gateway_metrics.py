@@ -1,0 +1,94 @@
+"""GET /metrics: Prometheus text with the contracted names and labels, moving with traffic."""
+
+import grpc
+import pytest
+from gateway_fakes import FakeEmbedder
+from prometheus_client.parser import text_string_to_metric_families
+
+CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
+    "kembed_gateway_request_duration_seconds": {"route", "code"},
+    "kembed_gateway_tokenize_duration_seconds": set(),
+    "kembed_gateway_request_inputs": set(),
+    "kembed_gateway_request_tokens": set(),
+    "kembed_gateway_upstream_retries": set(),
+    "kembed_gateway_errors": {"reason"},
+    "kembed_gateway_inflight_requests": set(),
+}
+
+
+async def scrape(client) -> dict[str, float]:
+    """Every sample as `name{label="value",...}` -> value, labels sorted."""
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+async def test_metrics_parse_with_the_contracted_names_and_labels(gateway_with):
+    async with gateway_with(FakeEmbedder()) as client:
+        await client.post("/embed", json={"inputs": "hello"})
+        await client.post("/embed", json={"inputs": []})
+        response = await client.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert set(CONTRACT) <= set(families)
+    for name, labels in CONTRACT.items():
+        for sample in families[name].samples:
+            assert set(sample.labels) - {"le"} == labels, sample
+    assert families["kembed_gateway_upstream_retries"].type == "counter"
+    assert families["kembed_gateway_inflight_requests"].type == "gauge"
+
+
+async def test_a_request_moves_the_duration_tokens_and_tokenize_metrics(gateway_with):
+    async with gateway_with(FakeEmbedder()) as client:
+        before = await scrape(client)
+        response = await client.post("/v1/embeddings", json={"input": ["hello world", "bye"]})
+        assert response.status_code == 200
+        after = await scrape(client)
+    count = 'kembed_gateway_request_duration_seconds_count{code="200",route="/v1/embeddings"}'
+    assert before.get(count, 0) == 0 and after[count] == 1
+    assert after["kembed_gateway_tokenize_duration_seconds_count{}"] == 1
+    assert after['kembed_gateway_request_inputs_bucket{le="2.0"}'] == 1
+    assert after["kembed_gateway_request_inputs_sum{}"] == 2
+    assert after["kembed_gateway_request_tokens_sum{}"] == response.json()["usage"]["total_tokens"]
+    assert after["kembed_gateway_inflight_requests{}"] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "route", "code", "reason"),
+    [
+        ("/embed", {"inputs": []}, "/embed", "422", "invalid_input"),
+        ("/no/such/route", {}, "unmatched", "404", "not_found"),
+    ],
+    ids=["validation", "unknown-path"],
+)
+async def test_errors_count_by_reason_and_routes_stay_templates(
+    gateway_with, path, body, route, code, reason
+):
+    async with gateway_with(FakeEmbedder()) as client:
+        await client.post(path, json=body)
+        after = await scrape(client)
+    assert after[f'kembed_gateway_errors_total{{reason="{reason}"}}'] == 1
+    assert after[f'kembed_gateway_request_duration_seconds_count{{code="{code}",route="{route}"}}'] == 1
+    assert not any("/no/such/route" in key for key in after)
+
+
+async def test_a_chunk_refused_by_one_replica_counts_a_retry(gateway_with):
+    full = FakeEmbedder(fail_with=grpc.StatusCode.RESOURCE_EXHAUSTED)
+    async with gateway_with(full, FakeEmbedder()) as client:
+        for _ in range(4):  # round-robin ties: at least one request tries the full replica first
+            assert (await client.post("/embed", json={"inputs": "x"})).status_code == 200
+        after = await scrape(client)
+    assert after["kembed_gateway_upstream_retries_total{}"] >= 1
+
+
+async def test_metrics_need_no_api_key_and_count_refusals(gateway_with):
+    async with gateway_with(FakeEmbedder(), api_key="k") as client:
+        assert (await client.post("/embed", json={"inputs": "x"})).status_code == 401
+        after = await scrape(client)
+    assert after['kembed_gateway_errors_total{reason="unauthorized"}'] == 1
+    assert after['kembed_gateway_request_duration_seconds_count{code="401",route="/embed"}'] == 1

@@ -1,0 +1,138 @@
+"""The worker's /metrics: contracted names and labels, moving with Embed traffic through a real
+in-process gRPC server on the CPU engine; served over HTTP on the metrics port."""
+
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.engine import load_engine
+from kembed.worker.metrics import WorkerMetrics, serve_metrics
+from kembed.worker.scheduler import Scheduler
+from kembed.worker.server import EmbedderService, build_server
+
+MAX_PINNED_BYTES = 1 << 20
+CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
+    "kembed_worker_queue_wait_seconds": set(),
+    "kembed_worker_batch_duration_seconds": set(),
+    "kembed_worker_request_duration_seconds": set(),
+    "kembed_worker_batch_tokens": set(),
+    "kembed_worker_batch_sequences": set(),
+    "kembed_worker_queued_tokens": set(),
+    "kembed_worker_pinned_memory_bytes": {"state"},
+    "kembed_worker_pinned_memory_limit_bytes": set(),
+    "kembed_worker_graph_captures": set(),
+    "kembed_worker_graph_capture_duration_seconds": set(),
+    "kembed_worker_graph_replays": set(),
+    "kembed_worker_eager_steps": {"reason"},
+    "kembed_worker_graphs_resident": set(),
+    "kembed_worker_gpu_memory_bytes": set(),
+    "kembed_worker_info": {"model", "dtype", "attention_backend", "revision"},
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_engine(WorkerConfig(model=bundled_model_dir(), device="cpu"))
+
+
+@pytest.fixture
+async def served(engine):
+    """(stub, metrics) of a worker wired as `__main__` wires it."""
+    metrics = WorkerMetrics(engine.info, revision="r1")
+    scheduler = Scheduler(engine, max_batch_tokens=512, max_queued_tokens=4096, hooks=metrics.hooks())
+    metrics.watch(engine.stats, lambda: scheduler.queued_tokens, MAX_PINNED_BYTES)
+    service = EmbedderService(engine, scheduler, scheduler.max_batch_tokens, revision="r1")
+    server, port = build_server(service, "127.0.0.1", 0)
+    scheduler.start()
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    yield pb_grpc.EmbedderStub(channel), metrics
+    await channel.close()
+    await server.stop(None)
+    await scheduler.close()
+
+
+def samples(metrics: WorkerMetrics) -> dict[str, float]:
+    """Every sample as `name{label="value",...}` -> value, labels sorted."""
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def embed_request(*sequences: list[int]) -> pb.EmbedRequest:
+    ids = np.concatenate([np.array(s, "<i4") for s in sequences])
+    return pb.EmbedRequest(batch=pb.TokenBatch(token_ids=ids.tobytes(), lengths=[len(s) for s in sequences]))
+
+
+async def test_metrics_parse_with_the_contracted_names_and_labels(served):
+    stub, metrics = served
+    await stub.Embed(embed_request([101, 7592, 102]))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+    assert set(CONTRACT) <= set(families)
+    for name, labels in CONTRACT.items():
+        assert families[name].samples, name
+        for sample in families[name].samples:
+            assert set(sample.labels) - {"le"} == labels, sample
+    states = {s.labels["state"] for s in families["kembed_worker_pinned_memory_bytes"].samples}
+    reasons = {s.labels["reason"] for s in families["kembed_worker_eager_steps"].samples}
+    assert states == {"in_use", "reserved"}
+    assert reasons == {"cold", "uncapturable", "disabled", "full"}
+
+
+async def test_an_embed_moves_the_batch_and_request_histograms(served):
+    stub, metrics = served
+    before = samples(metrics)
+    await stub.Embed(embed_request([101, 7592, 2088, 102], [101, 102]))
+    after = samples(metrics)
+    assert after["kembed_worker_batch_tokens_count{}"] == before["kembed_worker_batch_tokens_count{}"] + 1
+    assert after["kembed_worker_batch_tokens_sum{}"] == before["kembed_worker_batch_tokens_sum{}"] + 6
+    assert after["kembed_worker_batch_sequences_sum{}"] == before["kembed_worker_batch_sequences_sum{}"] + 2
+    for name in ("queue_wait_seconds", "batch_duration_seconds", "request_duration_seconds"):
+        key = f"kembed_worker_{name}_count{{}}"
+        assert after[key] == before[key] + 1, name
+    assert after["kembed_worker_queued_tokens{}"] == 0
+
+
+async def test_the_cpu_engine_counts_eager_steps_as_disabled_and_reports_no_graphs(served, engine):
+    stub, metrics = served
+    disabled = 'kembed_worker_eager_steps_total{reason="disabled"}'
+    before = samples(metrics)
+    await stub.Embed(embed_request([101, 102]))
+    after = samples(metrics)
+    assert after[disabled] == before[disabled] + 1
+    assert after['kembed_worker_eager_steps_total{reason="cold"}'] == 0
+    assert after["kembed_worker_graph_captures_total{}"] == 0
+    assert after["kembed_worker_graph_replays_total{}"] == 0
+    assert after["kembed_worker_graphs_resident{}"] == 0
+    assert after["kembed_worker_gpu_memory_bytes{}"] == 0
+    assert after['kembed_worker_pinned_memory_bytes{state="in_use"}'] == 0
+    assert after['kembed_worker_pinned_memory_bytes{state="reserved"}'] == 0
+    assert after["kembed_worker_pinned_memory_limit_bytes{}"] == MAX_PINNED_BYTES
+    assert after["kembed_worker_graph_capture_duration_seconds_count{}"] == 0
+    name = engine.info.model_name
+    info = f'kembed_worker_info{{attention_backend="sdpa",dtype="float32",model="{name}",revision="r1"}}'
+    assert after.get(info) == 1, [k for k in after if k.startswith("kembed_worker_info")]
+
+
+def test_metrics_are_served_over_http(engine):
+    metrics = WorkerMetrics(engine.info, revision="r1")
+    metrics.watch(engine.stats, lambda: 0, MAX_PINNED_BYTES)
+    server, port = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert set(CONTRACT) <= names

@@ -1,0 +1,168 @@
+"""The worker's Prometheus metrics: what the scheduler reports through its hooks, and what the engine
+holds, read when Prometheus scrapes. Torch-free: the engine is reached only through a `stats()`
+callable returning a plain `EngineStats`.
+
+Names and labels are a contract with the dashboards and alerts (docs/metrics.md). Each worker gets a
+registry of its own (not prometheus_client's global one), so tests can run several in one process.
+Served by prometheus_client's HTTP server on `metrics_port` (started in `__main__`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from http.server import ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.scheduler import SchedulerHooks
+
+# Geometric buckets as text-embeddings-inference uses: 10 µs doubling to about 21 s. A small batch on
+# a GPU replays in well under a millisecond; a long capture or a CPU batch takes seconds.
+DURATION_BUCKETS = tuple(10e-6 * 2**i for i in range(22))
+# Tokens per batch 1 .. 2**17 and sequences per batch 1 .. 1024 (past the budgets' defaults).
+TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
+SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
+EAGER_REASONS = ("cold", "uncapturable", "disabled", "full")  # as worker/engine/graphs.py names them
+
+
+class WorkerMetrics:
+    """The metrics the scheduler pushes (histograms) plus a collector for engine state."""
+
+    def __init__(self, info: ModelInfo, *, revision: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, buckets=buckets, registry=r)
+
+        self.queue_wait = histogram(
+            "kembed_worker_queue_wait_seconds",
+            "Per request: time from admission until its first sequence's batch is launched.",
+            DURATION_BUCKETS,
+        )
+        self.batch_duration = histogram(
+            "kembed_worker_batch_duration_seconds",
+            "Per batch: time from its launch (packing included) until its rows are on the host.",
+            DURATION_BUCKETS,
+        )
+        self.request_duration = histogram(
+            "kembed_worker_request_duration_seconds",
+            "Per Embed/Score request: time from admission until its answer (or failure).",
+            DURATION_BUCKETS,
+        )
+        self.batch_tokens = histogram(
+            "kembed_worker_batch_tokens", "Real (unpadded) tokens per launched batch.", TOKEN_BUCKETS
+        )
+        self.batch_sequences = histogram(
+            "kembed_worker_batch_sequences", "Sequences per launched batch.", SEQUENCE_BUCKETS
+        )
+        info_gauge = Gauge(
+            "kembed_worker_info",
+            "What this worker serves (always 1).",
+            ["model", "dtype", "attention_backend", "revision"],
+            registry=r,
+        )
+        info_gauge.labels(info.model_name, info.dtype, info.attention_backend, revision).set(1)
+
+    def watch(
+        self, engine_stats: Callable[[], EngineStats], queued_tokens: Callable[[], int], max_pinned_bytes: int
+    ) -> None:
+        """Read engine and queue state at each scrape (once the scheduler, built with `hooks()`, exists)."""
+        self.registry.register(EngineCollector(engine_stats, queued_tokens, max_pinned_bytes))
+
+    def hooks(self) -> SchedulerHooks:
+        """The scheduler's callbacks, bound to these metrics."""
+
+        def batch_launched(num_seqs: int, num_tokens: int) -> None:
+            self.batch_sequences.observe(num_seqs)
+            self.batch_tokens.observe(num_tokens)
+
+        return SchedulerHooks(
+            batch_launched=batch_launched,
+            queue_waited=self.queue_wait.observe,
+            batch_finished=self.batch_duration.observe,
+            request_finished=self.request_duration.observe,
+        )
+
+
+class EngineCollector(Collector):
+    """Engine and queue state, read at scrape time rather than pushed from the hot path."""
+
+    def __init__(
+        self, engine_stats: Callable[[], EngineStats], queued_tokens: Callable[[], int], max_pinned_bytes: int
+    ) -> None:
+        self._engine_stats = engine_stats
+        self._queued_tokens = queued_tokens
+        self._max_pinned_bytes = max_pinned_bytes
+
+    def collect(self) -> Iterator:
+        stats = self._engine_stats()
+        yield GaugeMetricFamily(
+            "kembed_worker_queued_tokens",
+            "Tokens admitted and not yet answered (the admission cap counts these).",
+            value=self._queued_tokens(),
+        )
+        pinned = GaugeMetricFamily(
+            "kembed_worker_pinned_memory_bytes",
+            "Pinned host memory of the result ring: in_use holds batches in flight, reserved is allocated.",
+            labels=["state"],
+        )
+        pinned.add_metric(["in_use"], stats.pinned_in_use_bytes)
+        pinned.add_metric(["reserved"], stats.pinned_reserved_bytes)
+        yield pinned
+        yield GaugeMetricFamily(
+            "kembed_worker_pinned_memory_limit_bytes",
+            "The hard cap on pinned host memory (max_pinned_bytes).",
+            value=self._max_pinned_bytes,
+        )
+        yield CounterMetricFamily(
+            "kembed_worker_graph_captures", "CUDA graphs captured (lazily or by prewarm).", stats.num_captures
+        )
+        yield _histogram(
+            "kembed_worker_graph_capture_duration_seconds",
+            "Time to capture one CUDA graph (warm-up run included).",
+            stats.capture_seconds,
+        )
+        yield CounterMetricFamily(
+            "kembed_worker_graph_replays", "Steps that replayed a captured CUDA graph.", stats.num_replays
+        )
+        eager = CounterMetricFamily(
+            "kembed_worker_eager_steps",
+            "Steps run eagerly, by reason: cold (first hit), uncapturable (fits no bucket), disabled "
+            "(no graphs on this engine), full (graph cap reached).",
+            labels=["reason"],
+        )
+        for reason in EAGER_REASONS:
+            eager.add_metric([reason], stats.eager_steps.get(reason, 0))
+        yield eager
+        yield GaugeMetricFamily(
+            "kembed_worker_graphs_resident", "CUDA graphs held now.", value=stats.num_graphs_resident
+        )
+        yield GaugeMetricFamily(
+            "kembed_worker_gpu_memory_bytes",
+            "Device memory held by torch's caching allocator (graph pool included); 0 on the CPU.",
+            value=stats.gpu_memory_bytes,
+        )
+
+
+def _histogram(name: str, doc: str, observations: Sequence[float]) -> HistogramMetricFamily:
+    """A histogram family built from every observation so far (captures: at most a few hundred)."""
+    counts = [0] * (len(DURATION_BUCKETS) + 1)
+    for seconds in observations:
+        counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+    cumulative, buckets = 0, []
+    for bound, count in zip((*DURATION_BUCKETS, float("inf")), counts, strict=True):
+        cumulative += count
+        buckets.append((floatToGoString(bound), cumulative))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=sum(observations))
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[ThreadingHTTPServer, int]:
+    """prometheus_client's HTTP server for `registry` on a daemon thread; (server, bound port)."""
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server, server.server_port
