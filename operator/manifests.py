@@ -19,6 +19,7 @@ from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
 
 MODEL_MOUNT = "/models/model"
 GATEWAY_PORT = 8080
+WORKER_METRICS_PORT = 9091  # the worker's default metrics port (kembed.worker --metrics-port)
 RUN_AS = 10001  # the uid/gid the kembed images create; any non-root uid works with a readable model
 PRESTOP_SLEEP_S = 5  # endpoints drop a terminating gateway pod before it stops accepting connections
 
@@ -126,6 +127,7 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_MAX_GRAPHS": str(w.max_graphs),
         "KEMBED_WORKER_MAX_PINNED_BYTES": str(w.max_pinned_bytes),
         "KEMBED_WORKER_NUM_THREADS": str(w.num_threads),
+        "KEMBED_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         "KEMBED_REVISION": revision,
     }
     if m.served_name:
@@ -161,7 +163,10 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "command": ["kembed-worker"],
         "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
         "env": base_env(),
-        "ports": [{"name": "grpc", "containerPort": w.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": resources(w.resources),
         "securityContext": container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
@@ -316,6 +321,22 @@ def gateway_url(owner: Owner, spec: EmbeddingModelSpec) -> str:
     port = spec.gateway.service.port
     suffix = "" if port == 80 else f":{port}"
     return f"http://{n.gateway_name(owner)}.{owner.namespace}.svc{suffix}"
+
+
+def worker_pod_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+    """Scrapes every worker pod of the model, all revisions (a headless Service per revision would
+    need one ServiceMonitor each; pods carry the revision label for the dashboards)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": metadata(owner, f"{owner.name}-worker", "worker"),
+        "spec": {
+            "selector": {"matchLabels": n.selector(owner, "worker")},
+            "podMetricsEndpoints": [
+                {"port": "metrics", "path": "/metrics", "interval": spec.metrics.interval}
+            ],
+        },
+    }
 
 
 def service_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:

@@ -16,6 +16,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "Pod": ("", "v1", "pods"),
     "Event": ("", "v1", "events"),
     "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
+    "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
 }
 
 # Namespaced rules: a Role in each watched namespace, or a ClusterRole when watching all of them.
@@ -38,7 +39,7 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {
         "apiGroups": ["monitoring.coreos.com"],
-        "resources": ["servicemonitors"],
+        "resources": ["servicemonitors", "podmonitors"],
         "verbs": ["get", "create", "patch", "delete"],
     },
 ]

@@ -275,6 +275,7 @@ def carry_out(
         apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image))
     if spec.metrics.service_monitor:
         apply(cluster, m.service_monitor(owner, spec))
+        apply(cluster, m.worker_pod_monitor(owner, spec))
     for event in plan.events:
         cluster.event(owner, event.type, event.reason, event.message)
     _retire(cluster, owner, plan, job_bodies)

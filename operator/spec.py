@@ -349,8 +349,8 @@ class MetricsSpec(_Model):
 
     service_monitor: bool = Field(
         False,
-        description="Create a ServiceMonitor (Prometheus Operator) for "
-        "the gateway; off by default as its CRD may not be installed.",
+        description="Create a ServiceMonitor for the gateway and a PodMonitor for the workers (Prometheus "
+        "Operator; workers expose metrics on port 9091); off by default as their CRDs may not be installed.",
     )
     interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
 

@@ -37,6 +37,7 @@ def render(example_name: str) -> list[dict]:
     ]
     if spec.metrics.service_monitor:
         objects.append(m.service_monitor(OWNER, spec))
+        objects.append(m.worker_pod_monitor(OWNER, spec))
     return objects
 
 

@@ -101,7 +101,7 @@ plugin runs.
   resources: ["events"]
   verbs: ["create"]
 - apiGroups: ["monitoring.coreos.com"]
-  resources: ["servicemonitors"]
+  resources: ["servicemonitors", "podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
 {{- end -}}
 
