@@ -6,12 +6,12 @@ buckets captured in any order, overlapping batches, and no host sync anywhere in
 
 import asyncio
 import random
-import shutil
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from st_pipeline import write_pipeline
 
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
@@ -20,11 +20,6 @@ from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
-MODULES = (
-    '[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},'
-    ' {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},'
-    ' {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]'
-)
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -62,9 +57,7 @@ def minilm_dir(tmp_path_factory):
         max_position_embeddings=512,
     )
     transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    (path / "modules.json").write_text(MODULES)
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    write_pipeline(path, {"pooling_mode_mean_tokens": True}, normalize=True)
     return path
 
 
@@ -89,8 +82,7 @@ def xlmr_dir(tmp_path_factory):
         max_position_embeddings=1026,
     )
     transformers.XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(path)
-    shutil.copytree("tests/bench/configs/bge-m3/1_Pooling", path / "1_Pooling")
-    shutil.copy("tests/bench/configs/bge-m3/modules.json", path / "modules.json")
+    write_pipeline(path, {"pooling_mode_cls_token": True}, normalize=True)  # as BGE-M3 ships
     return path
 
 
@@ -109,9 +101,7 @@ def qwen3_dir(tmp_path_factory):
             if "norm" in name:
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(path)
-    (path / "modules.json").write_text(MODULES)
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text('{"pooling_mode_lasttoken": true}')
+    write_pipeline(path, {"pooling_mode_lasttoken": True}, normalize=True)
     return path
 
 

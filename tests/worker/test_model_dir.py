@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from st_pipeline import write_pipeline
 
 from kembed.worker.config import bundled_model_dir
 from kembed.worker.engine.model_dir import read_model_dir
@@ -13,17 +14,7 @@ def make_dir(tmp_path, pooling_config: dict | None, normalize: bool):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     if pooling_config is None:
         return tmp_path
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
-    (tmp_path / "modules.json").write_text(json.dumps(modules))
-    (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    write_pipeline(tmp_path, pooling_config, normalize)
     return tmp_path
 
 

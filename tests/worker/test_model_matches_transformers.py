@@ -1,11 +1,10 @@
 """Our BERT-family model code on ragged packed batches against transformers on the same random weights."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 import transformers
+from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
@@ -30,26 +29,13 @@ def write_model(tmp_path, family: str, pooling: str, normalize: bool):
     torch.manual_seed(0)
     model = model_cls(config_cls(**TINY), add_pooling_layer=False).eval()
     model.save_pretrained(tmp_path)  # safetensors, as hub models ship
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
-    (tmp_path / "modules.json").write_text(json.dumps(modules))
-    (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "1_Pooling" / "config.json").write_text(
-        json.dumps(
-            {
-                "word_embedding_dimension": TINY["hidden_size"],
-                "pooling_mode_cls_token": pooling == "cls",
-                "pooling_mode_mean_tokens": pooling == "mean",
-                "pooling_mode_lasttoken": pooling == "last",
-            }
-        )
-    )
+    pooling_config = {
+        "word_embedding_dimension": TINY["hidden_size"],
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_lasttoken": pooling == "last",
+    }
+    write_pipeline(tmp_path, pooling_config, normalize)
     return model
 
 

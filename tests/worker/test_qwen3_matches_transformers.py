@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
@@ -49,16 +50,8 @@ def write_model(tmp_path, pooling: str | None, config_overrides: dict | None = N
         config = json.loads((tmp_path / "config.json").read_text())
         (tmp_path / "config.json").write_text(json.dumps({**config, **config_overrides}))
     if pooling is not None:
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-        ]
-        (tmp_path / "modules.json").write_text(json.dumps(modules))
-        (tmp_path / "1_Pooling").mkdir()
-        (tmp_path / "1_Pooling" / "config.json").write_text(
-            json.dumps({"word_embedding_dimension": TINY["hidden_size"], "pooling_mode": pooling})
-        )
+        pooling_config = {"word_embedding_dimension": TINY["hidden_size"], "pooling_mode": pooling}
+        write_pipeline(tmp_path, pooling_config, normalize=True)
     return model
 
 

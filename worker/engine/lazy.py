@@ -17,9 +17,6 @@ class LazyTensor:
         self._event = event
         self._keepalive = keepalive
 
-    def is_ready(self) -> bool:
-        return self._event is None or self._event.query()
-
     def wait(self) -> np.ndarray:
         if self._event is not None:
             self._event.synchronize()
