@@ -10,7 +10,7 @@ global one) lets several gateways live in one process, as the tests run them.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +20,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # Geometric buckets as text-embeddings-inference uses: 10 µs doubling to about 21 s, so a tokenize
 # call of tens of microseconds and a request queued behind seconds of work both land in a real bucket.
@@ -80,9 +82,33 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def watch(self, served_name: Callable[[], str]) -> None:
+        """Report `kembed_gateway_info{model}` at each scrape: the name this gateway serves (its
+        workers' model unless configured), which dashboards and alerts join on (namespace, pod)."""
+        self.registry.register(InfoCollector(served_name))
+
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class InfoCollector(Collector):
+    """`kembed_gateway_info{model} 1`, the model read when Prometheus scrapes: it is known only once a
+    worker has answered Info."""
+
+    def __init__(self, served_name: Callable[[], str]) -> None:
+        self._served_name = served_name
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Registration calls describe() instead of collect(): no model name is needed yet.
+        yield GaugeMetricFamily("kembed_gateway_info", "", labels=["model"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "kembed_gateway_info", "What this gateway serves (always 1).", labels=["model"]
+        )
+        info.add_metric([self._served_name()], 1)
+        yield info
 
 
 class RequestMetrics:

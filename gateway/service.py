@@ -61,6 +61,7 @@ class EmbeddingService:
         self.tokenization = tokenization
         self.pool = pool
         self.metrics = metrics
+        metrics.watch(lambda: self.served_names[0])
         self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
 
     @property
@@ -162,11 +163,16 @@ class EmbeddingService:
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
     ) -> list[list[dict[str, Any]]]:
         self._check_count(len(texts), "inputs")
-        return await self._run(
-            lambda: self.tokenization.tokenize(
+
+        async def run() -> list[list[dict[str, Any]]]:
+            started = time.perf_counter()
+            tokens = await self.tokenization.tokenize(
                 texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
             )
-        )
+            self.metrics.tokenize_duration.observe(time.perf_counter() - started)
+            return tokens
+
+        return await self._run(run)
 
     async def rerank(
         self,

@@ -13,6 +13,7 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_gateway_upstream_retries": set(),
     "kembed_gateway_errors": {"reason"},
     "kembed_gateway_inflight_requests": set(),
+    "kembed_gateway_info": {"model"},
 }
 
 
@@ -56,6 +57,26 @@ async def test_a_request_moves_the_duration_tokens_and_tokenize_metrics(gateway_
     assert after["kembed_gateway_request_inputs_sum{}"] == 2
     assert after["kembed_gateway_request_tokens_sum{}"] == response.json()["usage"]["total_tokens"]
     assert after["kembed_gateway_inflight_requests{}"] == 0
+
+
+async def test_tokenize_records_its_tokenize_time_but_sends_no_tokens(gateway_with):
+    async with gateway_with(FakeEmbedder()) as client:
+        before = await scrape(client)
+        response = await client.post("/tokenize", json={"inputs": ["hello world", "bye"]})
+        assert response.status_code == 200
+        after = await scrape(client)
+    assert before["kembed_gateway_tokenize_duration_seconds_count{}"] == 0
+    assert after["kembed_gateway_tokenize_duration_seconds_count{}"] == 1
+    assert after["kembed_gateway_tokenize_duration_seconds_sum{}"] > 0
+    # Inputs and tokens count what goes to the workers: /tokenize sends nothing.
+    assert after["kembed_gateway_request_tokens_count{}"] == 0
+
+
+async def test_info_names_the_served_model_for_the_dashboards_to_join_on(gateway_with):
+    async with gateway_with(FakeEmbedder()) as client:
+        served = (await client.get("/v1/models")).json()["data"][0]["id"]
+        after = await scrape(client)
+    assert after[f'kembed_gateway_info{{model="{served}"}}'] == 1
 
 
 @pytest.mark.parametrize(
