@@ -115,7 +115,7 @@ async def serve(config: WorkerConfig) -> None:
         max_batch_sequences=config.max_batch_sequences,
         hooks=metrics.hooks(),
     )
-    metrics.watch(engine.stats, lambda: scheduler.queued_tokens, config.max_pinned_bytes)
+    metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port)
     metrics_server = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -28,6 +29,18 @@ DURATION_BUCKETS = tuple(10e-6 * 2**i for i in range(22))
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
 EAGER_REASONS = ("cold", "uncapturable", "disabled", "full")  # as worker/engine/graphs.py names them
+
+
+class QueueState(Protocol):
+    """What the collector reads from the scheduler at each scrape: its backlog and the budgets it
+    enforces (the dashboards draw batch fill and queue depth against these)."""
+
+    @property
+    def queued_tokens(self) -> int: ...
+
+    max_batch_tokens: int
+    max_batch_sequences: int
+    max_queued_tokens: int
 
 
 class WorkerMetrics:
@@ -69,11 +82,9 @@ class WorkerMetrics:
         )
         info_gauge.labels(info.model_name, info.dtype, info.attention_backend, revision).set(1)
 
-    def watch(
-        self, engine_stats: Callable[[], EngineStats], queued_tokens: Callable[[], int], max_pinned_bytes: int
-    ) -> None:
+    def watch(self, engine_stats: Callable[[], EngineStats], queue: QueueState, max_pinned_bytes: int) -> None:
         """Read engine and queue state at each scrape (once the scheduler, built with `hooks()`, exists)."""
-        self.registry.register(EngineCollector(engine_stats, queued_tokens, max_pinned_bytes))
+        self.registry.register(EngineCollector(engine_stats, queue, max_pinned_bytes))
 
     def hooks(self) -> SchedulerHooks:
         """The scheduler's callbacks, bound to these metrics."""
@@ -94,18 +105,34 @@ class EngineCollector(Collector):
     """Engine and queue state, read at scrape time rather than pushed from the hot path."""
 
     def __init__(
-        self, engine_stats: Callable[[], EngineStats], queued_tokens: Callable[[], int], max_pinned_bytes: int
+        self, engine_stats: Callable[[], EngineStats], queue: QueueState, max_pinned_bytes: int
     ) -> None:
         self._engine_stats = engine_stats
-        self._queued_tokens = queued_tokens
+        self._queue = queue
         self._max_pinned_bytes = max_pinned_bytes
 
     def collect(self) -> Iterator:
         stats = self._engine_stats()
+        queue = self._queue
         yield GaugeMetricFamily(
             "kembed_worker_queued_tokens",
             "Tokens admitted and not yet answered (the admission cap counts these).",
-            value=self._queued_tokens(),
+            value=queue.queued_tokens,
+        )
+        yield GaugeMetricFamily(
+            "kembed_worker_max_queued_tokens",
+            "The admission cap: past this many queued tokens a request is refused (max_queued_tokens).",
+            value=queue.max_queued_tokens,
+        )
+        yield GaugeMetricFamily(
+            "kembed_worker_max_batch_tokens",
+            "The token budget of one batch (max_batch_tokens).",
+            value=queue.max_batch_tokens,
+        )
+        yield GaugeMetricFamily(
+            "kembed_worker_max_batch_sequences",
+            "The most sequences in one batch (max_batch_sequences).",
+            value=queue.max_batch_sequences,
         )
         pinned = GaugeMetricFamily(
             "kembed_worker_pinned_memory_bytes",

@@ -25,6 +25,9 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_worker_batch_tokens": set(),
     "kembed_worker_batch_sequences": set(),
     "kembed_worker_queued_tokens": set(),
+    "kembed_worker_max_queued_tokens": set(),
+    "kembed_worker_max_batch_tokens": set(),
+    "kembed_worker_max_batch_sequences": set(),
     "kembed_worker_pinned_memory_bytes": {"state"},
     "kembed_worker_pinned_memory_limit_bytes": set(),
     "kembed_worker_graph_captures": set(),
@@ -47,7 +50,7 @@ async def served(engine):
     """(stub, metrics) of a worker wired as `__main__` wires it."""
     metrics = WorkerMetrics(engine.info, revision="r1")
     scheduler = Scheduler(engine, max_batch_tokens=512, max_queued_tokens=4096, hooks=metrics.hooks())
-    metrics.watch(engine.stats, lambda: scheduler.queued_tokens, MAX_PINNED_BYTES)
+    metrics.watch(engine.stats, scheduler, MAX_PINNED_BYTES)
     service = EmbedderService(engine, scheduler, scheduler.max_batch_tokens, revision="r1")
     server, port = build_server(service, "127.0.0.1", 0)
     scheduler.start()
@@ -103,6 +106,14 @@ async def test_an_embed_moves_the_batch_and_request_histograms(served):
     assert after["kembed_worker_queued_tokens{}"] == 0
 
 
+async def test_the_budgets_the_scheduler_enforces_are_exported(served):
+    _, metrics = served
+    after = samples(metrics)
+    assert after["kembed_worker_max_batch_tokens{}"] == 512
+    assert after["kembed_worker_max_batch_sequences{}"] == 256
+    assert after["kembed_worker_max_queued_tokens{}"] == 4096
+
+
 async def test_the_cpu_engine_counts_eager_steps_as_disabled_and_reports_no_graphs(served, engine):
     stub, metrics = served
     disabled = 'kembed_worker_eager_steps_total{reason="disabled"}'
@@ -126,7 +137,8 @@ async def test_the_cpu_engine_counts_eager_steps_as_disabled_and_reports_no_grap
 
 def test_metrics_are_served_over_http(engine):
     metrics = WorkerMetrics(engine.info, revision="r1")
-    metrics.watch(engine.stats, lambda: 0, MAX_PINNED_BYTES)
+    scheduler = Scheduler(engine, max_batch_tokens=512, max_queued_tokens=4096)  # never started
+    metrics.watch(engine.stats, scheduler, MAX_PINNED_BYTES)
     server, port = serve_metrics(metrics.registry, "127.0.0.1", 0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
