@@ -17,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench bench-cpu test-gpu clean
+.PHONY: install run test lint proto bench bench-cpu test-gpu clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
@@ -49,8 +49,32 @@ run: $(STAMP)
 	echo "Ctrl-C stops the gateway and the workers."; \
 	wait
 
-test: $(STAMP) lint
+test: $(STAMP) lint prometheus-tools
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# prometheus and promtool (Debian's `prometheus` package) for the metrics tests: a real Prometheus
+# scrapes real processes, promtool checks the alerts and the exposition. Installed only when promtool
+# is missing; as root, or through sudo. The tests start a Prometheus of their own, never the service.
+prometheus-tools:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	  else echo "make prometheus-tools: not root and no sudo; install Debian's prometheus package"; exit 1; fi; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make prometheus-tools: no apt-get; install prometheus and promtool"; exit 1; }; \
+	  echo "installing Debian's prometheus package (prometheus, promtool)"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	}
+
+# Regenerate the Grafana dashboards (charts/kembed/dashboards/*.json) and the PrometheusRule template
+# from the kembed.monitoring package; a test fails while they are stale.
+dashboards: $(STAMP)
+	$(PY) -m kembed.monitoring
+
+# The data behind the latency and pinned-memory panels, from the metrics test's Prometheus run, as
+# PNG plots in docs/ (docs/metrics.md shows them).
+metrics-plots: $(STAMP) prometheus-tools
+	KEMBED_METRICS_PLOTS=docs $(PY) -m pytest -q tests/metrics/test_panels_against_prometheus.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

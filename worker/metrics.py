@@ -82,7 +82,9 @@ class WorkerMetrics:
         )
         info_gauge.labels(info.model_name, info.dtype, info.attention_backend, revision).set(1)
 
-    def watch(self, engine_stats: Callable[[], EngineStats], queue: QueueState, max_pinned_bytes: int) -> None:
+    def watch(
+        self, engine_stats: Callable[[], EngineStats], queue: QueueState, max_pinned_bytes: int
+    ) -> None:
         """Read engine and queue state at each scrape (once the scheduler, built with `hooks()`, exists)."""
         self.registry.register(EngineCollector(engine_stats, queue, max_pinned_bytes))
 

@@ -31,7 +31,7 @@ def final_stage(text: str) -> str:
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_build_context_holds_every_package_folder(image):
-    """pyproject declares all four import packages: building any image needs all four folders, in
+    """pyproject declares every import package: building any image needs all their folders, in
     the Dockerfile's COPY lines and through its .dockerignore allow-list."""
     text = dockerfile(image)
     ignore = (REPO_ROOT / image / "Dockerfile.dockerignore").read_text().splitlines()

@@ -1,8 +1,7 @@
 """Opt-in monitoring: a metrics Service with a ServiceMonitor or PodMonitor that select it, and the
-Grafana dashboard hook (a sidecar-labelled ConfigMap per dashboards/*.json, none shipped yet)."""
+Grafana dashboards (a sidecar-labelled ConfigMap per dashboards/*.json)."""
 
 import json
-import shutil
 
 from chart_tools import CHART_DIR, NAMESPACE, find
 from values_cases import CUSTOMISED
@@ -41,21 +40,17 @@ def test_pod_monitor_selects_the_operator_pod(helm_template):
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 
-def test_dashboard_hook_renders_nothing_until_dashboards_exist(helm_template):
-    assert not list((CHART_DIR / "dashboards").glob("*.json")), "dashboards now ship: test their ConfigMaps"
-    assert not find(helm_template(CUSTOMISED), "ConfigMap")
-
-
-def test_a_dashboard_file_becomes_a_configmap_the_grafana_sidecar_loads(helm_template, tmp_path):
-    chart = tmp_path / "kembed"
-    shutil.copytree(CHART_DIR, chart)
-    dashboard = {"title": "kembed latency", "panels": []}
-    (chart / "dashboards" / "kembed_latency.json").write_text(json.dumps(dashboard))
-    [configmap] = find(helm_template(CUSTOMISED, chart=chart), "ConfigMap")
-    assert configmap["metadata"]["name"] == "embeddings-operator-dashboard-kembed-latency"
-    assert configmap["metadata"]["namespace"] == "monitoring"
-    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(configmap["data"]["kembed_latency.json"]) == dashboard
+def test_each_shipped_dashboard_becomes_a_configmap_the_grafana_sidecar_loads(helm_template):
+    files = sorted((CHART_DIR / "dashboards").glob("*.json"))
+    assert len(files) >= 6, "latency, pinned memory, graph cache, batching, throughput/errors, rollouts"
+    configmaps = {cm["metadata"]["name"]: cm for cm in find(helm_template(CUSTOMISED), "ConfigMap")}
+    assert len(configmaps) == len(files)
+    for path in files:
+        configmap = configmaps[f"embeddings-operator-dashboard-{path.stem}"]
+        assert configmap["metadata"]["namespace"] == "monitoring"
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert configmap["data"] == {path.name: path.read_text().rstrip("\n")}
+        assert json.loads(configmap["data"][path.name])["uid"] == path.stem
 
 
 def test_the_operator_serves_metrics_on_the_port_the_chart_declares(helm_template):

@@ -12,8 +12,12 @@ from values_cases import VALUE_SETS
 KUBERNETES_VERSIONS = ["1.31.0", "1.35.0"]
 
 # Kinds of the Prometheus Operator's CRDs: kubernetes-validate has no schema for them (it would only
-# warn). They are checked by shape in test_monitoring_hooks.py instead.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
+# warn). They are checked by shape in test_monitoring_hooks.py and test_prometheus_rule.py instead.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 STANDARD_LABELS = {
     "app.kubernetes.io/name",

@@ -52,6 +52,14 @@ REJECTED = {
         {"operator": {"resources": {"request": {"cpu": "1"}}}},
         "at '/operator/resources': additional properties 'request'",
     ),
+    "alert-fraction-above-one": (
+        {"prometheusRule": {"thresholds": {"pinnedMemoryFraction": 90}}},
+        "at '/prometheusRule/thresholds/pinnedMemoryFraction': maximum: got 90, want 1",
+    ),
+    "misspelt-alert-threshold": (
+        {"prometheusRule": {"thresholds": {"latencyP99": 0.2}}},
+        "at '/prometheusRule/thresholds': additional properties 'latencyP99'",
+    ),
     "scrape-interval-not-a-duration": (
         {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "interval": "often"}}},
         "at '/metrics/serviceMonitor/interval': 'often' does not match pattern",

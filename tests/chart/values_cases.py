@@ -5,7 +5,8 @@ DEFAULTS: dict = {}
 CLUSTER_WIDE = {"rbac": {"clusterWide": True}}
 
 # Everything switched away from its default at once: cluster-wide RBAC for two named namespaces,
-# monitors on, custom images (by digest too), resources, scheduling, extra env, labels.
+# monitors, alerts and dashboards on, custom images (by digest too), resources, scheduling, extra env,
+# labels.
 CUSTOMISED = {
     "fullnameOverride": "embeddings-operator",
     "commonLabels": {"team": "search"},
@@ -58,6 +59,12 @@ CUSTOMISED = {
             "labels": {"release": "kube-prometheus-stack"},
         },
         "podMonitor": {"enabled": True},
+    },
+    "prometheusRule": {
+        "enabled": True,
+        "namespace": "monitoring",
+        "labels": {"release": "kube-prometheus-stack"},
+        "thresholds": {"latencyP99Seconds": 0.25, "pinnedMemoryFraction": 0.8, "coldHitFraction": 0.05},
     },
     "grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}},
 }

@@ -1,0 +1,250 @@
+"""Dashboards of the request path: latency by stage, throughput and errors, batching."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from kembed.monitoring import promql as q
+from kembed.monitoring.alerts import DEFAULT_THRESHOLDS
+from kembed.monitoring.panels import Query, dashboard, graph
+from kembed.monitoring.queries import (
+    QUANTILES,
+    S,
+    gateway_quantiles,
+    request_latency,
+    worker_gauge,
+    worker_quantiles,
+    worker_rate,
+)
+
+
+def latency() -> Dashboard:
+    stages = [
+        Query(request_latency((0.99,), ())[0].expr, "gateway request"),
+        Query(gateway_quantiles("kembed_gateway_tokenize_duration_seconds", (0.99,))[0].expr, "tokenize"),
+        Query(worker_quantiles("kembed_worker_queue_wait_seconds", (0.99,), ())[0].expr, "worker queue wait"),
+        Query(worker_quantiles("kembed_worker_batch_duration_seconds", (0.99,), ())[0].expr, "worker batch"),
+    ]
+    return dashboard(
+        "kembed-latency",
+        "kembed / Latency",
+        "Where a request's time goes: the gateway (by route), tokenization, the worker's queue and its "
+        "batches. Quantiles from the services' histograms (geometric buckets, 10 µs to 21 s).",
+        [
+            (
+                "Gateway",
+                [
+                    graph(
+                        "Request latency by route (p50, p95, p99)",
+                        "Arrival to response at the gateway, by route, for the routes that do work.",
+                        "s",
+                        request_latency(QUANTILES, ("route",)),
+                        threshold=DEFAULT_THRESHOLDS.latency_p99_seconds,
+                    ),
+                    graph(
+                        "p99 by stage",
+                        "The slowest stage is the one to look at first: the gateway's whole "
+                        "request, its tokenization, the worker's queue wait and batch time.",
+                        "s",
+                        stages,
+                    ),
+                    graph(
+                        "Tokenize time (p50, p95, p99)",
+                        "Tokenizing one request's inputs on the gateway.",
+                        "s",
+                        gateway_quantiles("kembed_gateway_tokenize_duration_seconds", QUANTILES),
+                    ),
+                ],
+            ),
+            (
+                "Worker",
+                [
+                    graph(
+                        "Queue wait (p50, p99) by revision",
+                        "Admission until the request's first sequence is launched in a batch.",
+                        "s",
+                        worker_quantiles("kembed_worker_queue_wait_seconds"),
+                    ),
+                    graph(
+                        "Batch time (p50, p99) by revision",
+                        "Launch (packing included) until a batch's rows are on the host.",
+                        "s",
+                        worker_quantiles("kembed_worker_batch_duration_seconds"),
+                    ),
+                    graph(
+                        "Worker request time (p50, p99) by revision",
+                        "Admission to answer in the worker: queue wait plus the batches it spans.",
+                        "s",
+                        worker_quantiles("kembed_worker_request_duration_seconds"),
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+def throughput_errors() -> Dashboard:
+    work = q.routes(q.WORK_ROUTES)
+
+    def gateway_rate(metric: str, labels: tuple[str, ...], *matchers: str) -> str:
+        return f"sum {q.by(labels)} ({q.of_gateways(q.rate(metric, S, *matchers), S)})"
+
+    requests = "kembed_gateway_request_duration_seconds_count"
+    failed = gateway_rate(requests, (), work, 'code=~"[45].."')
+    return dashboard(
+        "kembed-throughput-errors",
+        "kembed / Throughput and errors",
+        "Requests, inputs and tokens per second through the gateways and workers; errors by class.",
+        [
+            (
+                "Throughput",
+                [
+                    graph(
+                        "Requests per second by route and status",
+                        "Routes that do work.",
+                        "reqps",
+                        [Query(gateway_rate(requests, ("route", "code"), work), "{{route}} {{code}}")],
+                    ),
+                    graph(
+                        "Inputs and tokens per second",
+                        "Sent to the workers, after templates and truncation.",
+                        "ops",
+                        [
+                            Query(
+                                gateway_rate("kembed_gateway_request_inputs_sum", ("model",)),
+                                "inputs {{model}}",
+                            ),
+                            Query(
+                                gateway_rate("kembed_gateway_request_tokens_sum", ("model",)),
+                                "tokens {{model}}",
+                            ),
+                        ],
+                    ),
+                    graph(
+                        "Worker tokens per second by revision",
+                        "Real tokens the workers ran.",
+                        "ops",
+                        [Query(worker_rate("kembed_worker_batch_tokens_sum", ("revision",)), "{{revision}}")],
+                    ),
+                    graph(
+                        "Worker requests per second by revision",
+                        "Embed and Score calls answered.",
+                        "reqps",
+                        [
+                            Query(
+                                worker_rate("kembed_worker_request_duration_seconds_count", ("revision",)),
+                                "{{revision}}",
+                            )
+                        ],
+                    ),
+                ],
+            ),
+            (
+                "Errors",
+                [
+                    graph(
+                        "Errors per second by reason",
+                        "Error answers by class (docs/metrics.md).",
+                        "ops",
+                        [Query(gateway_rate("kembed_gateway_errors_total", ("reason",)), "{{reason}}")],
+                        stacked=True,
+                    ),
+                    graph(
+                        "Share of requests answered with an error",
+                        "4xx and 5xx over all, routes that do work.",
+                        "percentunit",
+                        [Query(q.ratio(failed, gateway_rate(requests, (), work)), "errors")],
+                    ),
+                    graph(
+                        "Upstream retries per second",
+                        "Chunks sent again to another replica after one refused (full queue) or was down.",
+                        "ops",
+                        [Query(gateway_rate("kembed_gateway_upstream_retries_total", ("pod",)), "{{pod}}")],
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+def batching() -> Dashboard:
+    def mean_fill() -> str:
+        tokens = worker_rate("kembed_worker_batch_tokens_sum", ("revision",))
+        batches = worker_rate("kembed_worker_batch_tokens_count", ("revision",))
+        budget = f"max by (revision) ({worker_gauge('kembed_worker_max_batch_tokens')})"
+        return f"{q.ratio(tokens, batches)} / {budget}"
+
+    return dashboard(
+        "kembed-batching",
+        "kembed / Batching",
+        "What the scheduler packs: real tokens and sequences per batch against the budgets it enforces "
+        "(max_batch_tokens, max_batch_sequences) and the backlog against the admission cap.",
+        [
+            (
+                "Batches",
+                [
+                    graph(
+                        "Tokens per batch (p50, p99) against the budget",
+                        "Real (unpadded) tokens per batch.",
+                        "none",
+                        [
+                            *worker_quantiles("kembed_worker_batch_tokens"),
+                            Query(
+                                f"max by (revision) ({worker_gauge('kembed_worker_max_batch_tokens')})",
+                                "budget {{revision}}",
+                            ),
+                        ],
+                    ),
+                    graph(
+                        "Sequences per batch (p50, p99) against the cap",
+                        "Sequences per launched batch.",
+                        "none",
+                        [
+                            *worker_quantiles("kembed_worker_batch_sequences"),
+                            Query(
+                                f"max by (revision) ({worker_gauge('kembed_worker_max_batch_sequences')})",
+                                "cap {{revision}}",
+                            ),
+                        ],
+                    ),
+                    graph(
+                        "Mean batch fill",
+                        "Mean real tokens per batch over the token budget.",
+                        "percentunit",
+                        [Query(mean_fill(), "{{revision}}")],
+                    ),
+                    graph(
+                        "Batches per second by revision",
+                        "Launched batches.",
+                        "ops",
+                        [
+                            Query(
+                                worker_rate("kembed_worker_batch_tokens_count", ("revision",)), "{{revision}}"
+                            )
+                        ],
+                    ),
+                ],
+            ),
+            (
+                "Queue",
+                [
+                    graph(
+                        "Queued tokens per pod against the admission cap",
+                        "Tokens admitted and not yet answered; past the cap a request is refused (the "
+                        "gateway retries it on another replica).",
+                        "none",
+                        [
+                            Query(worker_gauge("kembed_worker_queued_tokens"), "{{pod}}"),
+                            Query(worker_gauge("kembed_worker_max_queued_tokens"), "cap {{pod}}"),
+                        ],
+                    ),
+                    graph(
+                        "Gateway requests in flight per pod",
+                        "Received and not yet answered.",
+                        "none",
+                        [Query(q.of_gateways(q.series("kembed_gateway_inflight_requests", S), S), "{{pod}}")],
+                    ),
+                ],
+            ),
+        ],
+    )
