@@ -19,6 +19,8 @@ RECONCILE_BUCKETS = tuple(1e-3 * 2**i for i in range(16))
 # A prewarm or smoke Job runs seconds (a few buckets on a warm node) to its timeout (minutes).
 JOB_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 RECONCILE_RESULTS = ("ok", "invalid", "retry", "error")
+JOB_KINDS = ("prewarm", "smoke")
+JOB_RESULTS = ("succeeded", "failed")
 
 
 class OperatorMetrics:
@@ -57,6 +59,9 @@ class OperatorMetrics:
             self.reconciles.labels(result)
         for result in ("promoted", "blocked"):
             self.rollouts.labels(result)
+        for kind in JOB_KINDS:  # so that increase() sees a Job's first observation
+            for result in JOB_RESULTS:
+                self.job_duration.labels(kind, result)
         self._seen_jobs: set[str] = set()
         self._lock = threading.Lock()  # kopf runs sync handlers on a thread pool
 

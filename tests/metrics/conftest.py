@@ -1,0 +1,55 @@
+"""One observed run for the whole metrics session (observed_run.py says what runs): started once,
+queried by every test, stopped at the end.
+
+With KEMBED_METRICS_PLOTS=<dir> (`make metrics-plots`) the run also writes the PNG plots of the
+latency and pinned-memory panels there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from metrics_load import load
+from observed_run import IDLE_AFTER_S, ObservedRun, e2e_processes, start_services
+from operator_feed import OperatorFeed
+from prom_server import Prometheus
+
+from kembed.monitoring.alerts import rule_groups
+
+
+@pytest.fixture(scope="session")
+def observed(tmp_path_factory) -> Iterator[ObservedRun]:
+    directory = tmp_path_factory.mktemp("observed")
+    feed = OperatorFeed()
+    processes: list = []
+    prometheus = None
+    try:
+        targets, url = start_services(directory, feed, processes)
+        prometheus = Prometheus(directory, e2e_processes().free_port(), targets, rule_groups())
+        prometheus.wait_ready()
+        prometheus.wait_scraped(len(targets))
+        feed.start_reconciling()
+        time.sleep(2)  # a few scrapes of the idle state first: counters start from a sample
+        load_start = time.time()
+        feed.roll_out()
+        statuses = asyncio.run(load(url))
+        load_end = time.time()
+        time.sleep(IDLE_AFTER_S)
+        run = ObservedRun(prometheus, targets, load_start, load_end, time.time(), statuses)
+        plots = os.environ.get("KEMBED_METRICS_PLOTS")
+        if plots:
+            from panel_plots import plot_run
+
+            plot_run(run, Path(plots))
+        yield run
+    finally:
+        feed.stop()
+        if prometheus is not None:
+            prometheus.stop()
+        for proc in processes:
+            proc.stop()
