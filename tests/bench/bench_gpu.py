@@ -4,6 +4,8 @@ Models are built from real configs (tests/bench/configs/<name>) with random weig
 depend on their values, and nothing is downloaded. Suites (issue numbering):
 1. low latency: batch 1 at 128 / 512 / 4096 tokens, p50 and p99 of a whole engine step
    (pack, copy in, graph replay, copy out, wait), graphs prewarmed; cold (first, eager) hit too;
+2. low-latency scoring: a cross-encoder (bge-reranker-v2-m3 shape) over 5 / 25 / 50 query-document
+   pairs of 512 tokens, one step; baseline `AutoModelForSequenceClassification` on the same weights;
 3. throughput: batches of 100 from 4 concurrent clients through the scheduler, fixed 512 and mixed
    32-512 lengths, tokens/s; the baseline runs the same batches padded;
 S. saturation: one step's latency against the bucket's token count, to set max_batch_tokens.
@@ -28,6 +30,7 @@ from kembed.worker.engine import load_engine
 from kembed.worker.scheduler import Scheduler
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
+RERANKER = "bge-reranker-v2-m3"
 
 
 def write_model_dir(name: str, tmp: Path):
@@ -49,11 +52,29 @@ def write_model_dir(name: str, tmp: Path):
     return path, model
 
 
-def build(name: str, tmp: Path):
-    """(our engine, the transformers baseline) on the same random bf16 weights."""
-    path, baseline = write_model_dir(name, tmp)
-    engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16", max_batch_tokens=16384))
-    return engine, baseline
+def write_reranker_dir(tmp: Path):
+    """(cross-encoder directory with random bf16 weights, the transformers model itself)."""
+    config = transformers.AutoConfig.from_pretrained(CONFIGS / RERANKER)
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForSequenceClassification.from_config(
+            config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
+        ).eval()
+    path = tmp / RERANKER
+    model.save_pretrained(path)
+    return path, model
+
+
+def build(path: Path, backend: str, max_batch_tokens: int = 16384):
+    return load_engine(
+        WorkerConfig(
+            model=path,
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_tokens=max_batch_tokens,
+            attention_backend=backend,
+        )
+    )
 
 
 def baseline_rows(model, seqs: list[np.ndarray], pooling: str) -> torch.Tensor:
@@ -119,6 +140,35 @@ def suite_latency(name, engine, baseline, rng, iters: int) -> list[str]:
         rows.append(
             f"| {name} | 1 × {tokens} | {p50:.3f} | {p99:.3f} | {cold:.1f} | {b50:.2f} | {b99:.2f} "
             f"| {b50 / p50:.1f}× | {cos:.5f} |"
+        )
+    return rows
+
+
+def suite_scoring(engine, baseline, rng, iters: int, label: str) -> list[str]:
+    """Suite 2: one step scoring N pairs of 512 tokens (query and document already joined)."""
+    rows = []
+    for num_docs in (5, 25, 50):
+        print(f"  scoring {num_docs} x 512", flush=True)
+        seqs = [rng.integers(5, engine.info.vocab_size, 512).astype(np.int64) for _ in range(num_docs)]
+        ids = np.concatenate(seqs).astype(np.int32)
+        lengths = np.full(num_docs, 512, np.int32)
+        cold = time_engine(engine, seqs, 1)[0]
+        engine.prewarm([engine.pack(ids, lengths).bucket])
+        ours = time_engine(engine, seqs, iters)
+        batch = torch.from_numpy(np.stack(seqs)).cuda()
+        base = []
+        with torch.inference_mode():
+            for _ in range(max(10, iters // 5)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                want = baseline(input_ids=batch).logits.float().cpu()
+                base.append((time.perf_counter() - start) * 1e3)
+        got = engine.step(engine.pack(ids, lengths)).wait()
+        diff = float(np.abs(got - want.numpy()).max())
+        (p50, p99), (b50, b99) = percentiles(ours), percentiles(base)
+        rows.append(
+            f"| {label} | {num_docs} × 512 | {p50:.3f} | {p99:.3f} | {cold:.1f} | {b50:.2f} | {b99:.2f} "
+            f"| {b50 / p50:.1f}× | {diff:.4f} |"
         )
     return rows
 
@@ -192,41 +242,59 @@ def suite_saturation(name, engine, rng, iters: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["bge-m3"])
+    parser.add_argument("--backends", nargs="+", default=["auto"], help="attention backends to compare")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--throughput-batches", type=int, default=40)
-    parser.add_argument("--suites", default="1,3,S")
+    parser.add_argument("--suites", default="1,2,3,S")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, transformers {transformers.__version__}\n")
-    latency, throughput, saturation = [], [], []
+    latency, scoring, throughput, saturation = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            engine, baseline = build(name, Path(tmp))
-            print(
-                f"{name}: backend {engine.info.attention_backend}, pooling {engine.info.pooling}", flush=True
-            )
-            if "1" in args.suites:
-                latency += suite_latency(name, engine, baseline, rng, args.iters)
-            if "3" in args.suites:
-                throughput += suite_throughput(name, engine, baseline, rng, args.throughput_batches)
-            if "S" in args.suites:
-                saturation += suite_saturation(name, engine, rng, max(20, args.iters // 4))
-            del engine, baseline
-            torch.cuda.empty_cache()
+            path, baseline = write_model_dir(name, Path(tmp))
+            for backend in args.backends:
+                engine = build(path, backend)
+                label = f"{name}, {engine.info.attention_backend}"
+                print(f"{label}: pooling {engine.info.pooling}", flush=True)
+                if "1" in args.suites:
+                    latency += suite_latency(label, engine, baseline, rng, args.iters)
+                if "3" in args.suites:
+                    throughput += suite_throughput(label, engine, baseline, rng, args.throughput_batches)
+                if "S" in args.suites:
+                    saturation += suite_saturation(label, engine, rng, max(20, args.iters // 4))
+                del engine
+                torch.cuda.empty_cache()
+            del baseline
+        if "2" in args.suites:
+            path, baseline = write_reranker_dir(Path(tmp))
+            for backend in args.backends:
+                engine = build(path, backend, max_batch_tokens=32768)
+                label = f"{RERANKER}, {engine.info.attention_backend}"
+                scoring += suite_scoring(engine, baseline, rng, args.iters, label)
+                del engine
+                torch.cuda.empty_cache()
     if latency:
         print(
-            "| model | batch | p50 ms | p99 ms | cold ms | baseline p50 ms | baseline p99 ms "
+            "| model, attention | batch | p50 ms | p99 ms | cold ms | baseline p50 ms | baseline p99 ms "
             "| speed-up | min cos |"
         )
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         print("\n".join(latency), "\n")
+    if scoring:
+        print(
+            "| model, attention | pairs | p50 ms | p99 ms | cold ms | baseline p50 ms | baseline p99 ms "
+            "| speed-up | max abs logit diff |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("\n".join(scoring), "\n")
     if throughput:
-        print("| model | lengths | kembed Mtok/s | baseline Mtok/s | speed-up | min cos |")
+        print("| model, attention | lengths | kembed Mtok/s | baseline Mtok/s | speed-up | min cos |")
         print("|---|---|---:|---:|---:|---:|")
         print("\n".join(throughput), "\n")
     if saturation:
-        print("| model | tokens per step | p50 ms | ktok/ms |")
+        print("| model, attention | tokens per step | p50 ms | ktok/ms |")
         print("|---|---|---:|---:|")
         print("\n".join(saturation))
     sys.stdout.flush()

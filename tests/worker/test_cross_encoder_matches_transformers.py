@@ -203,3 +203,27 @@ async def test_scorer_refuses_what_it_cannot_answer(scorer, rpc, request_, code,
         await getattr(stub, rpc)(request_)
     assert caught.value.code() == grpc.StatusCode[code]
     assert message in caught.value.details()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("num_pairs", [5, 3, 8])
+def test_cuda_engine_scores_buckets_with_empty_sequence_slots(tmp_path, num_pairs):
+    """Pairs that fill a 64-token bucket exactly: no padding tokens, and (for 5 and 3 pairs) empty
+    sequence slots up to the power of two, whose offsets equal the bucket's token count. Found on the
+    H200: the head indexed those offsets past the last row (a device-side assert)."""
+    model = write_cross_encoder(tmp_path, "bert", 1)
+    engine = load_engine(WorkerConfig(model=tmp_path, device="cuda", dtype="bfloat16"))
+    rng = np.random.default_rng(num_pairs)
+    lengths = np.full(num_pairs, 64, np.int32)
+    ids = [
+        np.concatenate([[2], rng.integers(5, TINY["vocab_size"], 61), [3, 3]]).astype(np.int32)
+        for _ in lengths
+    ]
+    types = [np.zeros(64, np.int32) for _ in lengths]
+    want = reference(model, ids, types)
+    for _ in range(3):  # cold eager, capture, replay
+        batch = engine.pack(np.concatenate(ids), lengths, np.concatenate(types))
+        assert batch.bucket.num_tokens == 64 * num_pairs
+        got = engine.step(batch).wait()
+        np.testing.assert_allclose(got, want, atol=3e-2)

@@ -16,6 +16,7 @@ from st_pipeline import write_pipeline
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
+from kembed.worker.engine.attention import cuda_backends
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.scheduler import Scheduler
 
@@ -109,15 +110,23 @@ def run(engine, token_ids, lengths) -> np.ndarray:
     return engine.step(engine.pack(token_ids, lengths)).wait()
 
 
+def has_flash_attn_4() -> bool:
+    return "flash-attn" in cuda_backends(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch-varlen", "flash-attn"])
 @pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
-def test_bf16_matches_transformers_fp32_on_ragged_batches(model, minilm, minilm_dir, xlmr_dir, qwen3_dir):
+def test_bf16_matches_transformers_fp32_on_ragged_batches(model, backend, minilm_dir, xlmr_dir, qwen3_dir):
+    if backend == "flash-attn" and not has_flash_attn_4():
+        pytest.skip("flash-attn-4 is not installed (or this GPU is not sm90/sm100)")
     rng = np.random.default_rng(0)
-    if model == "minilm":
-        engine, path, pooling = minilm, minilm_dir, "mean"
-    else:
-        path, pooling = {"xlmr": (xlmr_dir, "cls"), "qwen3": (qwen3_dir, "last")}[model]
-        engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16"))
-        assert engine.info.pooling == pooling
+    dirs = {"minilm": (minilm_dir, "mean"), "xlmr": (xlmr_dir, "cls"), "qwen3": (qwen3_dir, "last")}
+    path, pooling = dirs[model]
+    config = WorkerConfig(model=path, device="cuda", dtype="bfloat16", attention_backend=backend)
+    engine = load_engine(config)
+    assert isinstance(engine, CudaEngine) and engine.info.pooling == pooling
+    if backend != "auto":
+        assert engine.info.attention_backend == backend
     reference = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
     for lengths in ([128], [3, 250, 17, 64, 1, 99], [512, 7, 300], list(rng.integers(1, 200, 40))):
         seqs, ids, lens = ragged(rng, lengths, engine.info.vocab_size)

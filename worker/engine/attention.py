@@ -1,21 +1,37 @@
 """Ragged attention over packed sequences: metadata built once per batch, backends behind one call.
 
 Sequences are packed back to back (`cu_seqlens`), never padded between each other: every linear
-layer runs on exactly the real tokens. The `sdpa` backend is the CPU and fallback path: it gathers
-q/k/v into a [batch, heads, max_seqlen, head_dim] block for the attention product only and scatters
-the result back, so padding costs attention FLOPs and nothing else. Every backend has the same
-call, `attend(q, k, v, meta, causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may
-have fewer heads: grouped-query attention); the varlen kernels (torch-varlen, flash-attn,
-flashinfer) plug in behind it.
+layer runs on exactly the real tokens. `sdpa` (one call per sequence) is the CPU path and
+`sdpa-padded` (q/k/v gathered into a [batch, heads, max_seqlen, head_dim] block for the attention
+product only) the eager GPU fallback. Every backend has the same call, `attend(q, k, v, meta,
+causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have fewer heads: grouped-query
+attention). The varlen kernels take packed sequences natively, so CUDA graphs can replay them:
+`torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
+`flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use).
 """
 
 import inspect
 import itertools
+import logging
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What an attention backend's speed depends on, besides the batch: read off the model config."""
+
+    num_heads: int
+    num_kv_heads: int  # < num_heads: grouped-query attention
+    head_dim: int
+    is_causal: bool
 
 
 @dataclass(frozen=True)
@@ -156,10 +172,49 @@ def _torch_varlen():
     return torch_varlen_attention
 
 
-ATTENTION_BACKENDS = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
+def _flash_attn_4():
+    """FlashAttention 4's varlen forward (package `flash-attn-4`, module flash_attn.cute), or None
+    when it is not installed. Importing it takes seconds (CuTe DSL), so only CUDA workers ask."""
+    try:
+        with warnings.catch_warnings():  # its CuTe DSL imports deprecated aliases of itself
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from flash_attn.cute.interface import flash_attn_varlen_func
+    except ImportError:
+        return None
+    # The DSL warns once per compiled kernel about an argument it treats as a compile-time constant.
+    warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
+
+    def flash_attn_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        cu = meta.cu_seqlens
+        out = flash_attn_varlen_func(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
+        )  # fmt: skip
+        return out[0] if isinstance(out, tuple) else out
+
+    return flash_attn_attention
+
+
+ATTENTION_BACKENDS: dict[str, Callable] = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
 # Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
 # they need no per-batch gather indices whose size depends on the longest sequence.
-VARLEN_BACKENDS: dict = {}
+VARLEN_BACKENDS: dict[str, Callable] = {}
 if (_varlen := _torch_varlen()) is not None:
     VARLEN_BACKENDS["torch-varlen"] = _varlen
 ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
+OPTIONAL_BACKENDS = ("flash-attn",)  # loaded by `cuda_backends` when installed and the GPU fits
+BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
+
+
+def cuda_backends(device: torch.device) -> dict[str, Callable]:
+    """Every varlen backend usable on `device`, in order of preference before timing."""
+    backends = dict(VARLEN_BACKENDS)
+    major, _ = torch.cuda.get_device_capability(device)
+    if major in (9, 10):  # FA4 has kernels for Hopper (sm90) and Blackwell (sm100) only
+        if (fa4 := _flash_attn_4()) is not None:
+            backends["flash-attn"] = fa4
+        else:
+            log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
+    return backends

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
@@ -80,6 +81,7 @@ class BertLayer(nn.Module):
         self.ffn_in = nn.Linear(hidden, shape.intermediate_size)
         self.ffn_out = nn.Linear(shape.intermediate_size, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=shape.layer_norm_eps)
+        self.activation_name = shape.activation
         self.activation = _ACTIVATIONS[shape.activation]
         self.num_heads = shape.num_heads
         self.attend = attend
@@ -88,8 +90,9 @@ class BertLayer(nn.Module):
         num_tokens = x.shape[0]
         q, k, v = self.qkv(x).view(num_tokens, 3, self.num_heads, -1).unbind(1)
         attn = self.attend(q, k, v, meta, False).reshape(num_tokens, -1)
-        x = self.attn_norm(x + self.attn_out(attn))
-        return self.ffn_norm(x + self.ffn_out(self.activation(self.ffn_in(x))))
+        x = add_layer_norm(self.attn_out(attn), x, self.attn_norm)
+        hidden = linear_activation(x, self.ffn_in, self.activation_name, self.activation)
+        return add_layer_norm(self.ffn_out(hidden), x, self.ffn_norm)
 
 
 class BertEncoder(nn.Module):

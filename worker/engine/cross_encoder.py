@@ -16,6 +16,7 @@ from torch import nn
 
 from kembed.worker.engine.bert import BertEncoder, BertShape
 from kembed.worker.engine.model_dir import ModelDir, load_weights
+from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
 
@@ -45,7 +46,7 @@ class BertCrossEncoder(ServedModel):
         if not self.has_token_types:
             token_type_ids = torch.zeros_like(token_type_ids)
         hidden = self.encoder(input_ids, position_ids, token_type_ids, meta)
-        first = hidden[meta.cu_seqlens[:-1].long()]  # [num_seqs, hidden]
+        first = pool(hidden, meta, "cls")  # [num_seqs, hidden]; safe on a bucket's empty slots
         return self.out_proj(torch.tanh(self.dense(first))).float()  # [num_seqs, num_labels]
 
     @classmethod

@@ -8,6 +8,7 @@ same two calls, `pack` and `step`.
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,15 +18,16 @@ from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import (
     ATTENTION_BACKENDS,
-    VARLEN_BACKENDS,
     AttentionMetadata,
     build_metadata,
+    cuda_backends,
 )
+from kembed.worker.engine.attention_choice import RoutedAttention, choose_attention
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.engine.graphs import CapturePolicy
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.model_dir import read_model_dir
-from kembed.worker.engine.models import ServedModel, build_model
+from kembed.worker.engine.models import ServedModel, attention_shape, build_model
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.staging import pad_batch
 from kembed.worker.info import EngineStats, ModelInfo
@@ -154,7 +156,6 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     started = time.perf_counter()
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
-    backend = _resolve_backend(config.attention_backend, device)
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
@@ -164,7 +165,11 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         )
     if config.normalize is not None:
         model_dir = dataclasses.replace(model_dir, normalize=config.normalize)
-    model = build_model(model_dir, ATTENTION_BACKENDS[backend]).to(device=device, dtype=dtype).eval()
+    # Probed up to the configured budget; a longer single sequence takes the last range's backend.
+    backend, attend, is_varlen = _resolve_attention(
+        config.attention_backend, model_dir, device, dtype, config.max_batch_tokens
+    )
+    model = build_model(model_dir, attend).to(device=device, dtype=dtype).eval()
     facts = model.facts
     info = ModelInfo(
         model_name=config.served_model_name or model_dir.path.name,
@@ -191,7 +196,7 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         time.perf_counter() - started,
     )
     max_batch_tokens = max(config.max_batch_tokens, facts.max_sequence_length)
-    if device.type == "cuda" and backend in VARLEN_BACKENDS:
+    if device.type == "cuda" and is_varlen:
         return CudaEngine(
             model, info, device,
             max_batch_tokens=max_batch_tokens,
@@ -204,14 +209,27 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     return Engine(model, info, device, BucketTable(max_batch_tokens, config.max_batch_sequences))
 
 
-def _resolve_backend(requested: str, device: torch.device) -> str:
-    if requested == "auto":  # per-sequence calls are cheap on a CPU, kernel launches per sequence are not
-        if device.type != "cuda":
-            return "sdpa"
-        return next(iter(VARLEN_BACKENDS), "sdpa-padded")
-    if requested not in ATTENTION_BACKENDS:
-        raise RuntimeError(f"attention backend {requested!r} is not available with this torch")
-    return requested
+def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple[str, Callable, bool]:
+    """(what Info reports, the attend function, whether it is a varlen kernel CUDA graphs replay)."""
+    if device.type != "cuda":
+        if requested not in ("auto", *ATTENTION_BACKENDS) or requested == "flash-attn":
+            raise RuntimeError(f"attention backend {requested!r} needs a CUDA device")
+        name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
+        return name, ATTENTION_BACKENDS[name], False
+    varlen = cuda_backends(device)
+    if requested == "auto":
+        if not varlen:
+            return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
+        if len(varlen) == 1:
+            name = next(iter(varlen))
+            return name, varlen[name], True
+        plan = choose_attention(varlen, attention_shape(model_dir), device, dtype, max_tokens)
+        return plan.describe(), RoutedAttention(plan, varlen), True
+    if requested in varlen:
+        return requested, varlen[requested], True
+    if requested in ATTENTION_BACKENDS:
+        return requested, ATTENTION_BACKENDS[requested], False
+    raise RuntimeError(f"attention backend {requested!r} is not available here (installed: {sorted(varlen)})")
 
 
 def _resolve_device(requested: str) -> torch.device:

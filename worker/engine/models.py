@@ -5,10 +5,11 @@ Every family implements `ServedModel` (served.py); a new family is a module plus
 
 from collections.abc import Callable
 
+from kembed.worker.engine.attention import AttentionShape
 from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.model_dir import ModelDir, load_weights
-from kembed.worker.engine.qwen3 import build_qwen3
+from kembed.worker.engine.qwen3 import Qwen3Shape, build_qwen3
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.errors import InvalidInput
 
@@ -30,3 +31,13 @@ def build_model(model_dir: ModelDir, attend: Callable) -> ServedModel:
         return build_qwen3(model_dir, attend)
     supported = (*BERT_FAMILY, *QWEN3_FAMILY)
     raise InvalidInput(f"model_type {model_type!r} is not supported (supported: {', '.join(supported)})")
+
+
+def attention_shape(model_dir: ModelDir) -> AttentionShape:
+    """The attention shape of `model_dir`'s network, before building it (for `auto` timing)."""
+    config = model_dir.config
+    if model_dir.model_type in QWEN3_FAMILY:
+        qwen = Qwen3Shape.from_config(config)
+        return AttentionShape(qwen.num_heads, qwen.num_kv_heads, qwen.head_dim, qwen.is_causal)
+    bert = BertShape.from_config(config)  # raises InvalidInput for an unsupported family
+    return AttentionShape(bert.num_heads, bert.num_heads, bert.hidden_size // bert.num_heads, False)

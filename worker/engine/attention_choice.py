@@ -1,0 +1,170 @@
+"""`auto` attention on the GPU: time every usable varlen backend on the model's attention shape at
+start, per range of bucket sizes, and route each bucket to the fastest.
+
+No backend wins everywhere (measured on an H200, docs/benchmarks.md): FlashAttention 4 is far
+ahead for grouped-query heads of 128 and for long batches, torch's bundled flash kernel can be
+ahead on many short sequences. Probes are laid out exactly as the CUDA engine lays out a bucket
+(padding slot, empty sequence slots, max_seqlen = the bucket's token count) and timed as CUDA-graph
+replays, which is how they run when serving. The result is a frozen, logged `AttentionPlan`; the
+router it builds picks by the batch's padded token count, a Python int fixed per bucket, so each
+captured graph bakes in one backend.
+"""
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kembed.worker.engine.attention import AttentionMetadata, AttentionShape
+
+log = logging.getLogger(__name__)
+
+# (largest bucket token count of the range, probe batches as sequence lengths), ascending.
+# Probes are shapes serving traffic produces: single queries, many short texts, passages.
+RANGES: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
+    (256, ((128,), (24,) * 8)),
+    (2048, ((512,), (64,) * 16, (120,) * 16)),
+    (sys.maxsize, ((256,) * 16, (500,) * 16)),
+)
+_CALLS_PER_GRAPH, _REPLAYS = 5, 20
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Which backend serves which bucket sizes, and the timings that chose them."""
+
+    routes: tuple[tuple[int, str], ...]  # (largest bucket token count, backend), ascending
+    timings_us: tuple[tuple[int, str, float], ...]  # (range limit, backend, µs summed over probes)
+
+    def backend_for(self, num_tokens: int) -> str:
+        return next(name for limit, name in self.routes if num_tokens <= limit)
+
+    def describe(self) -> str:
+        """`flash-attn`, or e.g. `torch-varlen <= 256 tokens, flash-attn above`."""
+        names = [name for _, name in self.routes]
+        if len(set(names)) == 1:
+            return names[0]
+        parts = [f"{name} <= {limit} tokens" for limit, name in self.routes[:-1]]
+        return ", ".join([*parts, f"{self.routes[-1][1]} above"])
+
+
+class RoutedAttention:
+    """`attend` that dispatches by the batch's padded token count, as the plan says."""
+
+    def __init__(self, plan: AttentionPlan, backends: dict[str, Callable]) -> None:
+        self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
+
+    def __call__(self, q, k, v, meta: AttentionMetadata, causal: bool) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        for limit, attend in self._routes:
+            if num_tokens <= limit:
+                return attend(q, k, v, meta, causal)
+        raise AssertionError("the last route covers every size")
+
+
+def choose_attention(
+    backends: dict[str, Callable],
+    shape: AttentionShape,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_tokens: int,
+) -> AttentionPlan:
+    """Time each backend on each range's probes (ranges past `max_tokens` are not probed: their
+    choice is the last probed range's); a backend that fails a probe is dropped with a warning."""
+    timings: list[tuple[int, str, float]] = []
+    routes: list[tuple[int, str]] = []
+    usable = dict(backends)
+    for limit, probes in RANGES:
+        probes = tuple(p for p in probes if _bucket_tokens(p) <= max_tokens)
+        if not probes:
+            break
+        totals = {}
+        for name, attend in list(usable.items()):
+            try:
+                totals[name] = sum(_time_probe(attend, shape, p, device, dtype) for p in probes)
+            except Exception as error:  # a kernel that cannot run this shape: never route to it
+                log.warning("attention backend %s failed on %s: %s; not used", name, shape, error)
+                del usable[name]
+                continue
+            timings.append((limit, name, totals[name]))
+        if not totals:
+            raise RuntimeError(f"no attention backend ran the probes of {shape}")
+        routes.append((limit, min(totals, key=totals.get)))
+    if not routes:
+        raise RuntimeError(f"max_tokens {max_tokens} is below every probe")
+    routes[-1] = (sys.maxsize, routes[-1][1])  # the last probed range covers every larger bucket
+    plan = AttentionPlan(_merge(routes), tuple(timings))
+    log.info(
+        "attention auto for %s: %s (µs per probe set: %s)",
+        shape,
+        plan.describe(),
+        "; ".join(f"<= {_limit_text(limit)}: {name} {us:.1f}" for limit, name, us in plan.timings_us),
+    )
+    return plan
+
+
+def _merge(routes: list[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+    """Adjacent ranges with the same backend become one."""
+    merged: list[tuple[int, str]] = []
+    for limit, name in routes:
+        if merged and merged[-1][1] == name:
+            merged[-1] = (limit, name)
+        else:
+            merged.append((limit, name))
+    return tuple(merged)
+
+
+def _limit_text(limit: int) -> str:
+    return "any" if limit == sys.maxsize else str(limit)
+
+
+def _bucket_tokens(lengths: tuple[int, ...]) -> int:
+    """The engine's padded token count for these lengths (64-token steps to 1024, then 256)."""
+    total = sum(lengths)
+    step = 64 if total <= 1024 else 256
+    return -(-total // step) * step
+
+
+def _time_probe(
+    attend: Callable,
+    shape: AttentionShape,
+    lengths: tuple[int, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> float:
+    """Microseconds per call, as a graph replay, of one probe laid out like a bucketed batch."""
+    num_tokens = _bucket_tokens(lengths)
+    num_seq_slots = 1 << (len(lengths) - 1).bit_length()
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    offsets += [num_tokens] * (num_seq_slots + 2 - len(offsets))  # padding slot, empty slots
+    heads = shape.num_heads + 2 * shape.num_kv_heads
+    qkv = torch.randn(num_tokens, heads, shape.head_dim, device=device, dtype=dtype)
+    q, k, v = qkv.split([shape.num_heads, shape.num_kv_heads, shape.num_kv_heads], dim=1)
+    meta = AttentionMetadata(
+        cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device=device),
+        max_seqlen=num_tokens,
+        seq_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        pad_index=None,
+        unpad_index=None,
+        key_mask=None,
+        host_cu_seqlens=(),
+    )
+    with torch.inference_mode():
+        attend(q, k, v, meta, shape.is_causal)  # compile / lazy init outside the capture
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(_CALLS_PER_GRAPH):
+                attend(q, k, v, meta, shape.is_causal)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(_REPLAYS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (_REPLAYS * _CALLS_PER_GRAPH)
