@@ -1,5 +1,5 @@
-"""One observed run for the whole metrics session (observed_run.py says what runs): started once,
-queried by every test, stopped at the end.
+"""One observed run for the metrics tests (observed_run.py says what runs): started once, queried
+by every test of the module, stopped after it (not kept through the rest of the session).
 
 With KEMBED_METRICS_PLOTS=<dir> (`make metrics-plots`) the run also writes the PNG plots of the
 latency and pinned-memory panels there.
@@ -22,7 +22,7 @@ from prom_server import Prometheus
 from kembed.monitoring.alerts import rule_groups
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def observed(tmp_path_factory) -> Iterator[ObservedRun]:
     directory = tmp_path_factory.mktemp("observed")
     feed = OperatorFeed()
