@@ -51,6 +51,8 @@ def values_key(field_name: str) -> str:
 
 @dataclass(frozen=True)
 class Alert:
+    """One alert: `signal > threshold` (and `guard`), held `for_` before it fires."""
+
     name: str
     signal: str
     threshold: str | None  # a Thresholds field, or None for `> 0`

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             print(f"stale: {path.relative_to(CHART_DIR.parents[1])}")
         return 1 if paths else 0
-    for path in sorted((DASHBOARD_DIR).glob("*.json")):
+    for path in sorted(DASHBOARD_DIR.glob("*.json")):
         path.unlink()  # a dashboard removed from DASHBOARDS leaves no file behind
     for path, text in outputs().items():
         path.write_text(text)

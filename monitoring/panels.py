@@ -29,6 +29,7 @@ from grafana_foundation_sdk.models.dashboard import (
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 WIDTH, HEIGHT = 12, 8  # two panels per row of Grafana's 24-column grid
 ALL = ".+"  # what "All" of a multi-valued variable sends: any value (and never an empty label)
+REF_IDS = "ABCDEFGH"  # a panel's targets; more than eight would not read on one panel anyway
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def graph(
         ).thresholds_style(
             common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED)
         )
-    for ref, query in zip("ABCDEFGH", queries, strict=False):
+    assert len(queries) <= len(REF_IDS), title
+    for ref, query in zip(REF_IDS, queries, strict=False):
         panel = panel.with_target(target(query, ref))
     return panel
 
@@ -95,7 +97,8 @@ def total(title: str, description: str, unit: str, queries: Sequence[Query]) -> 
         .graph_mode(common.BigValueGraphMode.NONE)
         .color_mode(common.BigValueColorMode.VALUE)
     )
-    for ref, query in zip("ABCDEFGH", queries, strict=False):
+    assert len(queries) <= len(REF_IDS), title
+    for ref, query in zip(REF_IDS, queries, strict=False):
         panel = panel.with_target(target(query, ref, instant=True))
     return panel
 
