@@ -17,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench bench-cpu test-gpu clean dashboards prometheus-tools metrics-plots
+.PHONY: install run test lint proto bench bench-cpu bench-path test-gpu clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
@@ -92,6 +92,11 @@ test-gpu: $(STAMP)
 
 bench-cpu: $(STAMP)
 	$(PY) tests/bench/bench_cpu.py --out docs/benchmarks.md
+
+# Any machine: the request path alone (real gateway and worker processes, a stand-in engine),
+# 1-16 concurrent single-query clients; BENCH_PATH_ARGS adds flags, e.g. --step-ms 1.5.
+bench-path: $(STAMP)
+	$(PY) tests/bench/bench_gateway_path.py $(BENCH_PATH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

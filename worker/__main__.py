@@ -98,14 +98,18 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         parser.error(str(exc))
 
 
-async def serve(config: WorkerConfig) -> None:
+async def serve(config: WorkerConfig, engine=None) -> None:
+    """Serve until SIGINT/SIGTERM. `engine` defaults to the configured model's (`load_engine`); a
+    benchmark passes a stand-in to measure the request path alone (tests/bench/standin_worker.py)."""
     # Imported here so `--help` and config errors answer without loading torch.
-    from kembed.worker.engine import load_engine
     from kembed.worker.metrics import WorkerMetrics, serve_metrics
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import EmbedderService, build_server
 
-    engine = load_engine(config)
+    if engine is None:
+        from kembed.worker.engine import load_engine
+
+        engine = load_engine(config)
     metrics = WorkerMetrics(engine.info, revision=config.revision)
     scheduler = Scheduler(
         engine,
@@ -152,7 +156,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(admin_main(argv))
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(config))
+    run(config)
+
+
+def run(config: WorkerConfig, engine=None) -> None:
+    """`serve` on uvloop where it is installed (a cheaper event loop: every RPC is several loop
+    wake-ups), else on asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config, engine))
+    else:
+        uvloop.run(serve(config, engine))
 
 
 if __name__ == "__main__":

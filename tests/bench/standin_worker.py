@@ -1,0 +1,93 @@
+"""A real worker process (gRPC server, scheduler, metrics) around a stand-in engine, for benchmarking
+the request path alone: `python -P tests/bench/standin_worker.py [--step-ms MS] [--dimensions N]
+[worker flags...]`.
+
+The stand-in packs nothing and computes nothing; it answers each batch after `--step-ms` of "device"
+time (0: at once). Like a GPU it runs one batch at a time, off the CPU: `wait()` sleeps (releasing the
+GIL) until the batch's turn on the device has passed, so a 1.5 ms step emulates the H200's BGE-M3
+step without costing this machine's cores anything. No torch is imported.
+"""
+
+import argparse
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+
+from kembed.worker.__main__ import parse_config, run
+from kembed.worker.buckets import Bucket
+from kembed.worker.info import EngineStats, ModelInfo
+
+
+class _Pending:
+    def __init__(self, rows: np.ndarray, done_at: float) -> None:
+        self._rows = rows
+        self._done_at = done_at
+
+    def wait(self) -> np.ndarray:
+        delay = self._done_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return self._rows
+
+
+class StandinEngine:
+    """The engine interface the scheduler and server use, with a fixed step time and constant rows."""
+
+    def __init__(self, info: ModelInfo, step_s: float) -> None:
+        self.info = info
+        self._step_s = step_s
+        self._device_free_at = 0.0
+        self._lock = threading.Lock()
+        row = np.ones(info.dimensions, dtype=np.float32)
+        self._row = row / np.linalg.norm(row)
+
+    def pack(self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None):
+        return len(lengths)
+
+    def step(self, num_seqs: int) -> _Pending:
+        with self._lock:  # batches queue on the device one after another
+            start = max(time.perf_counter(), self._device_free_at)
+            self._device_free_at = start + self._step_s
+        return _Pending(np.broadcast_to(self._row, (num_seqs, self.info.dimensions)), start + self._step_s)
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
+        return []
+
+    def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
+        return list(buckets)
+
+    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list:
+        return []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--step-ms", type=float, default=0.0, help="emulated device time per batch")
+    parser.add_argument("--dimensions", type=int, default=1024, help="vector size (BGE-M3: 1024)")
+    own, rest = parser.parse_known_args()
+    config = parse_config(rest)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    info = ModelInfo(
+        model_name="standin",
+        model_type="bert",
+        task="embed",
+        dimensions=own.dimensions,
+        max_sequence_length=8192,
+        vocab_size=250002,  # XLM-R's: any tokenizer's ids fit
+        pooling="cls",
+        normalize=True,
+        dtype="float32",
+        device="standin",
+        attention_backend="none",
+    )
+    run(config, StandinEngine(info, own.step_ms / 1e3))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
