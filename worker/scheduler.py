@@ -11,6 +11,7 @@ so the event loop never blocks on the device.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -223,7 +224,6 @@ class Scheduler:
         return batch
 
     async def _execute(self, batch: list[_Sequence]) -> None:
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         for seq in batch:
             if not seq.request.is_started:
@@ -237,9 +237,8 @@ class Scheduler:
                 packed = self._runner.pack(token_ids, lengths, token_type_ids)
             else:
                 packed = self._runner.pack(token_ids, lengths)
-            pending = await loop.run_in_executor(self._launcher, self._runner.step, packed)
+            rows = await self._on_device(packed)
             self._hooks.batch_launched(len(batch), int(lengths.sum()))
-            rows = await loop.run_in_executor(self._waiter, pending.wait)
             self._hooks.batch_finished(time.perf_counter() - started)
         except Exception as exc:  # a failed batch fails its requests, never the loop
             log.exception("batch of %d sequences failed", len(batch))
@@ -250,6 +249,42 @@ class Scheduler:
                 self._deliver(seq, row)
         finally:
             self._inflight.release()
+
+    def _on_device(self, packed: Any) -> asyncio.Future:
+        """The rows of `packed`: launched on the launcher thread, which hands the pending result
+        straight to the waiter thread, so the event loop is woken once per batch (when its rows are on
+        the host), not once for the launch and once for the rows."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(rows: np.ndarray | None, error: BaseException | None) -> None:  # on the loop
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(rows)
+
+        def settle_threadsafe(rows: np.ndarray | None, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the rows
+                loop.call_soon_threadsafe(settle, rows, error)
+
+        def wait(pending: Pending) -> None:  # on the waiter thread
+            try:
+                rows = pending.wait()
+            except BaseException as error:
+                settle_threadsafe(None, error)
+            else:
+                settle_threadsafe(rows, None)
+
+        def launch() -> None:  # on the launcher thread
+            try:
+                self._waiter.submit(wait, self._runner.step(packed))
+            except BaseException as error:
+                settle_threadsafe(None, error)
+
+        self._launcher.submit(launch)
+        return future
 
     def _deliver(self, seq: _Sequence, row: np.ndarray) -> None:
         request = seq.request

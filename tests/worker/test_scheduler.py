@@ -160,6 +160,24 @@ async def test_a_failed_batch_fails_its_requests_and_the_scheduler_keeps_serving
     assert scheduler.queued_tokens == 0
 
 
+async def test_a_batch_whose_rows_never_arrive_fails_its_requests_and_not_the_next(make_scheduler):
+    class _Lost:
+        def wait(self) -> np.ndarray:
+            raise RuntimeError("device lost the batch")
+
+    class FirstWaitFails(RecordingRunner):
+        def step(self, packed):
+            done = super().step(packed)
+            return _Lost() if len(self.batches) == 1 else done
+
+    runner = FirstWaitFails()
+    scheduler = make_scheduler(runner, max_batch_tokens=10, max_inflight_batches=1)
+    with pytest.raises(RuntimeError, match="lost the batch"):
+        await scheduler.submit(*ragged(3))
+    assert (await scheduler.submit(*ragged(2)))[:, 1].tolist() == [2]
+    assert scheduler.queued_tokens == 0
+
+
 async def test_a_cancelled_request_gives_back_its_tokens_and_its_sequences_are_skipped(make_scheduler):
     runner = RecordingRunner(gated=True)
     scheduler = make_scheduler(runner, max_batch_tokens=5, max_inflight_batches=1)
