@@ -237,7 +237,9 @@ def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
 def create_app(config: GatewayConfig) -> Starlette:
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan."""
     tokenization = Tokenization(
-        with_overrides(load_model_spec(config.model_dir), config), config.tokenization_workers
+        with_overrides(load_model_spec(config.model_dir), config),
+        config.tokenization_workers,
+        config.max_inline_tokenize_chars,
     )
     metrics = GatewayMetrics()
     pool = WorkerPool(config, metrics)

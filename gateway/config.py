@@ -93,6 +93,12 @@ class GatewayConfig:
     """Threads that run batch tokenization off the event loop. The Rust tokenizer releases the GIL
     and parallelises a batch internally, so a few threads keep the loop free without oversubscribing."""
 
+    max_inline_tokenize_chars: int = 512
+    """Requests whose texts add up to at most this many characters are tokenized on the event loop,
+    larger ones on the tokenization threads. A hand-off to a thread and back costs more than
+    tokenizing a query (~60 µs against ~35 µs for 80 characters; tokenizing takes ~0.3 µs a
+    character), and 512 characters block the loop for ~150 µs at most. 0: always on the threads."""
+
     max_grpc_message_bytes: int = 64 * MIB
     """gRPC send/receive cap, in bytes. A chunk's response is at most max_chunk_sequences x dims x 4
     bytes (1 MiB for 4096-dim models); the default 4 MiB gRPC cap would be too tight for larger chunks."""
@@ -120,8 +126,9 @@ class GatewayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
-        if self.max_seq_length < 0:
-            raise ValueError(f"max_seq_length must be >= 0, got {self.max_seq_length}")
+        for name in ("max_seq_length", "max_inline_tokenize_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.prompts:
             try:
                 prompts = json.loads(self.prompts)

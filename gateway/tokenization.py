@@ -1,4 +1,4 @@
-"""Tokenization with the Rust `tokenizers` library, run off the event loop.
+"""Tokenization with the Rust `tokenizers` library: small requests on the event loop, larger ones off it.
 
 Truncation is state of a `tokenizers.Tokenizer` instance, so there is one instance per variant (right,
 left, none) built at start and never reconfigured: concurrent requests can share them safely. The
@@ -50,8 +50,12 @@ def _truncating(base: Tokenizer, max_length: int, direction: Direction) -> Token
 class Tokenization:
     """Turns request inputs into int32 token-id arrays exactly as sentence-transformers would."""
 
-    def __init__(self, spec: ModelSpec, num_threads: int) -> None:
+    def __init__(self, spec: ModelSpec, num_threads: int, max_inline_chars: int = 0) -> None:
         self.spec = spec
+        # Tokenizing a short query takes less time than handing it to a thread and waking the loop
+        # when it is done; past `max_inline_chars` the threads keep the loop free (the Rust calls
+        # release the GIL, so they also use other cores).
+        self._max_inline_chars = max_inline_chars
         self._untruncated = _load_base(spec)
         self._truncated: dict[Direction, Tokenizer] = {}
         if spec.max_seq_length is not None:
@@ -80,7 +84,10 @@ class Tokenization:
             return self._untruncated
         return self._truncated[direction or self.spec.truncation_side]
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, num_chars: int, fn: Any, *args: Any) -> Any:
+        """`fn(*args)`: at once if it tokenizes at most `max_inline_chars` characters, else on a thread."""
+        if num_chars <= self._max_inline_chars:
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def encode(
@@ -102,7 +109,8 @@ class Tokenization:
                 result[i] = self._take_ids(i, item, truncate, direction, vocab_size)
         if text_positions:
             texts = [prompt + inputs[i] for i in text_positions]  # type: ignore[operator]
-            encoded = await self._run(_encode_ids, self._tokenizer(truncate, direction), texts)
+            num_chars = sum(len(text) for text in texts)
+            encoded = await self._run(num_chars, _encode_ids, self._tokenizer(truncate, direction), texts)
             for i, ids in zip(text_positions, encoded, strict=True):
                 self._check_length(i, len(ids))
                 result[i] = ids
@@ -152,7 +160,8 @@ class Tokenization:
         ([CLS] q [SEP] d [SEP] with segments 0/1 for BERT, <s> q </s></s> d </s> for RoBERTa), the
         longer side losing a token at a time until the pair fits. No prompt is applied."""
         pairs = [(query, text) for text in texts]
-        ids, type_ids = await self._run(_encode_pairs, self._tokenizer(truncate, direction), pairs)
+        num_chars = len(query) * len(texts) + sum(len(text) for text in texts)
+        ids, type_ids = await self._run(num_chars, _encode_pairs, self._tokenizer(truncate, direction), pairs)
         limit = self.spec.max_seq_length
         for i, row in enumerate(ids):
             if limit is not None and len(row) > limit:
@@ -169,10 +178,12 @@ class Tokenization:
         """TEI's /tokenize answer: per text, its tokens with char offsets into the prompted text."""
         prompt = self.prompt(prompt_name)
         prompted = [prompt + text for text in texts]
-        return await self._run(_describe_tokens, self._untruncated, prompted, add_special_tokens)
+        num_chars = sum(len(text) for text in prompted)
+        return await self._run(num_chars, _describe_tokens, self._untruncated, prompted, add_special_tokens)
 
 
-# The functions below run on the tokenization threads; the Rust calls release the GIL.
+# The functions below run on the tokenization threads (or inline for small requests); the Rust calls
+# release the GIL.
 
 
 def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
