@@ -1,4 +1,4 @@
-"""Fused kernels and the attention auto-choice on a real GPU (`pytest -m gpu`).
+"""Fused kernels (encoder and decoder layers) and the attention auto-choice on a real GPU (`pytest -m gpu`).
 
 Each fused step against its eager float32 form on fresh random data (relative error of a bf16
 computation: well under 1e-2), and every varlen backend against the padded SDPA reference on
@@ -21,6 +21,9 @@ from kembed.worker.engine.attention import (
 )
 from kembed.worker.engine.attention_choice import RANGES, RoutedAttention, choose_attention
 from kembed.worker.engine.fused import add_layer_norm, linear_activation
+from kembed.worker.engine.fused_decoder import qk_norm_rope, rms_norm, silu_mul
+from kembed.worker.engine.qwen3 import RMSNorm
+from kembed.worker.engine.rope import RotaryEmbedding, rotate
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -116,3 +119,50 @@ def test_auto_choice_times_every_backend_and_routes_every_size():
 
 def test_flash_attn_on_a_cpu_is_refused():
     assert "flash-attn" not in ATTENTION_BACKENDS  # only cuda_backends offers it
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("hidden", [256, 1000, 1024])
+def test_rms_norm_kernel_matches_the_eager_rms_norm(hidden, with_residual):
+    norm = RMSNorm(hidden, 1e-6).to(CUDA)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(333, hidden, device=CUDA, dtype=torch.bfloat16) * 4
+    residual = torch.randn_like(x) if with_residual else None
+    total_want = x.float() + (residual.float() if with_residual else 0)
+    want = norm(total_want)  # float32 all the way
+    got, total = rms_norm(x, norm.weight.to(torch.bfloat16), 1e-6, residual=residual)
+    assert rel_err(got, want) < 1e-2 and rel_err(total, total_want) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(16, 8, 128), (12, 4, 64), (8, 4, 32), (14, 2, 64)]
+)
+def test_qk_norm_rope_kernel_matches_norm_then_rotate(num_heads, num_kv_heads, head_dim):
+    num_tokens = 300
+    qkv = torch.randn(
+        num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=CUDA, dtype=torch.bfloat16
+    )
+    q_norm, k_norm = RMSNorm(head_dim, 1e-6).to(CUDA), RMSNorm(head_dim, 1e-6).to(CUDA)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+    rope = RotaryEmbedding(head_dim, 4096, 1e6).to(CUDA)
+    positions = torch.randint(0, 4096, (num_tokens,), device=CUDA)
+    cos, sin = rope(positions)
+    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    q_ref, k_ref, _ = qkv.float().split(sizes, dim=1)
+    want_q = rotate(q_norm(q_ref.view(num_tokens, num_heads, head_dim)), cos, sin)
+    want_k = rotate(k_norm(k_ref.view(num_tokens, num_kv_heads, head_dim)), cos, sin)
+    bf = torch.bfloat16
+    q, k = qk_norm_rope(qkv, q_norm.weight.to(bf), k_norm.weight.to(bf), 1e-6, cos.to(bf), sin.to(bf),
+                        num_heads, num_kv_heads)  # fmt: skip
+    assert q.shape == want_q.shape and k.shape == want_k.shape
+    assert rel_err(q, want_q) < 1e-2 and rel_err(k, want_k) < 1e-2
+
+
+@pytest.mark.parametrize("inter", [512, 1000, 3072])
+def test_silu_mul_kernel_matches_silu_gate_times_up(inter):
+    gate_up = torch.randn(257, 2 * inter, device=CUDA, dtype=torch.bfloat16) * 3
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    assert rel_err(silu_mul(gate_up), F.silu(gate) * up) < 1e-2

@@ -105,8 +105,9 @@ class GraphCache:
             self._forward(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the waiter thread may synchronise on events while this thread captures.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        # relaxed: the waiter thread may synchronise on events while this thread captures, and a
+        # JIT-compiled kernel (flash-attn-4's CuTe DSL) may load its module on the capturing thread.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="relaxed"):
             output = self._forward(bucket)
         self._graphs[bucket] = (graph, output)
         self.policy.captured(bucket)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.rope import RotaryEmbedding, rotate
@@ -134,6 +135,7 @@ class Qwen3Layer(nn.Module):
         sin: torch.Tensor,  # [num_tokens, 1, head_dim/2]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
+        """The plain-torch layer: the CPU path, and the reference of the fused one."""
         num_tokens = x.shape[0]
         q, k, v = self.qkv(self.input_norm(x)).split(self.qkv_sizes, dim=-1)
         q = rotate(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), cos, sin)
@@ -143,6 +145,29 @@ class Qwen3Layer(nn.Module):
         x = x + self.o_proj(attn.reshape(num_tokens, -1))
         gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]: the residual stream
+        delta: torch.Tensor | None,  # [num_tokens, hidden]: the previous layer's MLP output, not yet added
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer in ten kernels on CUDA (fused_decoder.py); returns (residual stream, this
+        layer's MLP output), which the next layer adds inside its input norm."""
+        num_tokens, eps = x.shape[0], self.input_norm.eps
+        h, x = rms_norm(x, self.input_norm.weight, eps, residual=delta)
+        qkv = self.qkv(h)
+        q, k = qk_norm_rope(
+            qkv, self.q_norm.weight, self.k_norm.weight, eps, cos, sin, self.num_heads, self.num_kv_heads
+        )
+        v = qkv[:, -self.qkv_sizes[2] :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        h, x = rms_norm(
+            self.o_proj(attn.reshape(num_tokens, -1)), self.post_attn_norm.weight, eps, residual=x
+        )
+        return x, self.down(silu_mul(self.gate_up(h)))
 
 
 class Qwen3Decoder(nn.Module):
@@ -164,6 +189,11 @@ class Qwen3Decoder(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids)
+        if can_fuse(x, self.shape.head_dim):
+            delta = None
+            for layer in self.layers:
+                x, delta = layer.forward_fused(x, delta, cos, sin, meta)
+            return rms_norm(delta, self.norm.weight, self.norm.eps, residual=x)[0]
         for layer in self.layers:
             x = layer(x, cos, sin, meta)
         return self.norm(x)  # [num_tokens, hidden]
