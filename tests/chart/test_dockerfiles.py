@@ -78,5 +78,5 @@ def test_worker_image_is_cuda_with_a_pinned_torch():
     assert re.search(r"^ARG TORCH_VERSION=[0-9]+\.[0-9]+\.[0-9]+$", text, re.M)
     assert '"torch==${TORCH_VERSION}"' in text
     # torch first from PyTorch's CUDA index, then the worker extra (which must not replace it).
-    assert text.index('"torch==${TORCH_VERSION}"') < text.index('pip install ".[worker]"')
+    assert text.index('"torch==${TORCH_VERSION}"') < text.index('pip install ".[worker,flash]"')
     assert "assert torch.version.cuda" in text
