@@ -167,17 +167,18 @@ class WorkerSpec(_Model):
         default_factory=list, description="Pod tolerations, as in a Pod spec (e.g. for tainted GPU nodes)."
     )
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity, as in a Pod spec.")
-    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen"] = Field(
+    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn"] = Field(
         "auto",
-        description="Ragged attention kernel: auto times what is installed; torch-varlen is the "
-        "CUDA choice CUDA graphs replay; sdpa the CPU one.",
+        description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, and "
+        "flash-attn = FlashAttention 4 on Hopper/Blackwell) at start and picks per batch size; sdpa "
+        "is the CPU one.",
     )
     max_batch_tokens: int = Field(
         2048,
         ge=1,
-        description="Token budget of one forward pass, in tokens. "
-        "The worker's own default; lower it to the GPU's measured saturation "
-        "point (~512 for a sub-1B model) for lower latency.",
+        description="Token budget of one forward pass, in tokens. On an H200 a sub-1B "
+        "model reaches ~90% of its plateau throughput at 2048 and ~97% at 4096; "
+        "a query queued behind a full batch waits for it.",
     )
     max_queued_tokens: int = Field(
         65536,

@@ -64,9 +64,10 @@ class WorkerConfig:
 
     max_batch_tokens: int = 2048
     """Token budget of one forward pass, in tokens. Sequences join a batch in arrival order until the
-    next would pass it. 2048 keeps a 2-core CPU near its best throughput for MiniLM (docs/benchmarks.md)
-    while one 256-token sequence still waits at most one batch; the GPU engine lowers it to the
-    measured saturation point. A single longer sequence runs alone."""
+    next would pass it. 2048 keeps a 2-core CPU near its best throughput for MiniLM, and on an H200 a
+    BGE-M3-class model at ~90% of its plateau (4096: ~97%; docs/benchmarks.md, saturation) while a
+    query queued behind a full batch waits ~3 ms; raise it where throughput matters more than that
+    wait. A single longer sequence runs alone."""
 
     max_queued_tokens: int = 65536
     """Admission cap, in tokens admitted and not yet answered. Past it a request is refused at once
