@@ -323,13 +323,21 @@ def gateway_url(owner: Owner, spec: EmbeddingModelSpec) -> str:
     return f"http://{n.gateway_name(owner)}.{owner.namespace}.svc{suffix}"
 
 
+def monitor_metadata(owner: Owner, name: str, component: str, spec: EmbeddingModelSpec) -> dict[str, Any]:
+    """A monitor's metadata: ours, plus the labels the user's Prometheus selects monitors by (ours win
+    on a clash: the dashboards and the operator rely on them)."""
+    meta = metadata(owner, name, component)
+    meta["labels"] = {**spec.metrics.labels, **meta["labels"]}
+    return meta
+
+
 def worker_pod_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
     """Scrapes every worker pod of the model, all revisions (a headless Service per revision would
     need one ServiceMonitor each; pods carry the revision label for the dashboards)."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": metadata(owner, f"{owner.name}-worker", "worker"),
+        "metadata": monitor_metadata(owner, f"{owner.name}-worker", "worker", spec),
         "spec": {
             "selector": {"matchLabels": n.selector(owner, "worker")},
             "podMetricsEndpoints": [
@@ -343,7 +351,7 @@ def service_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "metadata": monitor_metadata(owner, n.gateway_name(owner), "gateway", spec),
         "spec": {
             "selector": {"matchLabels": n.selector(owner, "gateway")},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.metrics.interval}],

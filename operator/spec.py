@@ -354,6 +354,11 @@ class MetricsSpec(_Model):
         "Operator; workers expose metrics on port 9091); off by default as their CRDs may not be installed.",
     )
     interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra labels on the ServiceMonitor and PodMonitor, for a Prometheus that selects "
+        "monitors by label (kube-prometheus-stack: release: <its release name>).",
+    )
 
 
 class EmbeddingModelSpec(_Model):

@@ -130,3 +130,13 @@ def test_a_golden_config_map_is_mounted_and_checked_by_the_smoke_job():
     assert {"name": "golden", "configMap": {"name": "minilm-golden"}} in pod["volumes"]
     prewarm = j.job(OWNER, spec, j.JobRequest("prewarm", "abc", 1, ("10.0.0.1:50051",)), IMAGE)
     assert "--golden" not in prewarm["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_monitors_carry_the_labels_prometheus_selects_by_and_ours_win():
+    spec_dict = example("bge-m3-gpu.yaml")["spec"]
+    spec_dict["metrics"]["labels"] = {"release": "kps", "app.kubernetes.io/component": "spoofed"}
+    spec = parse_spec(spec_dict)
+    for monitor in (m.service_monitor(OWNER, spec), m.worker_pod_monitor(OWNER, spec)):
+        labels = monitor["metadata"]["labels"]
+        assert labels["release"] == "kps"
+        assert labels["app.kubernetes.io/component"] in ("gateway", "worker")

@@ -37,6 +37,7 @@ NOT_SHAPING = {
     "chunk-tokens": ("gateway", {"chunkTokens": 1024}),
     "prewarm-buckets": ("graphs", {"prewarmBuckets": ["1x64"]}),
     "min-cosine": ("rollout", {"minCosine": 0.99}),
+    "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
 }
 
 

@@ -1,0 +1,92 @@
+"""The worker's Prometheus exposition on the CUDA engine under load (`pytest -m gpu`): the metrics
+that only move on a GPU (pinned memory in use, captures, replays, resident graphs, GPU memory), read
+through the same registry and collector `/metrics` serves, while batches are in flight and after."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import transformers
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from st_pipeline import write_pipeline
+
+from kembed.worker.config import WorkerConfig
+from kembed.worker.engine import load_engine
+from kembed.worker.metrics import WorkerMetrics
+from kembed.worker.scheduler import Scheduler
+
+pytestmark = pytest.mark.gpu
+MAX_PINNED_BYTES = 64 << 20
+
+
+def scrape(metrics: WorkerMetrics) -> dict[tuple[str, tuple], float]:
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import torch
+
+    path = tmp_path_factory.mktemp("bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+        intermediate_size=1536, max_position_embeddings=512,
+    )  # fmt: skip
+    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
+    write_pipeline(path, {"pooling_mode_mean_tokens": True}, normalize=True)
+    return path
+
+
+async def test_pinned_memory_moves_with_load_and_returns_to_idle(model_dir):
+    config = WorkerConfig(model=model_dir, device="cuda", dtype="bfloat16", max_pinned_bytes=MAX_PINNED_BYTES)
+    engine = load_engine(config)
+    metrics = WorkerMetrics(engine.info, revision="gpu")
+    scheduler = Scheduler(engine, max_batch_tokens=2048, max_queued_tokens=1 << 20, hooks=metrics.hooks())
+    metrics.watch(engine.stats, scheduler, MAX_PINNED_BYTES)
+    in_use = ("kembed_worker_pinned_memory_bytes", (("state", "in_use"),))
+    reserved = ("kembed_worker_pinned_memory_bytes", (("state", "reserved"),))
+    idle = scrape(metrics)
+    assert idle[in_use] == 0
+    assert idle[("kembed_worker_pinned_memory_limit_bytes", ())] == MAX_PINNED_BYTES
+    assert 0 < idle[reserved] <= MAX_PINNED_BYTES
+
+    peak, stop = [0.0], threading.Event()
+
+    def sample() -> None:  # a scraper polling while batches are in flight
+        while not stop.is_set():
+            peak[0] = max(peak[0], scrape(metrics)[in_use])
+
+    sampler = threading.Thread(target=sample)
+    rng = np.random.default_rng(0)
+    scheduler.start()
+    sampler.start()
+    try:
+
+        async def client() -> None:
+            for _ in range(30):
+                lengths = rng.integers(8, 200, 24).astype(np.int32)
+                ids = rng.integers(5, 30000, int(lengths.sum())).astype(np.int32)
+                rows = await scheduler.submit(ids, lengths)
+                assert rows.shape == (24, 384) and np.isfinite(rows).all()
+
+        await asyncio.gather(*(client() for _ in range(6)))
+    finally:
+        stop.set()
+        sampler.join()
+        await scheduler.close()
+    after = scrape(metrics)
+    assert 0 < peak[0] <= after[reserved]  # slots held while their batch was in flight
+    assert after[in_use] == 0  # every slot given back
+    assert after[("kembed_worker_graph_captures_total", ())] > 0
+    assert after[("kembed_worker_graph_replays_total", ())] > 0
+    assert after[("kembed_worker_graphs_resident", ())] == after[("kembed_worker_graph_captures_total", ())]
+    assert after[("kembed_worker_eager_steps_total", (("reason", "cold"),))] > 0
+    assert after[("kembed_worker_gpu_memory_bytes", ())] > 0
+    assert after[("kembed_worker_graph_capture_duration_seconds_count", ())] > 0
