@@ -2,9 +2,11 @@
 
 A request's sequences are split into chunks; every chunk goes, concurrently, to the serving replica
 with the fewest outstanding tokens at the moment it is sent (counted up at send, down on completion,
-so a slow replica stops attracting work). A replica that answers UNAVAILABLE is marked down until its
-next successful probe and the chunk is retried elsewhere; RESOURCE_EXHAUSTED (a full queue) is retried
-elsewhere without marking it down. Tries are bounded; every RPC carries the request's deadline.
+so a slow replica stops attracting work). Each replica keeps a window of RPCs in flight; chunks that
+find it full wait and go together as one RPC (coalescing.py). A replica that answers UNAVAILABLE is
+marked down until its next successful probe and the chunk is retried elsewhere; RESOURCE_EXHAUSTED (a
+full queue) is retried elsewhere without marking it down. Tries are bounded; every RPC carries the
+request's deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import grpc
 import numpy as np
 
 from kembed.gateway.batches import pack, split_into_chunks
+from kembed.gateway.coalescing import Part, RpcWindow
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     GatewayError,
@@ -46,6 +49,7 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: EmbedderStub
+    windows: dict[str, RpcWindow]  # by RPC method: "Embed", "Score"
     outstanding_tokens: int = 0
     num_chunks_served: int = 0
     is_serving: bool = False
@@ -98,14 +102,51 @@ class WorkerPool:
         ]
         for address in self._config.worker_addresses:
             channel = grpc.aio.insecure_channel(address, options=options)
-            self.replicas.append(Replica(address, channel, EmbedderStub(channel)))
+            stub = EmbedderStub(channel)
+            windows = {method: self._window(stub, method) for method in ("Embed", "Score")}
+            self.replicas.append(Replica(address, channel, stub, windows))
         await self._probe_all()
         self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
+
+    def _window(self, stub: EmbedderStub, method: str) -> RpcWindow:
+        async def rpc(parts: list[Part]) -> np.ndarray:
+            """One RPC of `parts`' sequences; their rows [sequences, width] in order."""
+            if len(parts) == 1:
+                token_ids, token_type_ids = parts[0].token_ids, parts[0].token_type_ids
+                request_id = parts[0].request_id
+            else:
+                token_ids = [ids for part in parts for ids in part.token_ids]
+                token_type_ids = (
+                    None
+                    if parts[0].token_type_ids is None
+                    else [types for part in parts for types in part.token_type_ids]  # type: ignore[union-attr]
+                )
+                request_id = f"{parts[0].request_id}+{len(parts) - 1}"
+            timeout = max(part.deadline for part in parts) - asyncio.get_running_loop().time()
+            if timeout <= 0:
+                raise Timeout("the request did not complete within its deadline")
+            batch = pack(token_ids, token_type_ids)
+            if method == "Embed":
+                request = pb.EmbedRequest(batch=batch, request_id=request_id)
+                return decode_embeddings(await stub.Embed(request, timeout=timeout), len(token_ids))
+            request = pb.ScoreRequest(batch=batch, request_id=request_id)
+            return decode_scores(await stub.Score(request, timeout=timeout), len(token_ids))
+
+        return RpcWindow(
+            rpc,
+            max_inflight=self._config.max_inflight_rpcs,
+            max_tokens=self._config.chunk_tokens,
+            max_sequences=self._config.max_chunk_sequences,
+            is_refused_for_one=lambda error: (
+                isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ),
+        )
 
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
+        await asyncio.gather(*(w.close() for r in self.replicas for w in r.windows.values()))
         await asyncio.gather(*(r.channel.close() for r in self.replicas))
 
     def _is_available(self, replica: Replica, now: float) -> bool:
@@ -170,8 +211,8 @@ class WorkerPool:
         candidates = [r for r in rotated if r not in tried and self._is_available(r, now)]
         return min(candidates, key=lambda r: r.outstanding_tokens, default=None)
 
-    async def _send(self, method: str, request: Any, num_tokens: int, deadline: float) -> Any:
-        """One chunk's RPC on the least loaded replica, retried on others if refused or down."""
+    async def _send(self, method: str, part: Part) -> np.ndarray:
+        """One chunk's rows from the least loaded replica, retried on others if refused or down."""
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
         is_overloaded = False
@@ -182,12 +223,11 @@ class WorkerPool:
             if attempt > 0:  # the previous replica refused the chunk or was down
                 self._metrics.upstream_retries.inc()
             tried.append(replica)
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if part.deadline <= loop.time():
                 raise Timeout("the request did not complete within its deadline")
-            replica.outstanding_tokens += num_tokens
+            replica.outstanding_tokens += part.num_tokens
             try:
-                response = await getattr(replica.stub, method)(request, timeout=remaining)
+                rows = await replica.windows[method].call(part)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE:
                     replica.is_serving = False
@@ -198,9 +238,9 @@ class WorkerPool:
                     continue
                 raise _translate(error, replica.address) from None
             finally:
-                replica.outstanding_tokens -= num_tokens
+                replica.outstanding_tokens -= part.num_tokens
             replica.num_chunks_served += 1
-            return response
+            return rows
         if is_overloaded:
             raise Overloaded("every worker replica tried has a full queue; retry later")
         raise Unavailable("no worker replica is serving; retry later")
@@ -215,10 +255,10 @@ class WorkerPool:
 
         async def run(index: int) -> np.ndarray:
             chunk = chunks[index]
-            batch = pack(sequences[chunk.start : chunk.stop])
-            request = pb.EmbedRequest(batch=batch, request_id=f"{request_id}/{index}")
-            response = await self._send("Embed", request, chunk.num_tokens, deadline)
-            return decode_embeddings(response, chunk.num_sequences)
+            ids = sequences[chunk.start : chunk.stop]
+            return await self._send(
+                "Embed", Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline)
+            )
 
         parts = await gather_all([run(i) for i in range(len(chunks))])
         if len({part.shape[1] for part in parts}) > 1:
@@ -238,10 +278,14 @@ class WorkerPool:
 
         async def run(index: int) -> np.ndarray:
             chunk = chunks[index]
-            batch = pack(ids[chunk.start : chunk.stop], type_ids[chunk.start : chunk.stop])
-            request = pb.ScoreRequest(batch=batch, request_id=f"{request_id}/{index}")
-            response = await self._send("Score", request, chunk.num_tokens, deadline)
-            return decode_scores(response, chunk.num_sequences)
+            part = Part(
+                f"{request_id}/{index}",
+                ids[chunk.start : chunk.stop],
+                type_ids[chunk.start : chunk.stop],
+                chunk.num_tokens,
+                deadline,
+            )
+            return await self._send("Score", part)
 
         parts = await gather_all([run(i) for i in range(len(chunks))])
         if len({part.shape[1] for part in parts}) > 1:
