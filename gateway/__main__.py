@@ -1,5 +1,6 @@
 """`python -m kembed.gateway`: parse flags (with KEMBED_GATEWAY_* environment fallbacks) once into a
-`GatewayConfig`, then serve the app with uvicorn on uvloop and httptools.
+`GatewayConfig`, then serve the app with uvicorn on uvloop and httptools, from one process or several
+(processes.py).
 
 Every config field has a flag named after it (`chunk_tokens` -> `--chunk-tokens`) and an environment
 variable (`KEMBED_GATEWAY_CHUNK_TOKENS`); a flag wins over the environment, which wins over the default.
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.processes import LOG_FORMAT, serve
 
 ENV_PREFIX = "KEMBED_GATEWAY_"
 # Fields whose flag is not simply --field-name, and the list-valued ones (repeatable flags).
@@ -117,24 +119,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    import uvicorn  # only needed to serve; keeps `parse_config` importable cheaply in tests
-
-    from kembed.gateway.app import create_app
-
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger(__name__).info("starting gateway: %s", config)
-    uvicorn.run(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=config.log_level,
-        lifespan="on",
-    )
+    serve(config)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -234,14 +235,15 @@ def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
     )
 
 
-def create_app(config: GatewayConfig) -> Starlette:
-    """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan."""
+def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Starlette:
+    """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
+    `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py)."""
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config),
         config.tokenization_workers,
         config.max_inline_tokenize_chars,
     )
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
 

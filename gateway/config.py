@@ -26,6 +26,13 @@ class GatewayConfig:
     port: int = 8080
     """TCP port for HTTP. 8080 is what TEI and most sidecar-free deployments expect."""
 
+    processes: int = 1
+    """Gateway processes serving `port` (SO_REUSEPORT; the kernel spreads connections over them). One
+    process does its HTTP, JSON, tokenization and gRPC work on one core, ~0.4 ms of CPU per
+    single-query request; more processes serve more requests per second where cores are free
+    (docs/benchmarks.md). Each keeps its own RPC window per replica (max_inflight_rpcs), so a worker
+    sees up to processes x max_inflight_rpcs RPCs at once. Metrics are summed over the processes."""
+
     served_model_names: tuple[str, ...] = ()
     """Names a request's `model` may carry; the first is the one reported. Empty: the worker's
     Info.model_name. More than one name gives aliases (like vLLM's repeated --served-model-name)."""
@@ -131,9 +138,12 @@ class GatewayConfig:
             "tokenization_workers": self.tokenization_workers,
             "max_grpc_message_bytes": self.max_grpc_message_bytes,
         }
+        positive["processes"] = self.processes
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.processes > 1 and self.port == 0:
+            raise ValueError("several gateway processes need a fixed port, not 0")
         for name in ("max_seq_length", "max_inline_tokenize_chars", "max_inflight_rpcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -4,13 +4,15 @@ times every request.
 Names and labels are a contract with the dashboards and alerts (docs/metrics.md). Labels stay
 bounded: `route` is one of the app's route paths (none has parameters) or `unmatched`; `code` is an
 HTTP status; `reason` is an error class's snake-case name. A registry per app (not prometheus_client's
-global one) lets several gateways live in one process, as the tests run them.
+global one) lets several gateways live in one process, as the tests run them; several gateway
+processes on one port (processes.py) report the sum of their values.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 # Geometric buckets as text-embeddings-inference uses: 10 µs doubling to about 21 s, so a tokenize
@@ -37,8 +40,14 @@ UNMATCHED = "unmatched"  # the route label of a path no route serves
 class GatewayMetrics:
     """Every gateway metric, registered on `registry` (a fresh one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, multiprocess_dir: Path | None = None
+    ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        # One of several gateway processes (processes.py): prometheus_client keeps every process's
+        # values in files there, and a scrape of any process reports their sum.
+        self._multiprocess_dir = multiprocess_dir
+        self._collectors: list[Collector] = []  # registered on the scrape registry too
         r = self.registry
         self.request_duration = Histogram(
             "kembed_gateway_request_duration_seconds",
@@ -80,16 +89,25 @@ class GatewayMetrics:
             "kembed_gateway_inflight_requests",
             "Requests received and not yet answered (scrapes of /metrics excluded).",
             registry=r,
+            multiprocess_mode="livesum",  # several processes: the sum over those alive
         )
 
     def watch(self, served_name: Callable[[], str]) -> None:
         """Report `kembed_gateway_info{model}` at each scrape: the name this gateway serves (its
         workers' model unless configured), which dashboards and alerts join on (namespace, pod)."""
-        self.registry.register(InfoCollector(served_name))
+        collector = InfoCollector(served_name)
+        self.registry.register(collector)
+        self._collectors.append(collector)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self._multiprocess_dir))
+        for collector in self._collectors:
+            registry.register(collector)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 class InfoCollector(Collector):

@@ -55,8 +55,22 @@ def test_repeated_flags_give_several_workers_and_aliases():
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--chunk-tokens", "0"], "chunk_tokens must be positive"), (["--max-attempts", "-1"], "max_attempts")],
-    ids=["zero-chunk-tokens", "negative-attempts"],
+    [
+        (["--chunk-tokens", "0"], "chunk_tokens must be positive"),
+        (["--max-attempts", "-1"], "max_attempts"),
+        (["--processes", "0"], "processes must be positive"),
+        (["--processes", "2", "--port", "0"], "fixed port"),
+        (["--max-inflight-rpcs", "-1"], "max_inflight_rpcs must be >= 0"),
+        (["--max-inline-tokenize-chars", "-1"], "max_inline_tokenize_chars must be >= 0"),
+    ],
+    ids=[
+        "zero-chunk-tokens",
+        "negative-attempts",
+        "no-processes",
+        "processes-on-any-port",
+        "negative-rpc-window",
+        "negative-inline-chars",
+    ],
 )
 def test_bad_values_are_refused_at_start(argv, message):
     with pytest.raises(ValueError, match=message):

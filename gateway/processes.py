@@ -1,0 +1,104 @@
+"""Serving the gateway from one process, or from several on one port.
+
+A gateway process does its CPU work (HTTP, JSON, tokenization, gRPC) on one event loop, so one process
+uses one core. With `processes` > 1 each child process is a whole gateway (its own loop, tokenizers and
+worker channels) on its own SO_REUSEPORT socket: the kernel spreads connections over them. Their
+metrics are summed at each scrape through prometheus_client's multiprocess mode (a directory of
+per-process files, created here and removed at exit). If one child dies, the others are stopped and
+the parent exits non-zero, so that the pod restarts whole rather than serving on fewer cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from kembed.gateway.config import GatewayConfig
+
+log = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+BACKLOG = 2048  # uvicorn's default
+
+
+def serve(config: GatewayConfig) -> None:
+    """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children."""
+    if config.processes == 1:
+        serve_one(config)
+        return
+    metrics_dir = Path(tempfile.mkdtemp(prefix="kembed-gateway-metrics-"))
+    # Read by prometheus_client when a child imports it, which is why it is set before they start.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    context = multiprocessing.get_context("spawn")
+    children = [
+        context.Process(target=serve_one, args=(config, metrics_dir), name=f"kembed-gateway-{i}")
+        for i in range(config.processes)
+    ]
+    is_stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal is_stopping
+        is_stopping = True
+        for child in children:
+            if child.is_alive():
+                child.terminate()  # SIGTERM: uvicorn finishes the requests in flight
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        for child in children:
+            child.start()
+        log.info("gateway serving %s:%d from %d processes", config.host, config.port, config.processes)
+        multiprocessing.connection.wait([child.sentinel for child in children])
+        if not is_stopping:
+            dead = next(child for child in children if not child.is_alive())
+            log.error("gateway process %s exited with %s; stopping the others", dead.pid, dead.exitcode)
+            stop(signal.SIGTERM, None)
+        for child in children:
+            child.join()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    if not is_stopping:
+        sys.exit(1)
+
+
+def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
+    """One gateway on uvicorn (uvloop, httptools). A child of `serve` (given `metrics_dir`) binds its
+    own SO_REUSEPORT socket; a lone gateway lets uvicorn bind."""
+    import uvicorn  # only needed to serve; keeps the config importable cheaply in tests
+
+    from kembed.gateway.app import create_app
+
+    if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
+        logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config, metrics_dir=metrics_dir),
+            host=config.host,
+            port=config.port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level=config.log_level,
+            lifespan="on",
+            backlog=BACKLOG,
+        )
+    )
+    server.run(sockets=None if metrics_dir is None else [_reuseport_socket(config.host, config.port)])
+
+
+def _reuseport_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    return sock

@@ -1,0 +1,65 @@
+"""A gateway serving one port from several processes (`--processes`): every process answers, a scrape
+of any of them reports the sum of all, and stopping the parent stops them all and removes their
+metrics files."""
+
+import re
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from processes import start_stack
+
+NUM_REQUESTS = 24
+
+
+def children(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
+def metrics_dir_of(pid: int) -> Path:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    value = next(item for item in environ if item.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+    return Path(value.split(b"=", 1)[1].decode())
+
+
+@pytest.fixture(scope="module")
+def multi_gateway(stack, log_dir):
+    started = start_stack(
+        log_dir, num_workers=0, worker_addresses=stack.workers, gateway_args=("--processes", "2")
+    )
+    yield started
+    for proc in started.processes:
+        proc.stop()
+
+
+def test_every_process_answers_and_any_scrape_reports_the_sum(multi_gateway, client):
+    texts = [f"request number {i} through one of two gateway processes" for i in range(NUM_REQUESTS)]
+    expected = client.post("/embed", json={"inputs": texts}).json()
+    for text, vector in zip(texts, expected, strict=True):
+        # A new connection each time: the kernel spreads connections over the processes.
+        response = httpx.post(f"{multi_gateway.url}/embed", json={"inputs": text}, timeout=30)
+        assert response.status_code == 200
+        np.testing.assert_allclose(response.json()[0], vector, rtol=1e-4, atol=1e-6)
+    pattern = re.compile(r'kembed_gateway_request_duration_seconds_count\{code="200",route="/embed"\} (\S+)')
+    for _ in range(6):
+        text = httpx.get(f"{multi_gateway.url}/metrics", timeout=10).text
+        assert float(pattern.search(text).group(1)) == NUM_REQUESTS
+
+
+def test_stopping_the_parent_stops_every_process_and_removes_the_metrics_files(multi_gateway):
+    parent = multi_gateway.processes[-1].popen
+    servers = [
+        pid for pid in children(parent.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
+    assert len(servers) == 2
+    metrics_dir = metrics_dir_of(servers[0])
+    assert metrics_dir.is_dir()
+    parent.terminate()
+    assert parent.wait(20) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in servers)
+    assert not metrics_dir.exists()
