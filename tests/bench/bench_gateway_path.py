@@ -52,7 +52,7 @@ def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subp
 
 
 def request_bytes(port: int, text: str) -> bytes:
-    body = json.dumps({"input": text, "model": "standin", "encoding_format": "base64"}).encode()
+    body = json.dumps({"input": text, "encoding_format": "base64"}).encode()
     head = (
         f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -212,7 +212,6 @@ def main() -> None:
             "kembed.gateway",
             f"--worker=127.0.0.1:{worker_port}",
             f"--port={gateway_port}",
-            "--served-model-name=standin",
             "--log-level=warning",
             *args.gateway_arg,
         ],

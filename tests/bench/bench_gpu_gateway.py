@@ -5,7 +5,10 @@ Tokenization, JSON, HTTP and the gRPC hop included: each client posts one short 
 The worker serves a model built from a real config with random weights (`--model-config`); the
 gateway tokenizes with the tokenizer directory given (`--tokenizer`; ids stay inside any larger
 vocabulary). Buckets the traffic hits are prewarmed first, as the operator's prewarm Job does.
-Prints a markdown table. A benchmark, not a test.
+The sweep runs once per `--gateway-processes` value (a gateway started afresh each time) and reports
+the CPU time gateway and worker spend per request. Clients are the lean raw-socket ones of
+bench_gateway_path.py (`--client aiohttp`: the aiohttp clients of the first figures, which cost the
+measuring process ~3x more CPU per request). Prints a markdown table. A benchmark, not a test.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gateway_path
 from bench_gpu import write_model_dir
 
 WORDS = [
@@ -89,12 +93,46 @@ async def clients(url: str, concurrency: int, requests_each: int) -> list[float]
     return latencies
 
 
+def start_gateway(args: argparse.Namespace, path: Path, worker_port: int, processes: int, log: Path):
+    port = free_port()
+    gateway = spawn(
+        [
+            "kembed.gateway",
+            "--model",
+            str(path),
+            "--worker",
+            f"127.0.0.1:{worker_port}",
+            "--port",
+            str(port),
+            "--processes",
+            str(processes),
+            "--log-level",
+            "warning",
+            *args.gateway_arg,
+        ],
+        log,
+    )
+    return gateway, port
+
+
+def run_clients(args: argparse.Namespace, port: int, concurrency: int, requests_each: int) -> list[float]:
+    if args.client == "aiohttp":
+        return asyncio.run(clients(f"http://127.0.0.1:{port}", concurrency, requests_each))
+    latencies, _ = bench_gateway_path.uvloop.run(bench_gateway_path.clients(port, concurrency, requests_each))
+    return latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-config", default="bge-m3")
     parser.add_argument("--tokenizer", type=Path, required=True, help="directory with tokenizer.json")
     parser.add_argument("--requests", type=int, default=200, help="per client")
     parser.add_argument("--max-batch-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--gateway-processes", type=int, nargs="+", default=[1, 2, 4], help="gateway processes to try"
+    )
+    parser.add_argument("--gateway-arg", action="append", default=[], help="extra gateway flag (repeat)")
+    parser.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     path, model = write_model_dir(args.model_config, tmp)
@@ -103,7 +141,7 @@ def main() -> None:
         if (args.tokenizer / name).exists():
             shutil.copy(args.tokenizer / name, path / name)
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
-    worker_port, gateway_port = free_port(), free_port()
+    worker_port = free_port()
     worker = spawn(
         [
             "kembed.worker",
@@ -120,58 +158,66 @@ def main() -> None:
         ],
         tmp / "worker.log",
     )
-    gateway = spawn(
-        [
-            "kembed.gateway",
-            "--model",
-            str(path),
-            "--worker",
-            f"127.0.0.1:{worker_port}",
-            "--port",
-            str(gateway_port),
-            "--log-level",
-            "warning",
-        ],
-        tmp / "gateway.log",
-    )
-    url = f"http://127.0.0.1:{gateway_port}"
+    gateway = None
+    rows = []
     try:
-        asyncio.run(wait_ready(url))
-        buckets = ",".join(f"{s}x{t}" for s in (1, 2, 4, 8, 16) for t in (64, 128, 256) if s * 2 <= t)
-        prewarm = subprocess.run(
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "kembed.worker",
-                "prewarm",
-                "--target",
-                f"127.0.0.1:{worker_port}",
-                "--buckets",
-                buckets,
-            ],
-            capture_output=True,
-            text=True,
+        is_prewarmed = False
+        for processes in args.gateway_processes:
+            gateway, port = start_gateway(
+                args, path, worker_port, processes, tmp / f"gateway-{processes}.log"
+            )
+            asyncio.run(wait_ready(f"http://127.0.0.1:{port}"))
+            if not is_prewarmed:
+                buckets = ",".join(f"{s}x{t}" for s in (1, 2, 4, 8, 16) for t in (64, 128, 256) if s * 2 <= t)
+                prewarm = subprocess.run(
+                    [
+                        sys.executable,
+                        "-P",
+                        "-m",
+                        "kembed.worker",
+                        "prewarm",
+                        "--target",
+                        f"127.0.0.1:{worker_port}",
+                        "--buckets",
+                        buckets,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
+                print(prewarm.stdout.strip(), prewarm.stderr.strip()[-300:], flush=True)
+                is_prewarmed = True
+            run_clients(args, port, 16, 50)  # warm-up: connections, any bucket prewarm missed
+            for concurrency in (1, 2, 4, 8, 16):
+                cpu_before = [bench_gateway_path.cpu_seconds(p.pid) for p in (gateway, worker)]
+                latencies = sorted(run_clients(args, port, concurrency, args.requests))
+                gateway_cpu, worker_cpu = (
+                    (bench_gateway_path.cpu_seconds(p.pid) - before) * 1e6 / len(latencies)
+                    for p, before in zip((gateway, worker), cpu_before, strict=True)
+                )
+                p50 = statistics.median(latencies)
+                p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+                rows.append(
+                    f"| {processes} | {concurrency} | {p50:.2f} | {p99:.2f} | {gateway_cpu:.0f} "
+                    f"| {worker_cpu:.0f} | {len(latencies)} |"
+                )
+                print(rows[-1], flush=True)
+            gateway.terminate()
+            gateway.wait(20)
+            gateway = None
+        print(
+            "\n| gateway processes | concurrent clients | p50 ms | p99 ms | gateway CPU µs/request "
+            "| worker CPU µs/request | requests |\n|---:|---:|---:|---:|---:|---:|---:|"
         )
-        print(prewarm.stdout.strip(), prewarm.stderr.strip()[-300:], flush=True)
-        asyncio.run(clients(url, 4, 50))  # warm-up: connections, any bucket prewarm missed
-        rows = []
-        for concurrency in (1, 2, 4, 8, 16):
-            latencies = sorted(asyncio.run(clients(url, concurrency, args.requests)))
-            p50 = statistics.median(latencies)
-            p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-            rows.append(f"| {concurrency} | {p50:.2f} | {p99:.2f} | {len(latencies)} |")
-            print(rows[-1], flush=True)
-        print("\n| concurrent clients | p50 ms | p99 ms | requests |\n|---:|---:|---:|---:|")
         print("\n".join(rows))
     finally:
         for proc in (gateway, worker):
-            proc.terminate()
-            proc.wait(20)
-        for log in ("worker.log", "gateway.log"):
-            text = (tmp / log).read_text()
+            if proc is not None:
+                proc.terminate()
+                proc.wait(20)
+        for log in tmp.glob("*.log"):
+            text = log.read_text()
             if "Traceback" in text:
-                print(f"--- {log}\n{text[-3000:]}")
+                print(f"--- {log.name}\n{text[-3000:]}")
 
 
 if __name__ == "__main__":
