@@ -10,6 +10,7 @@ the parent exits non-zero, so that the pod restarts whole rather than serving on
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -78,9 +79,11 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
 
     if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
         logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    app = create_app(config, metrics_dir=metrics_dir)
+    freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(config, metrics_dir=metrics_dir),
+            app,
             host=config.host,
             port=config.port,
             loop="uvloop",
@@ -92,6 +95,14 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
         )
     )
     server.run(sockets=None if metrics_dir is None else [_reuseport_socket(config.host, config.port)])
+
+
+def freeze_startup_objects() -> None:
+    """Exempt what exists after start (modules, tokenizer settings, the app) from garbage collection.
+    A full collection otherwise walks all of it and stops the event loop for ~15-20 ms, every request
+    in flight waiting (the p99 of a busy gateway); afterwards it walks only objects made since."""
+    gc.collect()
+    gc.freeze()
 
 
 def _reuseport_socket(host: str, port: int) -> socket.socket:
