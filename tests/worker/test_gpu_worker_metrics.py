@@ -3,7 +3,11 @@ that only move on a GPU (pinned memory in use, captures, replays, resident graph
 through the same registry and collector `/metrics` serves, while batches are in flight and after."""
 
 import asyncio
+import json
+import os
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,11 +61,15 @@ async def test_pinned_memory_moves_with_load_and_returns_to_idle(model_dir):
     assert idle[("kembed_worker_pinned_memory_limit_bytes", ())] == MAX_PINNED_BYTES
     assert 0 < idle[reserved] <= MAX_PINNED_BYTES
 
-    peak, stop = [0.0], threading.Event()
+    peak, stop, trace, began = [0.0], threading.Event(), [], time.perf_counter()
+    queued = ("kembed_worker_queued_tokens", ())
 
     def sample() -> None:  # a scraper polling while batches are in flight
         while not stop.is_set():
-            peak[0] = max(peak[0], scrape(metrics)[in_use])
+            now = scrape(metrics)
+            peak[0] = max(peak[0], now[in_use])
+            trace.append((time.perf_counter() - began, now[in_use], now[reserved], now[queued]))
+            time.sleep(0.002)
 
     sampler = threading.Thread(target=sample)
     rng = np.random.default_rng(0)
@@ -77,11 +85,16 @@ async def test_pinned_memory_moves_with_load_and_returns_to_idle(model_dir):
                 assert rows.shape == (24, 384) and np.isfinite(rows).all()
 
         await asyncio.gather(*(client() for _ in range(6)))
+        await asyncio.sleep(0.3)  # idle, still scraped
     finally:
         stop.set()
         sampler.join()
         await scheduler.close()
     after = scrape(metrics)
+    trace.append((time.perf_counter() - began, after[in_use], after[reserved], after[queued]))
+    if path := os.environ.get("KEMBED_PINNED_TRACE"):  # docs/metrics-pinned-memory-gpu.png's data
+        record = {"limit": MAX_PINNED_BYTES, "samples": trace, "device": engine.info.device}
+        await asyncio.to_thread(Path(path).write_text, json.dumps(record))
     assert 0 < peak[0] <= after[reserved]  # slots held while their batch was in flight
     assert after[in_use] == 0  # every slot given back
     assert after[("kembed_worker_graph_captures_total", ())] > 0

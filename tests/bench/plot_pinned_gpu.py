@@ -1,0 +1,36 @@
+"""docs/metrics-pinned-memory-gpu.png from the trace the GPU metrics test writes
+(`KEMBED_PINNED_TRACE=trace.json pytest -m gpu tests/worker/test_gpu_worker_metrics.py`): the worker's
+pinned-memory gauges, as /metrics reports them, under load on the CUDA engine and after it.
+`python -P tests/bench/plot_pinned_gpu.py trace.json docs/metrics-pinned-memory-gpu.png`"""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def main(trace_path: str, out_path: str) -> None:
+    trace = json.loads(Path(trace_path).read_text())
+    t, in_use, reserved, queued = zip(*trace["samples"], strict=True)
+    mib = 1 << 20
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    top.step(t, [v / mib for v in in_use], where="post", label="in_use")
+    top.plot(t, [v / mib for v in reserved], label="reserved")
+    top.axhline(trace["limit"] / mib, linestyle="--", color="grey", label="limit (max_pinned_bytes)")
+    top.set_ylabel("MiB")
+    device = trace["device"]
+    top.set_title(f"kembed_worker_pinned_memory_bytes on {device}: 6 clients x 30 requests, then idle")
+    top.legend(loc="upper right")
+    bottom.plot(t, queued, color="tab:green")
+    bottom.set_ylabel("queued tokens")
+    bottom.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
