@@ -4,12 +4,13 @@ own rows, its own errors, and nothing of a cancelled request is sent."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import pytest
-from gateway_fakes import FakeEmbedder, fake_vector
+import transformers
+from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, fake_vector, unpack
 
 from kembed.gateway.coalescing import Part, RpcWindow
 from kembed.proto import embedder_pb2 as pb
@@ -167,3 +168,42 @@ async def test_a_request_the_worker_refuses_does_not_fail_those_that_shared_its_
         assert (await first).status_code == 200
     assert refused.status_code == 422 and accepted.status_code == 200
     assert fake.num_refused == 2  # the shared RPC, then the culprit's own
+
+
+@dataclass
+class SlowScorer(FakeEmbedder):
+    """A cross-encoder double whose logit depends on every id and token type of the pair."""
+
+    task: str = "score"
+    num_labels: int = 1
+    batch_sizes: list[int] = field(default_factory=list)
+
+    async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+        await asyncio.sleep(0.05)
+        ids = unpack(request.batch)
+        types = unpack(pb.TokenBatch(token_ids=request.batch.token_type_ids, lengths=request.batch.lengths))
+        self.batch_sizes.append(len(ids))
+        logits = np.array([[pair_logit(i, t)] for i, t in zip(ids, types, strict=True)], dtype="<f4")
+        return pb.ScoreResponse(scores=logits.tobytes(), num_sequences=len(ids), num_labels=1)
+
+
+def pair_logit(ids: np.ndarray, types: np.ndarray) -> float:
+    return float(int((ids.astype(np.int64) * (types.astype(np.int64) + 1)).sum()) % 997) / 100 - 5
+
+
+async def test_concurrent_reranks_sharing_rpcs_keep_each_pairs_token_types(gateway_with):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(BUNDLED_MODEL_DIR))
+    query, docs = "which city is the capital?", [f"document {i} about city number {i}" for i in range(10)]
+    fake = SlowScorer()
+    async with gateway_with(fake, max_inflight_rpcs=1) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/rerank", json={"query": query, "texts": [doc], "raw_scores": True})
+                for doc in docs
+            )
+        )
+    for doc, response in zip(docs, responses, strict=True):
+        encoded = tokenizer(query, doc)
+        expected = pair_logit(np.array(encoded["input_ids"]), np.array(encoded["token_type_ids"]))
+        assert response.json()[0]["score"] == pytest.approx(expected, rel=1e-6)
+    assert max(fake.batch_sizes) > 1  # some RPCs carried several requests' pairs
