@@ -42,31 +42,34 @@ def serve(config: GatewayConfig) -> None:
         context.Process(target=serve_one, args=(config, metrics_dir), name=f"kembed-gateway-{i}")
         for i in range(config.processes)
     ]
-    is_stopping = False
+    is_signalled = False
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal is_stopping
-        is_stopping = True
+    def stop() -> None:
         for child in children:
             if child.is_alive():
                 child.terminate()  # SIGTERM: uvicorn finishes the requests in flight
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal is_signalled
+        is_signalled = True
+        stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         for child in children:
             child.start()
         log.info("gateway serving %s:%d from %d processes", config.host, config.port, config.processes)
         multiprocessing.connection.wait([child.sentinel for child in children])
-        if not is_stopping:
+        if not is_signalled:
             dead = next(child for child in children if not child.is_alive())
             log.error("gateway process %s exited with %s; stopping the others", dead.pid, dead.exitcode)
-            stop(signal.SIGTERM, None)
+            stop()
         for child in children:
             child.join()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    if not is_stopping:
+    if not is_signalled:
         sys.exit(1)
 
 

@@ -1,8 +1,11 @@
 """A gateway serving one port from several processes (`--processes`): every process answers, a scrape
-of any of them reports the sum of all, and stopping the parent stops them all and removes their
-metrics files."""
+of any of them reports the sum of all, stopping the parent stops them all and removes their metrics
+files, and one that cannot start stops the gateway."""
 
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -63,3 +66,18 @@ def test_stopping_the_parent_stops_every_process_and_removes_the_metrics_files(m
     assert parent.wait(20) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in servers)
     assert not metrics_dir.exists()
+
+
+def test_a_process_that_cannot_start_stops_the_gateway_with_an_error():
+    with socket.socket() as taken:  # listening without SO_REUSEPORT: no other socket may bind the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        gateway = subprocess.run(
+            [sys.executable, "-P", "-m", "kembed.gateway", "--port", str(port), "--processes", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert gateway.returncode == 1
+    assert "Address already in use" in gateway.stderr and "stopping the others" in gateway.stderr
