@@ -60,9 +60,10 @@ def serve(config: GatewayConfig) -> None:
         for child in children:
             child.start()
         log.info("gateway serving %s:%d from %d processes", config.host, config.port, config.processes)
-        multiprocessing.connection.wait([child.sentinel for child in children])
+        ended = multiprocessing.connection.wait([child.sentinel for child in children])
         if not is_signalled:
-            dead = next(child for child in children if not child.is_alive())
+            dead = next(child for child in children if child.sentinel in ended)
+            dead.join()  # its sentinel closes as it exits: join for its exit code
             log.error("gateway process %s exited with %s; stopping the others", dead.pid, dead.exitcode)
             stop()
         for child in children:
