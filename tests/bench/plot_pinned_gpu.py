@@ -16,15 +16,18 @@ import matplotlib.pyplot as plt
 def main(trace_path: str, out_path: str) -> None:
     trace = json.loads(Path(trace_path).read_text())
     t, in_use, reserved, queued = zip(*trace["samples"], strict=True)
-    mib = 1 << 20
+    kib = 1 << 10
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    top.step(t, [v / mib for v in in_use], where="post", label="in_use")
-    top.plot(t, [v / mib for v in reserved], label="reserved")
-    top.axhline(trace["limit"] / mib, linestyle="--", color="grey", label="limit (max_pinned_bytes)")
-    top.set_ylabel("MiB")
+    top.step(t, [v / kib for v in in_use], where="post", label="in_use")
+    top.plot(t, [v / kib for v in reserved], linestyle="--", label="reserved (the ring's slots)")
+    top.set_ylim(0, max(reserved) / kib * 1.3)
+    limit = trace["limit"] / (1 << 20)
+    note = f"limit (max_pinned_bytes): {limit:.0f} MiB, off this scale"
+    top.text(0.01, 0.92, note, transform=top.transAxes)
+    top.set_ylabel("KiB")
     device = trace["device"]
     top.set_title(f"kembed_worker_pinned_memory_bytes on {device}: 6 clients x 30 requests, then idle")
-    top.legend(loc="upper right")
+    top.legend(loc="lower right")
     bottom.plot(t, queued, color="tab:green")
     bottom.set_ylabel("queued tokens")
     bottom.set_xlabel("seconds")
