@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.errors import InvalidInput, StartupError
 
 log = logging.getLogger("kembed.worker")
 
@@ -58,7 +59,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     parser.add_argument(
         "--attention-backend",
         default=default("attention_backend", WorkerConfig.attention_backend),
-        help="auto|sdpa|sdpa-padded|torch-varlen",
+        help="auto|sdpa|sdpa-padded|torch-varlen|flash-attn",
     )
     parser.add_argument(
         "--max-batch-tokens", type=int, default=default("max_batch_tokens", WorkerConfig.max_batch_tokens)
@@ -162,7 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(admin_main(argv))
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(config)
+    try:
+        run(config)
+    except (StartupError, InvalidInput) as exc:  # a configuration this machine cannot serve
+        print(f"kembed-worker: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def run(config: WorkerConfig, engine=None) -> None:

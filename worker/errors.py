@@ -32,3 +32,8 @@ class Unsupported(WorkerError):
     """The served model or this worker version does not do what was asked (e.g. scoring)."""
 
     status = "UNIMPLEMENTED"
+
+
+class StartupError(Exception):
+    """The configuration cannot be served on this machine (no CUDA device, a backend not installed,
+    an unsupported model): the worker says why in one line and exits 2, before serving anything."""

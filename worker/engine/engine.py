@@ -30,6 +30,7 @@ from kembed.worker.engine.model_dir import read_model_dir
 from kembed.worker.engine.models import ServedModel, attention_shape, build_model
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.staging import pad_batch
+from kembed.worker.errors import StartupError
 from kembed.worker.info import EngineStats, ModelInfo
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple
     """(what Info reports, the attend function, whether it is a varlen kernel CUDA graphs replay)."""
     if device.type != "cuda":
         if requested not in ("auto", *ATTENTION_BACKENDS) or requested == "flash-attn":
-            raise RuntimeError(f"attention backend {requested!r} needs a CUDA device")
+            raise StartupError(f"attention backend {requested!r} needs a CUDA device")
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
         return name, ATTENTION_BACKENDS[name], False
     varlen = cuda_backends(device)
@@ -229,14 +230,14 @@ def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
         return requested, ATTENTION_BACKENDS[requested], False
-    raise RuntimeError(f"attention backend {requested!r} is not available here (installed: {sorted(varlen)})")
+    raise StartupError(f"attention backend {requested!r} is not available here (installed: {sorted(varlen)})")
 
 
 def _resolve_device(requested: str) -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
+        raise StartupError("--device cuda was asked for but torch sees no CUDA device")
     return torch.device(requested)
 
 
