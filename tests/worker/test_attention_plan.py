@@ -1,12 +1,15 @@
 """The `auto` attention plan and its router (plain Python: the timing itself needs a GPU)."""
 
+import itertools
 import sys
 
 import pytest
 import torch
 
+from kembed.worker.buckets import BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention_choice import AttentionPlan, RoutedAttention, _merge
+from kembed.worker.engine.attention import AttentionShape
+from kembed.worker.engine.attention_choice import RANGES, AttentionPlan, RoutedAttention, _merge, probe_inputs
 
 
 def tagged(name):
@@ -36,7 +39,21 @@ def test_adjacent_ranges_with_one_winner_merge():
     assert _merge(alternating) == tuple(alternating)
 
 
-def test_flash_attn_is_a_known_backend_but_needs_a_gpu(tmp_path):
+def test_flash_attn_is_a_known_backend_and_others_are_refused(tmp_path):
     assert WorkerConfig(model=tmp_path, attention_backend="flash-attn").attention_backend == "flash-attn"
     with pytest.raises(ValueError, match="attention backend"):
         WorkerConfig(model=tmp_path, attention_backend="flashinfer")
+
+
+def test_probes_are_laid_out_as_the_engine_lays_out_their_bucket():
+    shape = AttentionShape(16, 8, 128, True)
+    table = BucketTable(16384, 256)
+    for lengths in (p for _, probes in RANGES for p in probes):
+        q, k, v, meta = probe_inputs(shape, lengths, table, torch.device("cpu"), torch.float32)
+        bucket = table.lookup(len(lengths), sum(lengths))
+        assert q.shape == (bucket.num_tokens, 16, 128) and k.shape == v.shape == (bucket.num_tokens, 8, 128)
+        assert meta.max_seqlen == bucket.num_tokens
+        offsets = meta.cu_seqlens.tolist()
+        assert len(offsets) == bucket.num_seqs + 2  # real sequences, the padding slot, empty slots
+        assert [b - a for a, b in itertools.pairwise(offsets)][: len(lengths)] == list(lengths)
+        assert offsets[len(lengths) + 1 :] == [bucket.num_tokens] * (bucket.num_seqs + 1 - len(lengths))

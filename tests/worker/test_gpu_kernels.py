@@ -13,13 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import (
-    ATTENTION_BACKENDS,
-    AttentionMetadata,
-    AttentionShape,
-    cuda_backends,
-)
-from kembed.worker.engine.attention_choice import RANGES, RoutedAttention, choose_attention
+from kembed.worker.buckets import BucketTable
+from kembed.worker.engine.attention import AttentionShape, cuda_backends
+from kembed.worker.engine.attention_choice import RANGES, RoutedAttention, choose_attention, probe_inputs
 from kembed.worker.engine.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.fused_decoder import qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.qwen3 import RMSNorm
@@ -57,21 +53,15 @@ def test_linear_activation_matches_float32_reference(activation):
     assert rel_err(linear_activation(x, linear, activation, eager), want) < 1e-2
 
 
+TABLE = BucketTable(16384, 256)
+
+
 def bucket_batch(lengths, num_tokens, shape: AttentionShape):
-    """q/k/v and metadata laid out as the CUDA engine lays out a bucket: real sequences, one padding
-    slot up to num_tokens, empty slots up to a power-of-two count, max_seqlen = num_tokens."""
-    slots = 1 << (len(lengths) - 1).bit_length()
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-    offsets += [num_tokens] * (slots + 2 - len(offsets))
-    qkv = torch.randn(num_tokens, shape.num_heads + 2 * shape.num_kv_heads, shape.head_dim, device=CUDA,
-                      dtype=torch.bfloat16)  # fmt: skip
-    q, k, v = qkv.split([shape.num_heads, shape.num_kv_heads, shape.num_kv_heads], dim=1)
-    cu = torch.tensor(offsets, dtype=torch.int32)
-    seq_ids = torch.repeat_interleave(torch.arange(len(offsets) - 1), torch.diff(cu).long())
-    meta = AttentionMetadata(cu.to(CUDA), num_tokens, seq_ids.to(CUDA), None, None, None, ())
-    return q, k, v, meta, offsets
+    """q/k/v and metadata laid out as the CUDA engine lays out the bucket (`probe_inputs`: one padding
+    slot, empty slots up to a power-of-two count, max_seqlen = num_tokens), and the offsets."""
+    q, k, v, meta = probe_inputs(shape, tuple(lengths), TABLE, CUDA, torch.bfloat16)
+    assert q.shape[0] == num_tokens
+    return q, k, v, meta, meta.cu_seqlens.tolist()
 
 
 SHAPES = [  # BGE-M3, Qwen3-0.6B, MiniLM
@@ -115,10 +105,6 @@ def test_auto_choice_times_every_backend_and_routes_every_size():
         q, k, v, meta, _ = bucket_batch(lengths, num_tokens, shape)
         chosen = backends[plan.backend_for(num_tokens)]
         assert torch.equal(router(q, k, v, meta, True), chosen(q, k, v, meta, True))
-
-
-def test_flash_attn_on_a_cpu_is_refused():
-    assert "flash-attn" not in ATTENTION_BACKENDS  # only cuda_backends offers it
 
 
 @pytest.mark.parametrize("with_residual", [False, True])

@@ -15,9 +15,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from kembed.worker.buckets import BucketTable
 from kembed.worker.engine.attention import AttentionMetadata, AttentionShape
+from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,7 @@ RANGES: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (2048, ((512,), (64,) * 16, (120,) * 16)),
     (sys.maxsize, ((256,) * 16, (500,) * 16)),
 )
+_PROBE_SEQS = max(len(p) for _, probes in RANGES for p in probes)
 _CALLS_PER_GRAPH, _REPLAYS = 5, 20
 
 
@@ -76,14 +80,17 @@ def choose_attention(
     timings: list[tuple[int, str, float]] = []
     routes: list[tuple[int, str]] = []
     usable = dict(backends)
+    table = BucketTable(max_tokens, _PROBE_SEQS)
     for limit, probes in RANGES:
-        probes = tuple(p for p in probes if _bucket_tokens(p) <= max_tokens)
-        if not probes:
+        inputs = [
+            probe_inputs(shape, p, table, device, dtype) for p in probes if table.lookup(len(p), sum(p))
+        ]
+        if not inputs:
             break
         totals = {}
         for name, attend in list(usable.items()):
             try:
-                totals[name] = sum(_time_probe(attend, shape, p, device, dtype) for p in probes)
+                totals[name] = sum(_time_probe(attend, *probe, shape.is_causal) for probe in inputs)
             except Exception as error:  # a kernel that cannot run this shape: never route to it
                 log.warning("attention backend %s failed on %s: %s; not used", name, shape, error)
                 del usable[name]
@@ -120,46 +127,43 @@ def _limit_text(limit: int) -> str:
     return "any" if limit == sys.maxsize else str(limit)
 
 
-def _bucket_tokens(lengths: tuple[int, ...]) -> int:
-    """The engine's padded token count for these lengths (64-token steps to 1024, then 256)."""
-    total = sum(lengths)
-    step = 64 if total <= 1024 else 256
-    return -(-total // step) * step
-
-
-def _time_probe(
-    attend: Callable,
+def probe_inputs(
     shape: AttentionShape,
     lengths: tuple[int, ...],
+    table: BucketTable,
     device: torch.device,
     dtype: torch.dtype,
-) -> float:
-    """Microseconds per call, as a graph replay, of one probe laid out like a bucketed batch."""
-    num_tokens = _bucket_tokens(lengths)
-    num_seq_slots = 1 << (len(lengths) - 1).bit_length()
-    offsets = [0]
-    for length in lengths:
-        offsets.append(offsets[-1] + length)
-    offsets += [num_tokens] * (num_seq_slots + 2 - len(offsets))  # padding slot, empty slots
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Random q, k, v and metadata of a batch of `lengths` laid out exactly as the CUDA engine lays
+    out its bucket (`pad_batch`: padding slot, empty sequence slots; max_seqlen = the bucket's tokens)."""
+    batch = pad_batch(
+        np.zeros(sum(lengths), np.int32), np.array(lengths), None, table.lookup(len(lengths), sum(lengths))
+    )
+    num_tokens = batch.bucket.num_tokens
     heads = shape.num_heads + 2 * shape.num_kv_heads
     qkv = torch.randn(num_tokens, heads, shape.head_dim, device=device, dtype=dtype)
     q, k, v = qkv.split([shape.num_heads, shape.num_kv_heads, shape.num_kv_heads], dim=1)
     meta = AttentionMetadata(
-        cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device=device),
+        cu_seqlens=torch.from_numpy(batch.cu_seqlens).to(device),
         max_seqlen=num_tokens,
-        seq_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        seq_ids=torch.from_numpy(batch.seq_ids).to(device),
         pad_index=None,
         unpad_index=None,
         key_mask=None,
         host_cu_seqlens=(),
     )
+    return q, k, v, meta
+
+
+def _time_probe(attend: Callable, q, k, v, meta: AttentionMetadata, causal: bool) -> float:
+    """Microseconds per call of `attend` on one probe, as a graph replay."""
     with torch.inference_mode():
-        attend(q, k, v, meta, shape.is_causal)  # compile / lazy init outside the capture
-        torch.cuda.synchronize(device)
+        attend(q, k, v, meta, causal)  # compile / lazy init outside the capture
+        torch.cuda.synchronize(q.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(_CALLS_PER_GRAPH):
-                attend(q, k, v, meta, shape.is_causal)
+                attend(q, k, v, meta, causal)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

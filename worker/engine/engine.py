@@ -213,9 +213,9 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
 def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple[str, Callable, bool]:
     """(what Info reports, the attend function, whether it is a varlen kernel CUDA graphs replay)."""
     if device.type != "cuda":
-        if requested not in ("auto", *ATTENTION_BACKENDS) or requested == "flash-attn":
-            raise StartupError(f"attention backend {requested!r} needs a CUDA device")
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
+        if name not in ATTENTION_BACKENDS:
+            raise StartupError(f"attention backend {requested!r} needs a CUDA device")
         return name, ATTENTION_BACKENDS[name], False
     varlen = cuda_backends(device)
     if requested == "auto":

@@ -3,7 +3,7 @@
 Measured on an H200 for a BGE-M3 layer (docs/benchmarks.md): the FFN's GELU as a separate kernel
 costs 2 µs at 128 tokens and 46 µs at 8192, and the residual add before each LayerNorm is one more
 pass over the activations. On CUDA:
-- `linear_gelu` runs the up-projection with bias and GELU in one cuBLASLt call
+- `linear_activation` runs the up-projection with bias and GELU in one cuBLASLt call
   (`torch._addmm_activation`, GELU epilogue). That epilogue is the tanh approximation of GELU; for
   models trained with the exact (erf) GELU the difference stays far inside cosine 0.999 of the
   reference (the GPU tests check each family against transformers in fp32).
