@@ -167,11 +167,14 @@ class WorkerSpec(_Model):
         default_factory=list, description="Pod tolerations, as in a Pod spec (e.g. for tainted GPU nodes)."
     )
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity, as in a Pod spec.")
-    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn"] = Field(
-        "auto",
-        description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, and "
-        "flash-attn = FlashAttention 4 on Hopper/Blackwell) at start and picks per batch size; sdpa "
-        "is the CPU one.",
+    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer"] = (
+        Field(
+            "auto",
+            description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, "
+            "flash-attn = FlashAttention 4 on Hopper/Blackwell, and flashinfer when its kernels are "
+            "already built) at start and picks per batch size; sdpa is the CPU one. flashinfer "
+            "compiles its kernels with nvcc on first use (minutes) unless the image ships them.",
+        )
     )
     max_batch_tokens: int = Field(
         2048,

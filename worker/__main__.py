@@ -59,7 +59,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     parser.add_argument(
         "--attention-backend",
         default=default("attention_backend", WorkerConfig.attention_backend),
-        help="auto|sdpa|sdpa-padded|torch-varlen|flash-attn",
+        help="auto|sdpa|sdpa-padded|torch-varlen|flash-attn|flashinfer",
     )
     parser.add_argument(
         "--max-batch-tokens", type=int, default=default("max_batch_tokens", WorkerConfig.max_batch_tokens)

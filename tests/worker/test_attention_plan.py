@@ -39,10 +39,11 @@ def test_adjacent_ranges_with_one_winner_merge():
     assert _merge(alternating) == tuple(alternating)
 
 
-def test_flash_attn_is_a_known_backend_and_others_are_refused(tmp_path):
-    assert WorkerConfig(model=tmp_path, attention_backend="flash-attn").attention_backend == "flash-attn"
+def test_gpu_kernels_are_known_backends_and_others_are_refused(tmp_path):
+    for name in ("flash-attn", "flashinfer", "torch-varlen"):
+        assert WorkerConfig(model=tmp_path, attention_backend=name).attention_backend == name
     with pytest.raises(ValueError, match="attention backend"):
-        WorkerConfig(model=tmp_path, attention_backend="flashinfer")
+        WorkerConfig(model=tmp_path, attention_backend="flash-attn-2")
 
 
 def test_probes_are_laid_out_as_the_engine_lays_out_their_bucket():

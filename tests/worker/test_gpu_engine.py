@@ -94,7 +94,7 @@ def qwen3_dir(tmp_path_factory):
     torch.manual_seed(0)
     config = transformers.Qwen3Config(
         vocab_size=5000, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=32, intermediate_size=512, max_position_embeddings=1024,
+        head_dim=64, intermediate_size=512, max_position_embeddings=1024,
     )  # fmt: skip
     model = transformers.Qwen3Model(config).eval()
     with torch.no_grad():  # norm weights start at one: randomise them so a misplaced norm shows
@@ -110,15 +110,17 @@ def run(engine, token_ids, lengths) -> np.ndarray:
     return engine.step(engine.pack(token_ids, lengths)).wait()
 
 
-def has_flash_attn_4() -> bool:
-    return "flash-attn" in cuda_backends(torch.device("cuda"))
+def installed(backend: str) -> bool:
+    return backend in cuda_backends(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch-varlen", "flash-attn"])
+@pytest.mark.parametrize("backend", ["auto", "torch-varlen", "flash-attn", "flashinfer"])
 @pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
 def test_bf16_matches_transformers_fp32_on_ragged_batches(model, backend, minilm_dir, xlmr_dir, qwen3_dir):
-    if backend == "flash-attn" and not has_flash_attn_4():
-        pytest.skip("flash-attn-4 is not installed (or this GPU is not sm90/sm100)")
+    if backend in ("flash-attn", "flashinfer") and not installed(backend):
+        pytest.skip(f"{backend} is not installed (or not for this GPU)")
+    if backend == "flashinfer" and model == "minilm":
+        pytest.skip("flashinfer has no kernels for MiniLM's head size (32)")
     rng = np.random.default_rng(0)
     dirs = {"minilm": (minilm_dir, "mean"), "xlmr": (xlmr_dir, "cls"), "qwen3": (qwen3_dir, "last")}
     path, pooling = dirs[model]
@@ -169,13 +171,27 @@ def test_first_hit_runs_eager_second_captures_third_replays(minilm):
     assert cosine_rows(first, second).min() >= 0.999 and cosine_rows(second, third).min() >= 0.99999
 
 
+@pytest.fixture(scope="module")
+def xlmr_flashinfer(xlmr_dir) -> CudaEngine:
+    """An engine on flashinfer attention, which plans every batch on the host before its forward."""
+    if not installed("flashinfer"):
+        pytest.skip("flashinfer is not installed (or not for this GPU)")
+    config = WorkerConfig(model=xlmr_dir, device="cuda", dtype="bfloat16", attention_backend="flashinfer")
+    return load_engine(config)
+
+
+ENGINES = ["minilm", "xlmr_flashinfer"]
+
+
 @pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype")
-def test_step_path_never_synchronises_the_host(minilm):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_step_path_never_synchronises_the_host(engine, request):
+    minilm = request.getfixturevalue(engine)
     rng = np.random.default_rng(4)
-    _, ids, lengths = ragged(rng, [60, 61, 62], 30000)
+    _, ids, lengths = ragged(rng, [60, 61, 62], minilm.info.vocab_size)
     warm = minilm.pack(ids, lengths)
     minilm.prewarm([warm.bucket])
-    cold = minilm.pack(*ragged(rng, [400, 300], 30000)[1:])  # a bucket not captured yet
+    cold = minilm.pack(*ragged(rng, [400, 300], minilm.info.vocab_size)[1:])  # a bucket not captured yet
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -185,12 +201,15 @@ def test_step_path_never_synchronises_the_host(minilm):
     assert [h.wait().shape[0] for h in handles] == [3, 2]
 
 
-async def test_overlapping_batches_through_the_scheduler_stay_correct(minilm):
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_overlapping_batches_through_the_scheduler_stay_correct(engine, request):
+    minilm = request.getfixturevalue(engine)  # flashinfer: a plan per batch while others are in flight
     rng = np.random.default_rng(5)
     scheduler = Scheduler(minilm, max_batch_tokens=512, max_queued_tokens=1 << 20, max_inflight_batches=2)
     scheduler.start()
     try:
-        requests = [ragged(rng, list(rng.integers(1, 120, rng.integers(1, 9))), 30000) for _ in range(60)]
+        vocab = minilm.info.vocab_size
+        requests = [ragged(rng, list(rng.integers(1, 120, rng.integers(1, 9))), vocab) for _ in range(60)]
         results = await asyncio.gather(*(scheduler.submit(ids, lens) for _, ids, lens in requests))
     finally:
         await scheduler.close()

@@ -74,7 +74,7 @@ SHAPES = [  # BGE-M3, Qwen3-0.6B, MiniLM
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,num_tokens", [([128], 128), ([3, 250, 17, 1], 320), ([500] * 5, 2560)])
 def test_every_varlen_backend_matches_sdpa_on_bucket_layouts(shape, lengths, num_tokens):
-    backends = cuda_backends(CUDA)
+    backends = cuda_backends(CUDA, shape, compile_kernels=True)
     assert "torch-varlen" in backends
     q, k, v, meta, offsets = bucket_batch(lengths, num_tokens, shape)
     real = offsets[len(lengths)]
@@ -93,8 +93,8 @@ def test_every_varlen_backend_matches_sdpa_on_bucket_layouts(shape, lengths, num
 
 
 def test_auto_choice_times_every_backend_and_routes_every_size():
-    backends = cuda_backends(CUDA)
     shape = SHAPES[1]
+    backends = cuda_backends(CUDA, shape, compile_kernels=True)
     plan = choose_attention(backends, shape, CUDA, torch.bfloat16, max_tokens=8192)
     timed = {(limit, name) for limit, name, _ in plan.timings_us}
     assert timed == {(limit, name) for limit, _ in RANGES for name in backends}

@@ -7,13 +7,17 @@ product only) the eager GPU fallback. Every backend has the same call, `attend(q
 causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have fewer heads: grouped-query
 attention). The varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
-`flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use).
+`flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
+`flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
+on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`).
 """
 
 import inspect
 import itertools
 import logging
+import os
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -197,6 +201,137 @@ def _flash_attn_4():
     return flash_attn_attention
 
 
+class FlashInferAttention:
+    """flashinfer's ragged prefill (`BatchPrefillWithRaggedKVCacheWrapper`, FA3 kernels on Hopper) as an
+    `attend` call. Unlike the other backends it needs a plan per batch, made on the host from the
+    batch's offsets: the plan (tile and split schedule) is copied into a device buffer that the
+    kernel, and so a captured graph, reads. The engine calls `plan_batch` before every forward, eager
+    or replayed; callers that pass `meta.host_cu_seqlens` (tests, the auto probes) are planned from
+    those on the first call. One wrapper per batch shape (token count, sequence slots; every layer
+    shares it), in CUDA-graph mode, so its buffers stay put and every plan for that shape is laid
+    out alike. A plan is written into pinned host memory and copied asynchronously; each in-flight
+    batch (`scratch`, the engine's pinned slot) gets its own such buffer, so planning batch N+1
+    never overwrites what batch N's copy has not read yet.
+    """
+
+    HEAD_DIMS = (64, 128, 256)  # what its prefill kernels are compiled for
+    _INT_WORKSPACE_BYTES = 2 << 20  # the plan's index arrays: ~16 bytes a token and a few KiB
+    _FLOAT_WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs; shared (one stream runs them)
+
+    def __init__(self, device: torch.device, *, compile_kernels: bool, wrapper_class=None) -> None:
+        if wrapper_class is None:
+            from flashinfer import BatchPrefillWithRaggedKVCacheWrapper as wrapper_class
+        self._wrapper_class = wrapper_class
+        self.device = device
+        self.compile_kernels = compile_kernels  # False: use kernels already built, never run nvcc
+        self._float_workspace: torch.Tensor | None = None
+        self._wrappers: dict[tuple[int, int], dict[tuple, _Planned]] = {}
+        self._pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._step = 0
+        self._pending: tuple[torch.Tensor, object | None] | None = None
+
+    def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
+        """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
+        engine's slots are), padding slot included; `scratch` an object that lives as long as the
+        batch is in flight (None: a fresh buffer)."""
+        self._step += 1
+        self._pending = (cu_seqlens, scratch)
+        key = (int(cu_seqlens[-1]), cu_seqlens.shape[0] - 1)
+        for planned in self._wrappers.get(key, {}).values():
+            self._plan(planned, cu_seqlens, scratch)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        key = (q.shape[0], meta.cu_seqlens.shape[0] - 1)
+        shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
+        planned = self._wrappers.setdefault(key, {}).get(shape)
+        if planned is None:
+            planned = self._wrappers[key][shape] = self._new_wrapper(key, shape)
+        if meta.host_cu_seqlens:  # a caller outside the engine: plan when the offsets change
+            if planned.offsets != meta.host_cu_seqlens:
+                offsets = torch.tensor(meta.host_cu_seqlens, dtype=torch.int32)
+                self._plan(planned, offsets, None, meta.host_cu_seqlens)
+        elif planned.step != self._step:
+            if self._pending is None or (int(self._pending[0][-1]), self._pending[0].shape[0] - 1) != key:
+                raise RuntimeError(f"flashinfer attention on a batch of {key} was not planned (plan_batch)")
+            self._plan(planned, *self._pending)
+        return planned.wrapper.run(q, k, v)
+
+    @torch.inference_mode(False)  # plain tensors: planning may run outside inference mode too
+    def _new_wrapper(self, key: tuple[int, int], shape: tuple) -> "_Planned":
+        if self._float_workspace is None:
+            size = self._FLOAT_WORKSPACE_BYTES
+            self._float_workspace = torch.empty(size, dtype=torch.uint8, device=self.device)
+        indptr = torch.zeros(key[1] + 1, dtype=torch.int32, device=self.device)
+        wrapper = self._wrapper_class(
+            self._float_workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=indptr, kv_indptr_buf=indptr
+        )
+        int_workspace = torch.empty(self._INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        wrapper.reset_workspace_buffer(self._float_workspace, int_workspace)
+        return _Planned(wrapper, shape)
+
+    def _plan(
+        self, planned: "_Planned", cu_seqlens: torch.Tensor, scratch: object | None, offsets: tuple = ()
+    ) -> None:
+        num_heads, num_kv_heads, head_dim, dtype, causal = planned.shape
+        wrapper = planned.wrapper
+        # flashinfer writes the plan into this pinned buffer, then copies it to the device on the
+        # stream: one buffer per in-flight batch (the attribute is flashinfer's own, 0.7.x).
+        wrapper._pin_memory_int_workspace_buffer = self._pinned_buffer(scratch)
+        first = planned.step < 0
+        disable_jit = first and not self.compile_kernels and "FLASHINFER_DISABLE_JIT" not in os.environ
+        if disable_jit:  # building the kernel module here would take minutes: refuse instead
+            os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+        try:
+            wrapper.plan(
+                cu_seqlens, cu_seqlens, num_heads, num_kv_heads, head_dim,
+                causal=causal, q_data_type=dtype, non_blocking=True,
+            )  # fmt: skip
+        except Exception as error:
+            if disable_jit and "JIT" in str(error):
+                raise RuntimeError(
+                    f"flashinfer's kernels for head_dim {head_dim} {dtype} are not built yet: start once "
+                    "with --attention-backend flashinfer (nvcc compiles them, minutes) or install "
+                    "flashinfer-jit-cache"
+                ) from error
+            raise
+        finally:
+            if disable_jit:
+                del os.environ["FLASHINFER_DISABLE_JIT"]
+        planned.step, planned.offsets = self._step, offsets
+
+    def _pinned_buffer(self, scratch: object | None) -> torch.Tensor:
+        def fresh() -> torch.Tensor:
+            pin = self.device.type == "cuda"  # (a CPU-only torch cannot pin)
+            return torch.empty(self._INT_WORKSPACE_BYTES, dtype=torch.uint8, pin_memory=pin)
+
+        if scratch is None:
+            return fresh()
+        if scratch not in self._pinned:
+            self._pinned[scratch] = fresh()
+        return self._pinned[scratch]
+
+
+@dataclass(eq=False)
+class _Planned:
+    """One flashinfer wrapper, the step it was last planned for, and the offsets it was planned from
+    when a caller outside the engine gave them."""
+
+    wrapper: object
+    shape: tuple  # (num_heads, num_kv_heads, head_dim, dtype, causal)
+    step: int = -1
+    offsets: tuple[int, ...] = ()
+
+
+def _flashinfer(device: torch.device, compile_kernels: bool) -> FlashInferAttention | None:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return None
+    return FlashInferAttention(device, compile_kernels=compile_kernels)
+
+
 ATTENTION_BACKENDS: dict[str, Callable] = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
 # Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
 # they need no per-batch gather indices whose size depends on the longest sequence.
@@ -204,12 +339,15 @@ VARLEN_BACKENDS: dict[str, Callable] = {}
 if (_varlen := _torch_varlen()) is not None:
     VARLEN_BACKENDS["torch-varlen"] = _varlen
 ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
-OPTIONAL_BACKENDS = ("flash-attn",)  # loaded by `cuda_backends` when installed and the GPU fits
+OPTIONAL_BACKENDS = ("flash-attn", "flashinfer")  # loaded by `cuda_backends` when installed and usable
 BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
 
 
-def cuda_backends(device: torch.device) -> dict[str, Callable]:
-    """Every varlen backend usable on `device`, in order of preference before timing."""
+def cuda_backends(
+    device: torch.device, shape: AttentionShape | None = None, *, compile_kernels: bool = False
+) -> dict[str, Callable]:
+    """Every varlen backend usable on `device` (for `shape`'s heads when given), in order of preference
+    before timing. `compile_kernels`: let flashinfer build kernels it lacks (minutes with nvcc)."""
     backends = dict(VARLEN_BACKENDS)
     major, _ = torch.cuda.get_device_capability(device)
     if major in (9, 10):  # FA4 has kernels for Hopper (sm90) and Blackwell (sm100) only
@@ -217,4 +355,9 @@ def cuda_backends(device: torch.device) -> dict[str, Callable]:
             backends["flash-attn"] = fa4
         else:
             log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
+    if major >= 8 and (shape is None or shape.head_dim in FlashInferAttention.HEAD_DIMS):
+        if (flashinfer := _flashinfer(device, compile_kernels)) is not None:
+            backends["flashinfer"] = flashinfer
+        else:
+            log.info("flashinfer-python is not installed: attention backend flashinfer unavailable")
     return backends

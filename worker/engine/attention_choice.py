@@ -61,10 +61,18 @@ class RoutedAttention:
         self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
 
     def __call__(self, q, k, v, meta: AttentionMetadata, causal: bool) -> torch.Tensor:
-        num_tokens = q.shape[0]
+        return self._route(q.shape[0])(q, k, v, meta, causal)
+
+    def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
+        """Hand the batch's host offsets to its backend when that one plans per batch (flashinfer)."""
+        plan = getattr(self._route(int(cu_seqlens[-1])), "plan_batch", None)
+        if plan is not None:
+            plan(cu_seqlens, scratch)
+
+    def _route(self, num_tokens: int) -> Callable:
         for limit, attend in self._routes:
             if num_tokens <= limit:
-                return attend(q, k, v, meta, causal)
+                return attend
         raise AssertionError("the last route covers every size")
 
 
@@ -150,7 +158,7 @@ def probe_inputs(
         pad_index=None,
         unpad_index=None,
         key_mask=None,
-        host_cu_seqlens=(),
+        host_cu_seqlens=tuple(batch.cu_seqlens.tolist()),  # what a per-batch plan reads (flashinfer)
     )
     return q, k, v, meta
 

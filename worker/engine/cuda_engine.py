@@ -8,6 +8,8 @@ event and returns. The next `step` may overwrite the static block at once: its c
 after this batch's kernels on the one stream.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -52,11 +54,17 @@ class StaticInputs:
         """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
         captures with no real batch at hand: capture's warm-up runs the model on whatever the block
         holds, and a stale larger batch there would index past this bucket's rows."""
-        tokens, seqs = bucket.num_tokens, bucket.num_seqs + 2
+        tokens = bucket.num_tokens
         for tensor in (self.input_ids, self.position_ids, self.token_type_ids, self.seq_ids):
             tensor[:tokens].zero_()
-        self.cu_seqlens[:seqs].fill_(tokens)
-        self.cu_seqlens[0] = 0
+        self.cu_seqlens[: bucket.num_seqs + 2].copy_(self.neutral_cu_seqlens(bucket))
+
+    @staticmethod
+    def neutral_cu_seqlens(bucket: Bucket) -> torch.Tensor:
+        """The neutral batch's offsets on the host: [0, tokens, tokens, ...] (num_seqs + 2 values)."""
+        offsets = torch.full((bucket.num_seqs + 2,), bucket.num_tokens, dtype=torch.int32)
+        offsets[0] = 0
+        return offsets
 
     def load(self, slot: Slot, bucket: Bucket) -> None:
         """Asynchronous host-to-device copies of the bucket's prefix of every input."""
@@ -81,8 +89,11 @@ class CudaEngine:
         use_graphs: bool,
         inflight: int,
         max_pinned_bytes: int,
+        attention: Callable | None = None,
     ) -> None:
         self.model = model
+        # a backend that plans each batch on the host (flashinfer) gets the offsets before the forward
+        self._plan_attention = getattr(attention, "plan_batch", None)
         self.info = info
         self.device = device
         self.buckets = BucketTable(max_batch_tokens, max_batch_seqs)
@@ -111,11 +122,16 @@ class CudaEngine:
         slot = self.ring.acquire()
         slot.stage(batch)
         self.static.load(slot, batch.bucket)
+        self._plan(slot.cu_seqlens[: batch.bucket.num_seqs + 2], slot)
         output = self.graphs.run(batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
+
+    def _plan(self, host_cu_seqlens: torch.Tensor, scratch: object | None) -> None:
+        if self._plan_attention is not None:
+            self._plan_attention(host_cu_seqlens, scratch)
 
     def _meta(self, cu_seqlens: torch.Tensor, seq_ids: torch.Tensor, bucket: Bucket) -> AttentionMetadata:
         # max_seqlen is the bucket's token count: a bound every sequence (and the padding slot)
@@ -143,6 +159,7 @@ class CudaEngine:
         def device(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
 
+        self._plan(torch.from_numpy(batch.cu_seqlens).pin_memory(), None)
         meta = self._meta(device(batch.cu_seqlens), device(batch.seq_ids), batch.bucket)
         output = self.model(
             device(batch.input_ids), device(batch.position_ids), device(batch.token_type_ids), meta
@@ -159,6 +176,7 @@ class CudaEngine:
         for bucket in buckets:
             if not self.graphs.is_captured(bucket):
                 self.static.fill_neutral(bucket)
+                self._plan(self.static.neutral_cu_seqlens(bucket), None)
                 self.graphs.capture(bucket)
         return [b for b in buckets if self.graphs.is_captured(b)]
 
@@ -203,6 +221,7 @@ class CudaEngine:
         try:
             slot.stage(batch)
             self.static.load(slot, batch.bucket)
+            self._plan(slot.cu_seqlens[: batch.bucket.num_seqs + 2], slot)
             eager = self._forward_static(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
             replayed = self.graphs.replay(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
         finally:

@@ -19,6 +19,7 @@ from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import (
     ATTENTION_BACKENDS,
     AttentionMetadata,
+    FlashInferAttention,
     build_metadata,
     cuda_backends,
 )
@@ -206,6 +207,7 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
             use_graphs=config.cuda_graphs,
             inflight=config.max_inflight_batches,
             max_pinned_bytes=config.max_pinned_bytes,
+            attention=attend,
         )  # fmt: skip
     return Engine(model, info, device, BucketTable(max_batch_tokens, config.max_batch_sequences))
 
@@ -217,20 +219,25 @@ def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple
         if name not in ATTENTION_BACKENDS:
             raise StartupError(f"attention backend {requested!r} needs a CUDA device")
         return name, ATTENTION_BACKENDS[name], False
-    varlen = cuda_backends(device)
+    shape = attention_shape(model_dir)
+    # auto never compiles flashinfer's kernels (minutes with nvcc): it times them only when built
+    varlen = cuda_backends(device, shape, compile_kernels=requested == "flashinfer")
     if requested == "auto":
         if not varlen:
             return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
         if len(varlen) == 1:
             name = next(iter(varlen))
             return name, varlen[name], True
-        plan = choose_attention(varlen, attention_shape(model_dir), device, dtype, max_tokens)
+        plan = choose_attention(varlen, shape, device, dtype, max_tokens)
         return plan.describe(), RoutedAttention(plan, varlen), True
     if requested in varlen:
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
         return requested, ATTENTION_BACKENDS[requested], False
-    raise StartupError(f"attention backend {requested!r} is not available here (installed: {sorted(varlen)})")
+    raise StartupError(
+        f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "
+        f"flashinfer has kernels for head sizes {FlashInferAttention.HEAD_DIMS} only)"
+    )
 
 
 def _resolve_device(requested: str) -> torch.device:
