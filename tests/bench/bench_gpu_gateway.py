@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -117,6 +118,58 @@ def start_gateway(args: argparse.Namespace, path: Path, worker_port: int, proces
     return gateway, port
 
 
+# Where a request's time goes, from the services' own histograms (delta over one row's run):
+# (label, metric, label filter). Client latency minus the gateway's is the HTTP socket and the client;
+# the gateway's minus the worker's the route code, tokenization and the gRPC hop; the worker's is its
+# queue wait plus its batch.
+STAGES = (
+    ("gateway", "kembed_gateway_request_duration_seconds", {"route": "/v1/embeddings"}),
+    ("tokenize", "kembed_gateway_tokenize_duration_seconds", {}),
+    ("worker", "kembed_worker_request_duration_seconds", {}),
+    ("worker queue", "kembed_worker_queue_wait_seconds", {}),
+    ("worker batch", "kembed_worker_batch_duration_seconds", {}),
+)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every `_bucket` sample of a /metrics page: {(name, sorted labels): cumulative count}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.endswith("_bucket")
+    }
+
+
+def stage_quantiles(before: dict, after: dict, metric: str, where: dict, qs=(0.5, 0.99)) -> list[float]:
+    """Quantiles (ms, linear within a bucket as histogram_quantile does) of one histogram's delta."""
+    per_le: dict[float, float] = {}
+    for (name, labels), value in after.items():
+        label_map = dict(labels)
+        if name != metric + "_bucket" or any(label_map.get(k) != v for k, v in where.items()):
+            continue
+        le = float(label_map["le"])
+        per_le[le] = per_le.get(le, 0.0) + value - before.get((name, labels), 0.0)
+    bounds = sorted(per_le)
+    if not bounds or per_le[bounds[-1]] == 0:
+        return [float("nan")] * len(qs)
+    total, out = per_le[bounds[-1]], []
+    for q in qs:
+        rank, lower, below = q * total, 0.0, 0.0
+        for le in bounds:
+            if per_le[le] >= rank:
+                upper = le if le != float("inf") else lower
+                share = (rank - below) / max(per_le[le] - below, 1e-9)
+                out.append((lower + (upper - lower) * share) * 1e3)
+                break
+            lower, below = le, per_le[le]
+    return out
+
+
 def run_clients(args: argparse.Namespace, port: int, concurrency: int, requests_each: int) -> list[float]:
     if args.client == "aiohttp":
         return asyncio.run(clients(f"http://127.0.0.1:{port}", concurrency, requests_each))
@@ -166,11 +219,13 @@ def main() -> None:
             str(worker_port),
             "--max-batch-tokens",
             str(args.max_batch_tokens),
+            "--metrics-port",
+            str(worker_metrics_port := free_port()),
         ],
         tmp / "worker.log",
     )
     gateway = None
-    rows = []
+    rows, stage_rows = [], []
     try:
         is_prewarmed = False
         for processes in args.gateway_processes:
@@ -200,7 +255,13 @@ def main() -> None:
             run_clients(args, port, 16, 50)  # warm-up: connections, any bucket prewarm missed
             for concurrency in (1, 2, 4, 8, 16):
                 cpu_before = [bench_gateway_path.cpu_seconds(p.pid) for p in (gateway, worker)]
+                metric_urls = (
+                    f"http://127.0.0.1:{port}/metrics",
+                    f"http://127.0.0.1:{worker_metrics_port}/metrics",
+                )
+                metrics_before = {k: v for url in metric_urls for k, v in scrape(url).items()}
                 latencies = sorted(run_clients(args, port, concurrency, args.requests))
+                metrics_after = {k: v for url in metric_urls for k, v in scrape(url).items()}
                 gateway_cpu, worker_cpu = (
                     (bench_gateway_path.cpu_seconds(p.pid) - before) * 1e6 / len(latencies)
                     for p, before in zip((gateway, worker), cpu_before, strict=True)
@@ -212,6 +273,15 @@ def main() -> None:
                     f"| {worker_cpu:.0f} | {len(latencies)} |"
                 )
                 print(rows[-1], flush=True)
+                stages = [
+                    stage_quantiles(metrics_before, metrics_after, metric, where)
+                    for _, metric, where in STAGES
+                ]
+                stage_rows.append(
+                    f"| {processes} | {concurrency} | {p50:.2f} / {p99:.2f} | "
+                    + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in stages)
+                    + " |"
+                )
             gateway.terminate()
             gateway.wait(20)
             gateway = None
@@ -220,6 +290,14 @@ def main() -> None:
             "| worker CPU µs/request | requests |\n|---:|---:|---:|---:|---:|---:|---:|"
         )
         print("\n".join(rows))
+        print(
+            "\nWhere the time goes (p50 / p99 ms of each stage, from the services' histograms):\n\n"
+            "| gateway processes | concurrent clients | client | "
+            + " | ".join(label for label, _, _ in STAGES)
+            + " |\n|---:|---:|"
+            + "---:|" * (len(STAGES) + 1)
+        )
+        print("\n".join(stage_rows))
     finally:
         for proc in (gateway, worker):
             if proc is not None:
