@@ -2,6 +2,7 @@
 benchmarks (suites 1, 2, 3 and S, each attention backend) and suite 4 through the gateway; then a
 short summary. Each part's own output streams as it runs; the summary repeats their tables."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -9,11 +10,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PY = [sys.executable, "-P"]
+# each installed attention kernel gets its own rows (flashinfer compiles its kernels on first use)
+OPTIONAL = [name for name, module in (("flash-attn", "flash_attn"), ("flashinfer", "flashinfer"))
+            if importlib.util.find_spec(module) is not None]  # fmt: skip
 PARTS = {
     "GPU tests": [*PY, "-m", "pytest", "-m", "gpu", "tests/worker", "-q", "-p", "no:cacheprovider"],
     "engine benchmarks": [
         *PY, str(HERE / "bench_gpu.py"), "--models", "bge-m3", "qwen3-0.6b",
-        "--backends", "auto", "torch-varlen",
+        "--backends", "auto", "torch-varlen", *OPTIONAL,
     ],
     "suite 4 (gateway)": [*PY, str(HERE / "bench_gpu_gateway.py")],
 }  # fmt: skip
