@@ -143,3 +143,15 @@ def test_router_hands_the_offsets_to_the_routed_backend_only(backend):
     q, k, v = qkv(128)
     assert torch.equal(router(q, k, v, meta([0, 100, 128]), True), q * 2)
     assert FakeWrapper.instances[0].plans[0][0] == [0, 100, 128]
+
+
+def test_a_flashinfer_without_the_per_batch_plan_buffer_is_refused():
+    class Renamed(FakeWrapper):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            del self._pin_memory_int_workspace_buffer
+
+    backend = FlashInferAttention(torch.device("cpu"), compile_kernels=True, wrapper_class=Renamed)
+    q, k, v = qkv(128)
+    with pytest.raises(RuntimeError, match="_pin_memory_int_workspace_buffer"):
+        backend(q, k, v, meta([0, 128, 128], host=True), True)

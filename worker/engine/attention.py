@@ -269,6 +269,8 @@ class FlashInferAttention:
         )
         int_workspace = torch.empty(self._INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         wrapper.reset_workspace_buffer(self._float_workspace, int_workspace)
+        if not hasattr(wrapper, _PLAN_HOST_BUFFER):  # without it, batches in flight could share one
+            raise RuntimeError(f"this flashinfer's wrapper has no {_PLAN_HOST_BUFFER}; kembed needs 0.7.x")
         return _Planned(wrapper, shape)
 
     def _plan(
@@ -278,7 +280,7 @@ class FlashInferAttention:
         wrapper = planned.wrapper
         # flashinfer writes the plan into this pinned buffer, then copies it to the device on the
         # stream: one buffer per in-flight batch (the attribute is flashinfer's own, 0.7.x).
-        wrapper._pin_memory_int_workspace_buffer = self._pinned_buffer(scratch)
+        setattr(wrapper, _PLAN_HOST_BUFFER, self._pinned_buffer(scratch))
         first = planned.step < 0
         disable_jit = first and not self.compile_kernels and "FLASHINFER_DISABLE_JIT" not in os.environ
         if disable_jit:  # building the kernel module here would take minutes: refuse instead
@@ -311,6 +313,10 @@ class FlashInferAttention:
         if scratch not in self._pinned:
             self._pinned[scratch] = fresh()
         return self._pinned[scratch]
+
+
+# The wrapper's pinned host buffer that plan() writes before copying it to the device (flashinfer 0.7.x).
+_PLAN_HOST_BUFFER = "_pin_memory_int_workspace_buffer"
 
 
 @dataclass(eq=False)
