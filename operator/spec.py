@@ -172,8 +172,9 @@ class WorkerSpec(_Model):
             "auto",
             description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, "
             "flash-attn = FlashAttention 4 on Hopper/Blackwell, and flashinfer when its kernels are "
-            "already built) at start and picks per batch size; sdpa is the CPU one. flashinfer "
-            "compiles its kernels with nvcc on first use (minutes) unless the image ships them.",
+            "already built) at start and picks per batch size; sdpa is the CPU one. flashinfer is "
+            "not in the default worker image (an image with the [flashinfer] extra and nvcc compiles "
+            "its kernels on first use, minutes, unless it ships them).",
         )
     )
     max_batch_tokens: int = Field(
