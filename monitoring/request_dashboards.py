@@ -72,6 +72,14 @@ def latency() -> Dashboard:
                         worker_quantiles("kembed_worker_batch_duration_seconds"),
                     ),
                     graph(
+                        "Batch time by stage (p99)",
+                        "Where a batch's time goes: packing on the event loop, the hand-off to the "
+                        "launcher thread and the step's CPU work, the device (and the copy of the "
+                        "rows), the hand-off back to the event loop.",
+                        "s",
+                        worker_quantiles("kembed_worker_batch_stage_seconds", (0.99,), ("stage",)),
+                    ),
+                    graph(
                         "Worker request time (p50, p99) by revision",
                         "Admission to answer in the worker: queue wait plus the batches it spans.",
                         "s",

@@ -28,6 +28,7 @@ DURATION_BUCKETS = tuple(10e-6 * 2**i for i in range(22))
 # Tokens per batch 1 .. 2**17 and sequences per batch 1 .. 1024 (past the budgets' defaults).
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
+BATCH_STAGES = ("pack", "launch", "device", "resume")  # in SchedulerHooks.batch_stages' order
 EAGER_REASONS = ("cold", "uncapturable", "disabled", "full")  # as worker/engine/graphs.py names them
 
 
@@ -63,6 +64,16 @@ class WorkerMetrics:
             "Per batch: time from its launch (packing included) until its rows are on the host.",
             DURATION_BUCKETS,
         )
+        self.batch_stage = Histogram(
+            "kembed_worker_batch_stage_seconds",
+            "Per batch, its duration split by stage: pack (on the event loop), launch (hand-off to the "
+            "launcher thread and the step's CPU work), device (device time and the copy of the rows), "
+            "resume (the waiter's hand-off back to the event loop).",
+            ["stage"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._stages = tuple(self.batch_stage.labels(stage) for stage in BATCH_STAGES)
         self.request_duration = histogram(
             "kembed_worker_request_duration_seconds",
             "Per Embed/Score request: time from admission until its answer (or failure).",
@@ -95,7 +106,12 @@ class WorkerMetrics:
             self.batch_sequences.observe(num_seqs)
             self.batch_tokens.observe(num_tokens)
 
+        def batch_stages(*seconds: float) -> None:
+            for stage, value in zip(self._stages, seconds, strict=True):
+                stage.observe(value)
+
         return SchedulerHooks(
+            batch_stages=batch_stages,
             batch_launched=batch_launched,
             queue_waited=self.queue_wait.observe,
             batch_finished=self.batch_duration.observe,

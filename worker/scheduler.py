@@ -55,6 +55,10 @@ class SchedulerHooks:
     batch_launched: Callable[[int, int], None] = _ignore  # (num_seqs, num_tokens) per launched batch
     queue_waited: Callable[[float], None] = _ignore  # per request: admission to its first batch's launch
     batch_finished: Callable[[float], None] = _ignore  # per batch: launch to rows on the host
+    # per batch, batch_finished split in four (seconds): packing on the loop; hand-off to the launcher
+    # thread plus the step's own CPU work (staging, copies, the graph launch); device time plus the
+    # waiter's copy of the rows; the waiter's hand-off back to the loop
+    batch_stages: Callable[[float, float, float, float], None] = _ignore
     request_finished: Callable[[float], None] = _ignore  # per request: admission to answer (or failure)
 
 
@@ -237,9 +241,14 @@ class Scheduler:
                 packed = self._runner.pack(token_ids, lengths, token_type_ids)
             else:
                 packed = self._runner.pack(token_ids, lengths)
-            rows = await self._on_device(packed)
+            packed_at = time.perf_counter()
+            rows, launched_at, ready_at = await self._on_device(packed)
+            finished = time.perf_counter()
             self._hooks.batch_launched(len(batch), int(lengths.sum()))
-            self._hooks.batch_finished(time.perf_counter() - started)
+            self._hooks.batch_finished(finished - started)
+            self._hooks.batch_stages(
+                packed_at - started, launched_at - packed_at, ready_at - launched_at, finished - ready_at
+            )
         except Exception as exc:  # a failed batch fails its requests, never the loop
             log.exception("batch of %d sequences failed", len(batch))
             for seq in batch:
@@ -251,35 +260,37 @@ class Scheduler:
             self._inflight.release()
 
     def _on_device(self, packed: Any) -> asyncio.Future:
-        """The rows of `packed`: launched on the launcher thread, which hands the pending result
-        straight to the waiter thread, so the event loop is woken once per batch (when its rows are on
-        the host), not once for the launch and once for the rows."""
+        """(rows, launched_at, ready_at) of `packed`: launched on the launcher thread, which hands the
+        pending result straight to the waiter thread, so the event loop is woken once per batch (when
+        its rows are on the host), not once for the launch and once for the rows. The two times
+        (perf_counter) are when `step` returned and when the rows were on the host."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
-        def settle(rows: np.ndarray | None, error: BaseException | None) -> None:  # on the loop
+        def settle(result: tuple | None, error: BaseException | None) -> None:  # on the loop
             if future.done():
                 return
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(rows)
+                future.set_result(result)
 
-        def settle_threadsafe(rows: np.ndarray | None, error: BaseException | None) -> None:
+        def settle_threadsafe(result: tuple | None, error: BaseException | None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the rows
-                loop.call_soon_threadsafe(settle, rows, error)
+                loop.call_soon_threadsafe(settle, result, error)
 
-        def wait(pending: Pending) -> None:  # on the waiter thread
+        def wait(pending: Pending, launched_at: float) -> None:  # on the waiter thread
             try:
                 rows = pending.wait()
             except BaseException as error:
                 settle_threadsafe(None, error)
             else:
-                settle_threadsafe(rows, None)
+                settle_threadsafe((rows, launched_at, time.perf_counter()), None)
 
         def launch() -> None:  # on the launcher thread
             try:
-                self._waiter.submit(wait, self._runner.step(packed))
+                pending = self._runner.step(packed)
+                self._waiter.submit(wait, pending, time.perf_counter())
             except BaseException as error:
                 settle_threadsafe(None, error)
 

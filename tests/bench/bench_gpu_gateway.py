@@ -128,6 +128,9 @@ STAGES = (
     ("worker", "kembed_worker_request_duration_seconds", {}),
     ("worker queue", "kembed_worker_queue_wait_seconds", {}),
     ("worker batch", "kembed_worker_batch_duration_seconds", {}),
+    ("batch: launch", "kembed_worker_batch_stage_seconds", {"stage": "launch"}),
+    ("batch: device", "kembed_worker_batch_stage_seconds", {"stage": "device"}),
+    ("batch: resume", "kembed_worker_batch_stage_seconds", {"stage": "resume"}),
 )
 
 

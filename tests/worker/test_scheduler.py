@@ -2,12 +2,13 @@
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from kembed.worker.errors import InvalidInput, Overloaded
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduler import Scheduler, SchedulerHooks
 
 
 class _Done:
@@ -206,3 +207,35 @@ async def test_a_batch_never_holds_more_sequences_than_the_cap(make_scheduler):
     rows = await scheduler.submit(*ragged(*[1] * 10))
     assert runner.batches == [[1] * 4, [1] * 4, [1] * 2]
     assert rows[:, 0].tolist() == list(range(10))
+
+
+async def test_the_batch_stages_split_the_batch_time_where_the_time_is_spent(make_scheduler):
+    """pack on the loop, step on the launcher thread, wait on the waiter: each slow part shows up in
+    its own stage, and the four add up to the batch time."""
+
+    class SlowRunner(RecordingRunner):
+        def pack(self, token_ids, lengths):
+            time.sleep(0.02)
+            return super().pack(token_ids, lengths)
+
+        def step(self, packed):
+            time.sleep(0.04)
+            done = super().step(packed)
+            original = done.wait
+
+            def wait():
+                time.sleep(0.06)
+                return original()
+
+            done.wait = wait
+            return done
+
+    stages, totals = [], []
+    hooks = SchedulerHooks(batch_stages=lambda *s: stages.append(s), batch_finished=totals.append)
+    scheduler = make_scheduler(SlowRunner(), hooks=hooks)
+    await scheduler.submit(*ragged(3, 4))
+    [(pack, launch, device, resume)] = stages
+    # each sleep is in its own stage (a misplaced one would leave its stage short), and the stages
+    # partition the batch time
+    assert pack >= 0.02 and launch >= 0.04 and device >= 0.06 and resume >= 0
+    assert sum(stages[0]) == pytest.approx(totals[0], abs=1e-6)

@@ -21,6 +21,7 @@ MAX_PINNED_BYTES = 1 << 20
 CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_worker_queue_wait_seconds": set(),
     "kembed_worker_batch_duration_seconds": set(),
+    "kembed_worker_batch_stage_seconds": {"stage"},
     "kembed_worker_request_duration_seconds": set(),
     "kembed_worker_batch_tokens": set(),
     "kembed_worker_batch_sequences": set(),
@@ -103,6 +104,14 @@ async def test_an_embed_moves_the_batch_and_request_histograms(served):
     for name in ("queue_wait_seconds", "batch_duration_seconds", "request_duration_seconds"):
         key = f"kembed_worker_{name}_count{{}}"
         assert after[key] == before[key] + 1, name
+    stage_sums = 0.0
+    for stage in ("pack", "launch", "device", "resume"):
+        key = f'kembed_worker_batch_stage_seconds_count{{stage="{stage}"}}'
+        assert after[key] == before[key] + 1, stage
+        key = f'kembed_worker_batch_stage_seconds_sum{{stage="{stage}"}}'
+        stage_sums += after[key] - before[key]
+    batch = "kembed_worker_batch_duration_seconds_sum{}"
+    assert stage_sums == pytest.approx(after[batch] - before[batch], abs=1e-6)  # the stages split it
     assert after["kembed_worker_queued_tokens{}"] == 0
 
 
