@@ -159,7 +159,8 @@ class CudaEngine:
         def device(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
 
-        self._plan(torch.from_numpy(batch.cu_seqlens).pin_memory(), None)
+        if self._plan_attention is not None:
+            self._plan_attention(torch.from_numpy(batch.cu_seqlens).pin_memory(), None)
         meta = self._meta(device(batch.cu_seqlens), device(batch.seq_ids), batch.bucket)
         output = self.model(
             device(batch.input_ids), device(batch.position_ids), device(batch.token_type_ids), meta
