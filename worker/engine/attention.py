@@ -228,15 +228,16 @@ class FlashInferAttention:
         self._wrappers: dict[tuple[int, int], dict[tuple, _Planned]] = {}
         self._pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step = 0
-        self._pending: tuple[torch.Tensor, object | None] | None = None
+        # the next forward's (token count, sequence slots), offsets and scratch, from plan_batch
+        self._pending: tuple[tuple[int, int], torch.Tensor, object | None] | None = None
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
         engine's slots are), padding slot included; `scratch` an object that lives as long as the
         batch is in flight (None: a fresh buffer)."""
         self._step += 1
-        self._pending = (cu_seqlens, scratch)
         key = (int(cu_seqlens[-1]), cu_seqlens.shape[0] - 1)
+        self._pending = (key, cu_seqlens, scratch)
         for planned in self._wrappers.get(key, {}).values():
             self._plan(planned, cu_seqlens, scratch)
 
@@ -253,9 +254,9 @@ class FlashInferAttention:
                 offsets = torch.tensor(meta.host_cu_seqlens, dtype=torch.int32)
                 self._plan(planned, offsets, None, meta.host_cu_seqlens)
         elif planned.step != self._step:
-            if self._pending is None or (int(self._pending[0][-1]), self._pending[0].shape[0] - 1) != key:
+            if self._pending is None or self._pending[0] != key:
                 raise RuntimeError(f"flashinfer attention on a batch of {key} was not planned (plan_batch)")
-            self._plan(planned, *self._pending)
+            self._plan(planned, *self._pending[1:])
         return planned.wrapper.run(q, k, v)
 
     @torch.inference_mode(False)  # plain tensors: planning may run outside inference mode too
