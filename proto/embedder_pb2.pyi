@@ -53,6 +53,44 @@ class ScoreResponse(_message.Message):
     num_labels: int
     def __init__(self, scores: _Optional[bytes] = ..., num_sequences: _Optional[int] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
+class StreamRequest(_message.Message):
+    __slots__ = ("id", "embed", "score", "cancel", "timeout_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    embed: EmbedRequest
+    score: ScoreRequest
+    cancel: StreamCancel
+    timeout_ms: int
+    def __init__(self, id: _Optional[int] = ..., embed: _Optional[_Union[EmbedRequest, _Mapping]] = ..., score: _Optional[_Union[ScoreRequest, _Mapping]] = ..., cancel: _Optional[_Union[StreamCancel, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StreamCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamResponse(_message.Message):
+    __slots__ = ("id", "embed", "score", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    embed: EmbedResponse
+    score: ScoreResponse
+    error: StreamError
+    def __init__(self, id: _Optional[int] = ..., embed: _Optional[_Union[EmbedResponse, _Mapping]] = ..., score: _Optional[_Union[ScoreResponse, _Mapping]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -69,6 +69,11 @@ class EmbedderStub:
                 request_serializer=kembed_dot_proto_dot_embedder__pb2.SmokeTestRequest.SerializeToString,
                 response_deserializer=kembed_dot_proto_dot_embedder__pb2.SmokeTestResponse.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_stream(
+                '/kembed.v1.Embedder/Stream',
+                request_serializer=kembed_dot_proto_dot_embedder__pb2.StreamRequest.SerializeToString,
+                response_deserializer=kembed_dot_proto_dot_embedder__pb2.StreamResponse.FromString,
+                _registered_method=True)
 
 
 class EmbedderServicer:
@@ -123,6 +128,17 @@ class EmbedderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stream(self, request_iterator, context):
+        """The gateway's data path: one long-lived stream per gateway process and replica carries many
+        Embed and Score requests at once, multiplexed by id, each with its own deadline; a request is
+        cancelled by a StreamRequest with its id and `cancel` set. Answers come in completion order. It
+        saves the per-call cost of a unary RPC (HTTP/2 stream set-up, headers, call objects) on both
+        sides; Embed and Score stay for every other client.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbedderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +176,11 @@ def add_EmbedderServicer_to_server(servicer, server):
                     servicer.SmokeTest,
                     request_deserializer=kembed_dot_proto_dot_embedder__pb2.SmokeTestRequest.FromString,
                     response_serializer=kembed_dot_proto_dot_embedder__pb2.SmokeTestResponse.SerializeToString,
+            ),
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=kembed_dot_proto_dot_embedder__pb2.StreamRequest.FromString,
+                    response_serializer=kembed_dot_proto_dot_embedder__pb2.StreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +372,33 @@ class Embedder:
             '/kembed.v1.Embedder/SmokeTest',
             kembed_dot_proto_dot_embedder__pb2.SmokeTestRequest.SerializeToString,
             kembed_dot_proto_dot_embedder__pb2.SmokeTestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kembed.v1.Embedder/Stream',
+            kembed_dot_proto_dot_embedder__pb2.StreamRequest.SerializeToString,
+            kembed_dot_proto_dot_embedder__pb2.StreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
