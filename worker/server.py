@@ -1,7 +1,8 @@
 """The worker's gRPC edge: the only module that touches grpc and protobuf.
 
 Decodes ragged batches, validates them against the model, admits them into the scheduler and
-awaits their rows; it never blocks the event loop on the device. Errors from every layer are
+awaits their rows; it never blocks the event loop on the device. The same Embed and Score serve the
+unary RPCs and the multiplexed `Stream` (streams.py). Errors from every layer are
 translated to status codes once, in `ErrorInterceptor`.
 """
 
@@ -17,6 +18,7 @@ from kembed.worker.buckets import Bucket
 from kembed.worker.errors import InvalidInput, Unsupported, WorkerError
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
+from kembed.worker.streams import StreamServer
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         self._engine = engine
         self._info = info
         self._scheduler = scheduler
+        self.streams = StreamServer(self._embed, self._score)
         self._info_response = pb.InfoResponse(
             model_name=info.model_name,
             model_type=info.model_type,
@@ -134,6 +137,9 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         )
 
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        return await self._embed(request)
+
+    async def _embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
         if self._info.task != "embed":
             raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
         token_ids, lengths = decode_batch(request.batch, self._info)
@@ -144,6 +150,9 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             dimensions=rows.shape[1],
         )
 
+    async def Stream(self, request_iterator, context) -> None:
+        await self.streams.serve(context)
+
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         return self._info_response
 
@@ -153,6 +162,9 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         )
 
     async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
+        return await self._score(request)
+
+    async def _score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
         if self._info.task != "score":
             raise Unsupported(
                 f"model {self._info.model_name} is a {self._info.task} model, not a cross-encoder: "
