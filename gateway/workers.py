@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -34,6 +34,7 @@ from kembed.gateway.errors import (
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
+from kembed.gateway.streams import StreamUnsupported, WorkerStream
 from kembed.gateway.vectors import decode_embeddings, decode_scores
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
@@ -49,7 +50,8 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: EmbedderStub
-    windows: dict[str, RpcWindow]  # by RPC method: "Embed", "Score"
+    stream: WorkerStream | None  # the data path; None: unary RPCs (configured, or an older worker)
+    windows: dict[str, RpcWindow] = field(default_factory=dict)  # by RPC method: "Embed", "Score"
     outstanding_tokens: int = 0
     num_chunks_served: int = 0
     is_serving: bool = False
@@ -103,12 +105,14 @@ class WorkerPool:
         for address in self._config.worker_addresses:
             channel = grpc.aio.insecure_channel(address, options=options)
             stub = EmbedderStub(channel)
-            windows = {method: self._window(stub, method) for method in ("Embed", "Score")}
-            self.replicas.append(Replica(address, channel, stub, windows))
+            is_stream = self._config.worker_transport == "stream"
+            replica = Replica(address, channel, stub, WorkerStream(stub, address) if is_stream else None)
+            replica.windows = {method: self._window(replica, method) for method in ("Embed", "Score")}
+            self.replicas.append(replica)
         await self._probe_all()
         self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
 
-    def _window(self, stub: EmbedderStub, method: str) -> RpcWindow:
+    def _window(self, replica: Replica, method: str) -> RpcWindow:
         async def rpc(parts: list[Part]) -> np.ndarray:
             """One RPC of `parts`' sequences; their rows [sequences, width] in order."""
             if len(parts) == 1:
@@ -127,10 +131,14 @@ class WorkerPool:
                 raise Timeout("the request did not complete within its deadline")
             batch = pack(token_ids, token_type_ids)
             if method == "Embed":
-                request = pb.EmbedRequest(batch=batch, request_id=request_id)
-                return decode_embeddings(await stub.Embed(request, timeout=timeout), len(token_ids))
-            request = pb.ScoreRequest(batch=batch, request_id=request_id)
-            return decode_scores(await stub.Score(request, timeout=timeout), len(token_ids))
+                response = await self._call(
+                    replica, "embed", pb.EmbedRequest(batch=batch, request_id=request_id), timeout
+                )
+                return decode_embeddings(response, len(token_ids))
+            response = await self._call(
+                replica, "score", pb.ScoreRequest(batch=batch, request_id=request_id), timeout
+            )
+            return decode_scores(response, len(token_ids))
 
         return RpcWindow(
             rpc,
@@ -142,11 +150,24 @@ class WorkerPool:
             ),
         )
 
+    async def _call(self, replica: Replica, kind: str, request: Any, timeout_s: float) -> Any:
+        """One Embed or Score on the replica's stream, or as a unary RPC where there is none."""
+        if replica.stream is not None:
+            try:
+                return await replica.stream.request(kind, request, timeout_s)
+            except StreamUnsupported:
+                log.info("worker %s has no Stream: using unary RPCs for it", replica.address)
+                stream, replica.stream = replica.stream, None
+                await stream.close()
+        call = replica.stub.Embed if kind == "embed" else replica.stub.Score
+        return await call(request, timeout=timeout_s)
+
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
         await asyncio.gather(*(w.close() for r in self.replicas for w in r.windows.values()))
+        await asyncio.gather(*(r.stream.close() for r in self.replicas if r.stream is not None))
         await asyncio.gather(*(r.channel.close() for r in self.replicas))
 
     def _is_available(self, replica: Replica, now: float) -> bool:

@@ -56,6 +56,10 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     num_labels: int = 0  # 0: Score answers UNIMPLEMENTED, like today's worker
     batches: list[list[int]] = field(default_factory=list)  # lengths of each Embed batch received
     sequences: list[list[int]] = field(default_factory=list)  # every sequence embedded, in arrival order
+    has_stream: bool = True  # False: Stream answers UNIMPLEMENTED, like a worker before it existed
+    streams_opened: int = 0
+    cancels: int = 0  # cancel messages received on streams
+    stream_requests: int = 0  # Embed/Score requests received on streams
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
@@ -81,6 +85,43 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
             scores=scores.tobytes(), num_sequences=len(sequences), num_labels=self.num_labels
         )
 
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        """The multiplexed data path, answered by this fake's own Embed and Score (each request in
+        a task of its own, answers in completion order), as the real worker does."""
+        if not self.has_stream:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Stream is not implemented")
+        lock = asyncio.Lock()
+        tasks: set[asyncio.Task] = set()
+        self.streams_opened += 1
+
+        async def answer(message: pb.StreamRequest) -> None:
+            kind = message.WhichOneof("kind")
+            shim = _AbortShim()
+            try:
+                handler = self.Embed if kind == "embed" else self.Score
+                response = pb.StreamResponse(
+                    id=message.id, **{kind: await handler(getattr(message, kind), shim)}
+                )
+            except _Aborted as aborted:
+                error = pb.StreamError(code=aborted.status.value[0], message=aborted.details)
+                response = pb.StreamResponse(id=message.id, error=error)
+            async with lock:
+                await context.write(response)
+
+        try:
+            while (message := await context.read()) is not grpc.aio.EOF:
+                if message.WhichOneof("kind") == "cancel":
+                    self.cancels += 1
+                    continue
+                self.stream_requests += 1
+                task = asyncio.create_task(answer(message))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         return pb.InfoResponse(
             model_name=self.name,
@@ -101,6 +142,19 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         return pb.HealthResponse(status=self.status, queued_tokens=0)
+
+
+class _Aborted(Exception):
+    def __init__(self, status: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.status, self.details = status, details
+
+
+class _AbortShim:
+    """What Embed and Score use of a servicer context, for requests that arrive on a stream."""
+
+    async def abort(self, status: grpc.StatusCode, details: str = "") -> None:
+        raise _Aborted(status, details)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,111 @@
+"""The gateway's data path over one gRPC stream per replica: multiplexing, a replica dying mid-stream,
+deadlines and cancellation per request, and the unary fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import numpy as np
+import pytest
+from gateway_fakes import FakeEmbedder, fake_vector, serving
+
+from kembed.gateway.streams import WorkerStream
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
+
+
+def expected(sequences: list[list[int]]) -> np.ndarray:
+    raw = np.stack([fake_vector(np.array(s)) for s in sequences])
+    return raw / np.linalg.norm(raw, axis=1, keepdims=True)
+
+
+async def test_concurrent_requests_share_one_stream_and_reach_their_callers(gateway_with):
+    fake = FakeEmbedder(delay_s=0.002)
+    inputs = [[[i + 1, (i * 31) % 997 + 1, i % 7 + 1]] for i in range(64)]
+    async with gateway_with(fake, max_inflight_rpcs=0) as client:  # every chunk its own request
+        responses = await asyncio.gather(*(client.post("/embed", json={"inputs": x}) for x in inputs))
+    assert [r.status_code for r in responses] == [200] * 64
+    for sequences, response in zip(inputs, responses, strict=True):
+        np.testing.assert_allclose(response.json(), expected(sequences), rtol=1e-6)
+    assert fake.streams_opened == 1
+    assert len(fake.batches) == 64  # each went as its own request on that one stream
+
+
+async def test_a_replica_dying_mid_stream_loses_no_request(gateway_with):
+    healthy, doomed = FakeEmbedder(), FakeEmbedder(delay_s=5.0)  # doomed holds every request
+    async with contextlib.AsyncExitStack() as stack:
+        server = grpc.aio.server()
+        pb_grpc.add_EmbedderServicer_to_server(doomed, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        address = f"127.0.0.1:{port}"
+        client = await stack.enter_async_context(
+            gateway_with(address, healthy, max_inflight_rpcs=0, max_chunk_sequences=1)
+        )
+        sequences = [[i + 1, 2, 3] for i in range(24)]
+        request = asyncio.create_task(client.post("/embed", json={"inputs": sequences}))
+        for _ in range(200):  # until the doomed replica holds some of the chunks
+            if doomed.stream_requests and healthy.batches:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        await server.stop(None)  # killed: its stream breaks with chunks in flight
+        response = await asyncio.wait_for(request, 10)
+    assert response.status_code == 200
+    np.testing.assert_allclose(response.json(), expected(sequences), rtol=1e-6)
+    assert doomed.stream_requests > 0  # it held chunks when it died
+    assert len(healthy.sequences) == 24  # it answered none: all were retried on the other
+
+
+async def test_a_deadline_expires_per_request_and_the_stream_carries_on(gateway_with):
+    fake = FakeEmbedder(delay_s=2.0)
+    async with gateway_with(fake, request_timeout_s=0.3, max_inflight_rpcs=0) as client:
+        slow = await client.post("/embed", json={"inputs": "slow"})
+        assert slow.status_code == 504
+        fake.delay_s = 0.0
+        fast = await client.post("/embed", json={"inputs": "fast"})
+        assert fast.status_code == 200
+        for _ in range(100):  # the timed-out request was cancelled in the worker
+            if fake.cancels:
+                break
+            await asyncio.sleep(0.01)
+    assert fake.cancels == 1
+    assert fake.streams_opened == 1
+
+
+async def test_a_caller_giving_up_sends_a_cancel():
+    fake = FakeEmbedder(delay_s=5.0)
+    async with serving(fake) as address:
+        channel = grpc.aio.insecure_channel(address)
+        stream = WorkerStream(pb_grpc.EmbedderStub(channel), address)
+        batch = pb.TokenBatch(token_ids=np.array([5, 6], "<i4").tobytes(), lengths=[2])
+        waiting = asyncio.create_task(stream.request("embed", pb.EmbedRequest(batch=batch), timeout_s=30))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(100):
+            if fake.cancels:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.cancels == 1
+        await stream.close()
+        await channel.close()
+
+
+async def test_a_worker_without_stream_is_served_by_unary_calls(gateway_with):
+    old = FakeEmbedder(has_stream=False)
+    async with gateway_with(old) as client:
+        for text in ("one", "two"):
+            response = await client.post("/v1/embeddings", json={"input": text})
+            assert response.status_code == 200
+    assert len(old.batches) == 2
+
+
+async def test_unary_transport_opens_no_stream(gateway_with):
+    fake = FakeEmbedder()
+    async with gateway_with(fake, worker_transport="unary") as client:
+        assert (await client.post("/embed", json={"inputs": ["a", "b"]})).status_code == 200
+    assert fake.streams_opened == 0 and len(fake.batches) == 1
