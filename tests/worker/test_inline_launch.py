@@ -1,0 +1,99 @@
+"""The idle fast path: a replay-only batch is launched from the event loop and polled there; a busy or
+non-replay batch goes through the launcher and waiter threads. Both give the same rows."""
+
+import asyncio
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kembed.worker.scheduler import Scheduler
+
+
+class _Pending:
+    def __init__(self, rows: np.ndarray, ready_at: float, log: list[str]) -> None:
+        self._rows, self._ready_at, self._log = rows, ready_at, log
+
+    def is_ready(self) -> bool:
+        return time.perf_counter() >= self._ready_at
+
+    def wait(self) -> np.ndarray:
+        time.sleep(max(0.0, self._ready_at - time.perf_counter()))
+        self._log.append("wait:" + threading.current_thread().name)
+        return self._rows
+
+
+class DeviceLikeRunner:
+    """Rows depend only on the sequences (a deterministic function of ids and lengths); each step
+    'runs on the device' for `step_s`. `inline` says what `can_launch_inline` answers."""
+
+    def __init__(self, inline: bool, step_s: float = 0.001) -> None:
+        self.inline, self.step_s = inline, step_s
+        self.log: list[str] = []
+
+    def pack(self, token_ids, lengths):
+        return token_ids.copy(), lengths.copy()
+
+    def can_launch_inline(self, packed) -> bool:
+        return self.inline
+
+    def step(self, packed):
+        token_ids, lengths = packed
+        self.log.append("step:" + threading.current_thread().name)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        rows = np.stack(
+            [
+                [token_ids[a:b].sum() * 0.5, b - a, token_ids[a] % 7]
+                for a, b in itertools.pairwise(offsets)
+            ]
+        ).astype(np.float32)
+        return _Pending(rows, time.perf_counter() + self.step_s, self.log)
+
+
+def _requests(seed: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        lengths = rng.integers(1, 9, size=rng.integers(1, 5)).astype(np.int32)
+        out.append((rng.integers(0, 1000, size=int(lengths.sum())).astype(np.int32), lengths))
+    return out
+
+
+async def _run_all(runner, requests, **kwargs) -> list[np.ndarray]:
+    scheduler = Scheduler(runner, max_batch_tokens=16, max_queued_tokens=10_000, **kwargs)
+    scheduler.start()
+    try:
+        return await asyncio.gather(*(scheduler.submit(ids, lengths) for ids, lengths in requests))
+    finally:
+        await scheduler.close()
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one-at-a-time", "sixty-at-once"])
+async def test_inline_and_threaded_paths_give_identical_rows(concurrent):
+    requests = _requests(seed=7, count=60)
+    inline, threaded = DeviceLikeRunner(inline=True), DeviceLikeRunner(inline=False)
+    if concurrent:
+        via_inline = await _run_all(inline, requests)
+        via_threads = await _run_all(threaded, requests)
+    else:
+        via_inline = [(await _run_all(inline, [r]))[0] for r in requests]
+        via_threads = [(await _run_all(threaded, [r]))[0] for r in requests]
+    for a, b in zip(via_inline, via_threads, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(e == "step:MainThread" for e in inline.log)
+    assert all(e.startswith("step:kembed-launch") for e in threaded.log if e.startswith("step:"))
+
+
+async def test_an_idle_worker_launches_and_collects_on_the_loop():
+    runner = DeviceLikeRunner(inline=True, step_s=0.001)
+    await _run_all(runner, _requests(seed=1, count=1))
+    assert runner.log == ["step:MainThread", "wait:MainThread"]  # no thread hand-off at all
+
+
+async def test_a_long_step_is_handed_to_the_waiter_thread_after_the_spin_budget():
+    runner = DeviceLikeRunner(inline=True, step_s=0.05)
+    await _run_all(runner, _requests(seed=2, count=1), max_spin_s=0.005)
+    assert runner.log[0] == "step:MainThread"
+    assert runner.log[1].startswith("wait:kembed-wait")
