@@ -26,6 +26,9 @@ class _Pending:
         self._rows = rows
         self._done_at = done_at
 
+    def is_ready(self) -> bool:
+        return time.perf_counter() >= self._done_at
+
     def wait(self) -> np.ndarray:
         delay = self._done_at - time.perf_counter()
         if delay > 0:
@@ -46,6 +49,9 @@ class StandinEngine:
 
     def pack(self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None):
         return len(lengths)
+
+    def can_launch_inline(self, num_seqs: int) -> bool:
+        return True  # like a GPU engine whose every bucket is captured: a step is a replay
 
     def step(self, num_seqs: int) -> _Pending:
         with self._lock:  # batches queue on the device one after another
