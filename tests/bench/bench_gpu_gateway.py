@@ -196,6 +196,8 @@ def main() -> None:
     )
     parser.add_argument("--gateway-arg", action="append", default=[], help="extra gateway flag (repeat)")
     parser.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per row (median and worst)")
+    parser.add_argument("--worker-arg", action="append", default=[], help="extra worker flag (repeat)")
     args = parser.parse_args()
     if args.tokenizer is None:
         parser.error(
@@ -224,6 +226,7 @@ def main() -> None:
             str(args.max_batch_tokens),
             "--metrics-port",
             str(worker_metrics_port := free_port()),
+            *args.worker_arg,
         ],
         tmp / "worker.log",
     )
@@ -263,17 +266,25 @@ def main() -> None:
                     f"http://127.0.0.1:{worker_metrics_port}/metrics",
                 )
                 metrics_before = {k: v for url in metric_urls for k, v in scrape(url).items()}
-                latencies = sorted(run_clients(args, port, concurrency, args.requests))
+                p50s, p99s, rates, num_requests = [], [], [], 0
+                for _ in range(args.rounds):  # each round timed alone: its own p50, p99, rate
+                    started = time.perf_counter()
+                    latencies = sorted(run_clients(args, port, concurrency, args.requests))
+                    rates.append(len(latencies) / (time.perf_counter() - started))
+                    p50s.append(statistics.median(latencies))
+                    p99s.append(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))])
+                    num_requests += len(latencies)
                 metrics_after = {k: v for url in metric_urls for k, v in scrape(url).items()}
                 gateway_cpu, worker_cpu = (
-                    (bench_gateway_path.cpu_seconds(p.pid) - before) * 1e6 / len(latencies)
+                    (bench_gateway_path.cpu_seconds(p.pid) - before) * 1e6 / num_requests
                     for p, before in zip((gateway, worker), cpu_before, strict=True)
                 )
-                p50 = statistics.median(latencies)
-                p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+                p50, p99 = statistics.median(p50s), statistics.median(p99s)
                 rows.append(
-                    f"| {processes} | {concurrency} | {p50:.2f} | {p99:.2f} | {gateway_cpu:.0f} "
-                    f"| {worker_cpu:.0f} | {len(latencies)} |"
+                    f"| {processes} | {concurrency} | {p50:.2f} ({max(p50s):.2f}) "
+                    f"| {p99:.2f} ({max(p99s):.2f}) "
+                    f"| {statistics.median(rates):.0f} ({min(rates):.0f}) | {gateway_cpu:.0f} "
+                    f"| {worker_cpu:.0f} | {args.rounds} x {num_requests // args.rounds} |"
                 )
                 print(rows[-1], flush=True)
                 stages = [
@@ -289,8 +300,10 @@ def main() -> None:
             gateway.wait(20)
             gateway = None
         print(
-            "\n| gateway processes | concurrent clients | p50 ms | p99 ms | gateway CPU µs/request "
-            "| worker CPU µs/request | requests |\n|---:|---:|---:|---:|---:|---:|---:|"
+            f"\nEach figure: the median over {args.rounds} rounds (the worst round in brackets).\n\n"
+            "| gateway processes | concurrent clients | p50 ms | p99 ms | requests/s "
+            "| gateway CPU µs/request | worker CPU µs/request | rounds x requests |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         print("\n".join(rows))
         print(
