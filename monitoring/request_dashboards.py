@@ -29,7 +29,8 @@ def latency() -> Dashboard:
         "kembed-latency",
         "kembed / Latency",
         "Where a request's time goes: the gateway (by route), tokenization, the worker's queue and its "
-        "batches. Quantiles from the services' histograms (geometric buckets, 10 µs to 21 s).",
+        "batches. Quantiles from the services' histograms (buckets a quarter octave apart, 15 µs to "
+        "64 s: within 10 % for spread latencies, 19 % at worst).",
         [
             (
                 "Gateway",
