@@ -34,3 +34,6 @@ class EngineStats:
     num_replays: int = 0  # steps that replayed a captured graph
     num_graphs_resident: int = 0  # captured graphs held now
     eager_steps: Mapping[str, int] = field(default_factory=dict)  # eager steps by reason (graphs.py)
+    # captures made inside a step, on the serving path (the lazy policy's second hits); stays 0 on a
+    # worker that prewarmed at start, whose captures happen at start and when idle
+    num_serving_captures: int = 0

@@ -1,34 +1,56 @@
 """The CUDA engine: ragged batches padded to buckets, replayed as whole-model CUDA graphs, results
 handed back as LazyTensors while the next batch is prepared.
 
-Stream order carries every dependency, so `step` never waits on the device: it stages the padded
-batch in a pinned slot, copies it asynchronously into the static input block, replays (or captures,
-or runs eagerly) the bucket's graph, copies the output rows into the same pinned slot, records an
-event and returns. The next `step` may overwrite the static block at once: its copy is ordered
-after this batch's kernels on the one stream.
+Stream order carries every dependency, so `step` never waits on the device: it copies the padded
+batch's block into a pinned slot (one memcpy), copies that asynchronously into the static input block
+(one copy), replays (or captures, or runs eagerly) the bucket's graph, copies the output rows into
+the same pinned slot, records an event and returns. The next `step` may overwrite the static block
+at once: its copy is ordered after this batch's kernels on the one stream. The slot goes back to the
+ring only when the rows have been read (`CudaLazyTensor.wait`), so the next batch staged into it
+cannot overwrite inputs still being copied, nor rows still being read.
+
+At start (`prewarm_at_start`) every reachable bucket is captured within a time budget; from then on
+the serving path never captures: a batch pads up to the smallest captured bucket that holds it, and
+one that none holds runs eagerly and waits for `capture_deferred`, called when the worker is idle.
 """
 
-from collections.abc import Callable
+import gc
+import logging
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.engine.attention import AttentionMetadata
-from kembed.worker.engine.graphs import CapturePolicy, GraphCache
+from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
-from kembed.worker.engine.staging import PaddedBatch, PinnedRing, Slot, pad_batch
+from kembed.worker.engine.staging import (
+    InputLayout,
+    PaddedBatch,
+    PinnedRing,
+    Slot,
+    max_input_bytes,
+    neutral_batch,
+    pad_batch,
+)
 from kembed.worker.info import EngineStats, ModelInfo
+
+log = logging.getLogger(__name__)
 
 
 class CudaLazyTensor:
     """A launched batch: its rows land in a pinned slot when `event` fires. `wait` copies them out
-    and gives the slot back to the ring (call it from a waiter thread, never the event loop)."""
+    and gives the slot back to the ring (call it from a waiter thread, never the event loop);
+    `is_ready` says, without blocking, whether `wait` would return at once."""
 
     def __init__(self, ring: PinnedRing, slot: Slot, event: torch.cuda.Event, num_rows: int) -> None:
         self._ring, self._slot, self._event, self._num_rows = ring, slot, event, num_rows
+
+    def is_ready(self) -> bool:
+        return self._event.query()
 
     def wait(self) -> np.ndarray:
         self._event.synchronize()
@@ -38,44 +60,41 @@ class CudaLazyTensor:
 
 
 class StaticInputs:
-    """The one static input block every graph reads, on the device, sized for the largest bucket."""
+    """The one static input block every graph reads, on the device, sized for the largest bucket.
+    Each bucket reads it through its own typed views (`InputLayout`): a graph bakes in the addresses
+    of its bucket's views, and a step copies the batch's bytes to the same offsets."""
 
     def __init__(self, max_tokens: int, max_seqs: int, device: torch.device) -> None:
-        def zeros(n: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(n, dtype=dtype, device=device)
+        # [32 * max_tokens + 4 * (max_seqs + 2)] uint8: four int64 [tokens] arrays, int32 [seqs + 2]
+        self.block = torch.zeros(max_input_bytes(max_tokens, max_seqs), dtype=torch.uint8, device=device)
+        self._views: dict[Bucket, tuple[torch.Tensor, ...]] = {}
 
-        self.input_ids = zeros(max_tokens, torch.int64)  # [max_tokens]
-        self.position_ids = zeros(max_tokens, torch.int64)  # [max_tokens]
-        self.token_type_ids = zeros(max_tokens, torch.int64)  # [max_tokens]
-        self.seq_ids = zeros(max_tokens, torch.int64)  # [max_tokens]
-        self.cu_seqlens = zeros(max_seqs + 2, torch.int32)  # [max_seqs + 2]
-
-    def fill_neutral(self, bucket: Bucket) -> None:
-        """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
-        captures with no real batch at hand: capture's warm-up runs the model on whatever the block
-        holds, and a stale larger batch there would index past this bucket's rows."""
-        tokens = bucket.num_tokens
-        for tensor in (self.input_ids, self.position_ids, self.token_type_ids, self.seq_ids):
-            tensor[:tokens].zero_()
-        self.cu_seqlens[: bucket.num_seqs + 2].copy_(self.neutral_cu_seqlens(bucket))
-
-    @staticmethod
-    def neutral_cu_seqlens(bucket: Bucket) -> torch.Tensor:
-        """The neutral batch's offsets on the host: [0, tokens, tokens, ...] (num_seqs + 2 values)."""
-        offsets = torch.full((bucket.num_seqs + 2,), bucket.num_tokens, dtype=torch.int32)
-        offsets[0] = 0
-        return offsets
+    def views(self, bucket: Bucket) -> tuple[torch.Tensor, ...]:
+        """(input_ids, position_ids, token_type_ids, seq_ids [tokens] int64, cu_seqlens [seqs + 2]
+        int32) of `bucket`, made once per bucket."""
+        views = self._views.get(bucket)
+        if views is None:
+            views = self._views[bucket] = InputLayout.of(bucket).torch_views(self.block)
+        return views
 
     def load(self, slot: Slot, bucket: Bucket) -> None:
-        """Asynchronous host-to-device copies of the bucket's prefix of every input."""
-        tokens, seqs = bucket.num_tokens, bucket.num_seqs + 2
-        for name in ("input_ids", "position_ids", "token_type_ids", "seq_ids"):
-            getattr(self, name)[:tokens].copy_(getattr(slot, name)[:tokens], non_blocking=True)
-        self.cu_seqlens[:seqs].copy_(slot.cu_seqlens[:seqs], non_blocking=True)
+        """One asynchronous host-to-device copy of the bucket's prefix of the slot's staged block."""
+        num_bytes = InputLayout.of(bucket).num_bytes
+        self.block[:num_bytes].copy_(slot.inputs[:num_bytes], non_blocking=True)
+
+    def fill_neutral(self, bucket: Bucket) -> np.ndarray:
+        """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
+        captures with no real batch at hand: capture's warm-up runs the model on whatever the block
+        holds, and a stale larger batch there would index past this bucket's rows. Returns the
+        neutral batch's host offsets. Synchronous (a pageable copy): prewarm and idle time only."""
+        batch = neutral_batch(bucket)
+        self.block[: batch.block.nbytes].copy_(torch.from_numpy(batch.block))
+        return batch.cu_seqlens
 
 
 class CudaEngine:
-    """Runs one model on one GPU with lazily captured graphs. One launcher thread calls `step`."""
+    """Runs one model on one GPU with CUDA graphs per bucket. One launcher thread calls `step`,
+    `prewarm_at_start` and `capture_deferred`."""
 
     def __init__(
         self,
@@ -83,8 +102,7 @@ class CudaEngine:
         info: ModelInfo,
         device: torch.device,
         *,
-        max_batch_tokens: int,
-        max_batch_seqs: int,
+        buckets: BucketTable,
         max_graphs: int,
         use_graphs: bool,
         inflight: int,
@@ -96,23 +114,29 @@ class CudaEngine:
         self._plan_attention = getattr(attention, "plan_batch", None)
         self.info = info
         self.device = device
-        self.buckets = BucketTable(max_batch_tokens, max_batch_seqs)
-        self.static = StaticInputs(self.buckets.max_tokens, self.buckets.max_seqs, device)
+        self.buckets = buckets
+        self.static = StaticInputs(buckets.max_tokens, buckets.max_seqs, device)
         self.ring = PinnedRing(
-            inflight,
-            self.buckets.max_tokens,
-            self.buckets.max_seqs,
-            model.facts.output_size,
-            max_pinned_bytes,
+            inflight, buckets.max_tokens, buckets.max_seqs, model.facts.output_size, max_pinned_bytes
         )
-        self.graphs = GraphCache(self._forward_static, CapturePolicy(max_graphs, use_graphs))
+        policy = CapturePolicy(max_graphs, use_graphs, table=buckets)
+        self.graphs = GraphCache(self._forward_static, policy)
 
     def pack(
         self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
     ) -> PaddedBatch:
-        """The batch laid out in its bucket (host arrays only; called on the event loop)."""
-        bucket = self.buckets.lookup(len(lengths), int(lengths.sum()))
-        return pad_batch(token_ids, lengths, token_type_ids, bucket)
+        """The batch laid out in the bucket it runs in: its own, or once prewarmed the smallest
+        captured one that holds it (host arrays only; called on the event loop)."""
+        num_seqs, num_tokens = len(lengths), int(lengths.sum())
+        own = self.buckets.lookup(num_seqs, num_tokens)
+        bucket = self.graphs.policy.serving_bucket(own, num_seqs, num_tokens)
+        return pad_batch(token_ids, lengths, token_type_ids, bucket, own)
+
+    def can_launch_inline(self, batch: PaddedBatch) -> bool:
+        """True iff `step(batch)` would only replay a captured graph, with a pinned slot free now:
+        host work of a fraction of a millisecond, no capture, no eager forward, no wait for a slot.
+        (A captured bucket stays captured, so the answer holds until the step.)"""
+        return batch.is_bucketed and self.graphs.policy.is_captured(batch.bucket) and self.ring.has_free
 
     @torch.inference_mode()
     def step(self, batch: PaddedBatch) -> "CudaLazyTensor | LazyTensor":
@@ -120,10 +144,10 @@ class CudaEngine:
         if not batch.is_bucketed:
             return self._step_unbucketed(batch)
         slot = self.ring.acquire()
-        slot.stage(batch)
-        self.static.load(slot, batch.bucket)
-        self._plan(slot.cu_seqlens[: batch.bucket.num_seqs + 2], slot)
-        output = self.graphs.run(batch.bucket)
+        slot.stage(batch)  # one host-to-host memcpy into pinned memory
+        self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
+        self._plan(slot.cu_seqlens(batch.bucket), slot)
+        output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -147,39 +171,110 @@ class CudaEngine:
         )
 
     def _forward_static(self, bucket: Bucket) -> torch.Tensor:
-        tokens, s = bucket.num_tokens, self.static
-        meta = self._meta(s.cu_seqlens[: bucket.num_seqs + 2], s.seq_ids[:tokens], bucket)
-        return self.model(s.input_ids[:tokens], s.position_ids[:tokens], s.token_type_ids[:tokens], meta)
+        input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = self.static.views(bucket)
+        return self.model(input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket))
 
     def _step_unbucketed(self, batch: PaddedBatch) -> LazyTensor:
         """A batch larger than every bucket (the scheduler never forms one; direct callers may):
-        eager, on inputs and an output buffer of its own rather than the ring's fixed slots."""
+        eager, on an input block and an output buffer of its own rather than the ring's fixed slots."""
         self.graphs.policy.decide(None)  # counted as an uncapturable eager step
-
-        def device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
-
+        layout = InputLayout.of(batch.bucket)
+        host = torch.from_numpy(batch.block).pin_memory()  # [num_bytes] uint8
+        block = host.to(self.device, non_blocking=True)
         if self._plan_attention is not None:
-            self._plan_attention(torch.from_numpy(batch.cu_seqlens).pin_memory(), None)
-        meta = self._meta(device(batch.cu_seqlens), device(batch.seq_ids), batch.bucket)
-        output = self.model(
-            device(batch.input_ids), device(batch.position_ids), device(batch.token_type_ids), meta
-        )[: batch.num_seqs]
-        host = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(output, non_blocking=True)
+            self._plan_attention(layout.host_cu_seqlens(host), None)
+        input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
+        meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
+        output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
+        rows = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
+        rows.copy_(output, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return LazyTensor(host, event, keepalive=(output,))
+        return LazyTensor(rows, event, keepalive=(output,))
+
+    def _capture(self, bucket: Bucket) -> None:
+        cu_seqlens = self.static.fill_neutral(bucket)
+        self._plan(torch.from_numpy(cu_seqlens), None)
+        self.graphs.capture(bucket)
 
     @torch.inference_mode()
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
-        """Capture each bucket now; returns those captured (new or already)."""
+        """Capture each bucket now, without a budget (the operator's prewarm Job); returns those
+        captured (new or already). A bucket larger than the table's largest is not captured."""
         for bucket in buckets:
-            if not self.graphs.is_captured(bucket):
-                self.static.fill_neutral(bucket)
-                self._plan(self.static.neutral_cu_seqlens(bucket), None)
-                self.graphs.capture(bucket)
+            if self.buckets.fits(bucket) and not self.graphs.is_captured(bucket):
+                self._capture(bucket)
         return [b for b in buckets if self.graphs.is_captured(b)]
+
+    @torch.inference_mode()
+    def prewarm_at_start(
+        self, prewarm: "str | Sequence[Bucket]", hot: Sequence[Bucket], max_seconds: float
+    ) -> PrewarmReport | None:
+        """Before the server opens: capture `hot`, then `prewarm`'s buckets (`"all"`: the table's
+        prewarm order; a list: those) within `max_seconds`, then switch to the prewarmed policy.
+        `"none"` (or graphs off) keeps the lazy policy and captures nothing."""
+        policy = self.graphs.policy
+        if not policy.is_enabled:
+            log.info("prewarm: none (CUDA graphs are off)")
+            return None
+        if prewarm == "none":
+            log.info("prewarm: none at start; a bucket runs eagerly on its first hit, captured on its second")
+            return None
+        if prewarm == "all":
+            order = self.buckets.prewarm_order(hot)
+        else:
+            order = [b for b in dict.fromkeys([*hot, *prewarm]) if self.buckets.fits(b)]
+        if len(order) > policy.max_graphs:
+            log.warning(
+                "prewarm: max_graphs=%d is below the %d buckets to capture; the rest will run padded "
+                "up or eagerly (raise --max-graphs)",
+                policy.max_graphs,
+                len(order),
+            )
+        log.info(
+            "prewarm: capturing up to %d buckets (%d hot first) within %.0f s; %.1f GiB GPU memory free",
+            len(order),
+            len(hot),
+            max_seconds,
+            _free_gib(),
+        )
+        report = policy.prewarm(order, self._capture, max_seconds)
+        log.info(
+            "prewarm: captured %d of %d buckets (%d already) in %.1f s%s; %d graphs, %.1f GiB GPU "
+            "memory free",
+            report.num_captured,
+            report.num_planned,
+            report.num_already,
+            report.seconds,
+            f", cut short by {report.stopped_by} ({len(policy.backlog)} left for idle time)"
+            if report.is_cut_short
+            else "",
+            self.graphs.num_resident,
+            _free_gib(),
+        )
+        return report
+
+    @torch.inference_mode()
+    def capture_deferred(self, max_seconds: float) -> int:
+        """Capture the buckets serving ran uncovered, then what prewarm left, within `max_seconds`
+        (no capture starts after it; one in progress finishes). Call it on the launcher thread when
+        the worker is idle. Returns how many were captured; if any, the new graphs' objects are
+        frozen out of the garbage collector's full passes as prewarm's are."""
+        policy = self.graphs.policy
+        if not policy.deferred and not policy.backlog:
+            return 0
+        report = policy.capture_deferred(self._capture, max_seconds)
+        if report.num_captured:
+            log.info(
+                "captured %d deferred buckets in %.2f s (%d uncovered and %d prewarm left still waiting)",
+                report.num_captured,
+                report.seconds,
+                len(policy.deferred),
+                len(policy.backlog),
+            )
+            gc.collect()
+            gc.freeze()
+        return report.num_captured
 
     def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
         """(bucket, hits, is_captured) for every bucket hit or captured."""
@@ -203,17 +298,19 @@ class CudaEngine:
             num_replays=graphs.num_replays,
             num_graphs_resident=graphs.num_resident,
             eager_steps=graphs.policy.eager_counts(),
+            num_serving_captures=graphs.policy.num_serving_captures,
         )
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
         return smoke_test(self, buckets, min_cosine, seed)
 
     def compare(self, token_ids: np.ndarray, lengths: np.ndarray) -> tuple[Bucket, np.ndarray, np.ndarray]:
-        """(bucket, eager rows, replayed rows) of one batch: the smoke test's pair."""
-        batch = self.pack(token_ids, lengths)
-        if not batch.is_bucketed:
-            raise ValueError(f"a batch of {batch.bucket} fits no bucket")
-        return (batch.bucket, *self.run_both(batch))
+        """(bucket, eager rows, replayed rows) of one batch in its own bucket (never padded up: the
+        smoke test checks the bucket it asked for): the smoke test's pair."""
+        own = self.buckets.lookup(len(lengths), int(lengths.sum()))
+        if own is None:
+            raise ValueError(f"a batch of {len(lengths)}x{int(lengths.sum())} fits no bucket")
+        return (own, *self.run_both(pad_batch(token_ids, lengths, None, own)))
 
     @torch.inference_mode()
     def run_both(self, batch: PaddedBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -222,9 +319,13 @@ class CudaEngine:
         try:
             slot.stage(batch)
             self.static.load(slot, batch.bucket)
-            self._plan(slot.cu_seqlens[: batch.bucket.num_seqs + 2], slot)
+            self._plan(slot.cu_seqlens(batch.bucket), slot)
             eager = self._forward_static(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
             replayed = self.graphs.replay(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
         finally:
             self.ring.release(slot)
         return eager, replayed
+
+
+def _free_gib() -> float:
+    return torch.cuda.mem_get_info()[0] / 2**30

@@ -1,6 +1,6 @@
 """The engine: pack a ragged batch, run the encoder and pooling, hand back a LazyTensor at once.
 
-This is the eager path shared by CPU and GPU. The GPU engine (lazy CUDA graphs per padded bucket,
+This is the eager path shared by CPU and GPU. The GPU engine (CUDA graphs per padded bucket,
 varlen attention kernels, a pinned result ring under a byte cap) replaces `step`'s body behind the
 same two calls, `pack` and `step`.
 """
@@ -125,6 +125,19 @@ class Engine:
         self._prewarmed.update(buckets)
         return list(buckets)
 
+    def prewarm_at_start(self, prewarm, hot, max_seconds: float) -> None:
+        """Nothing to capture without CUDA graphs (the CUDA engine's start-up prewarm)."""
+        log.info("prewarm: none (no CUDA graphs on the %s eager engine)", self.device)
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        """Nothing is ever deferred without CUDA graphs: 0 captured."""
+        return 0
+
+    def can_launch_inline(self, batch: PackedBatch) -> bool:
+        """False: every step is a whole eager forward (on a CPU, computed inside `step`), never the
+        cheap host work of a graph replay."""
+        return False
+
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
         return smoke_test(self, buckets, min_cosine, seed)
 
@@ -197,19 +210,24 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         info.pooling,
         time.perf_counter() - started,
     )
-    max_batch_tokens = max(config.max_batch_tokens, facts.max_sequence_length)
+    # Any batch up to the larger of the token budget and the longest sequence (which runs alone);
+    # several sequences only up to the budget.
+    buckets = BucketTable(
+        max(config.max_batch_tokens, facts.max_sequence_length),
+        config.max_batch_sequences,
+        max_batch_tokens=config.max_batch_tokens,
+    )
     if device.type == "cuda" and is_varlen:
         return CudaEngine(
             model, info, device,
-            max_batch_tokens=max_batch_tokens,
-            max_batch_seqs=config.max_batch_sequences,
+            buckets=buckets,
             max_graphs=config.max_graphs,
             use_graphs=config.cuda_graphs,
             inflight=config.max_inflight_batches,
             max_pinned_bytes=config.max_pinned_bytes,
             attention=attend,
         )  # fmt: skip
-    return Engine(model, info, device, BucketTable(max_batch_tokens, config.max_batch_sequences))
+    return Engine(model, info, device, buckets)
 
 
 def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple[str, Callable, bool]:

@@ -1,25 +1,34 @@
-"""Whole-model CUDA graphs per bucket, captured lazily: eager on a bucket's first hit, captured on its
-second, replayed from then on; all graphs share one memory pool and one static input block.
+"""Whole-model CUDA graphs per bucket: captured at start (prewarm) or lazily, replayed per batch; all
+graphs share one memory pool and one static input block.
 
-`CapturePolicy` is the state machine (plain Python, tested on the CPU); `GraphCache` applies it with
-torch.cuda.CUDAGraph. Per-bucket hit counts are what the operator reads to prewarm hot buckets.
+Two policies, one state machine. Lazy (no start-up prewarm): eager on a bucket's first hit, captured
+on its second, replayed from then on. Prewarmed (after `finish_prewarm`): the serving path never
+captures; a batch pads up to the smallest captured bucket that holds it (`PadUpTable`), and one that
+no captured bucket holds runs eagerly (reason `uncovered`) and is remembered for `capture_deferred`,
+which the scheduler calls when the worker is idle.
+
+`CapturePolicy` and `capture_in_order` are plain Python (tested on the CPU); `GraphCache` applies
+them with torch.cuda.CUDAGraph. Per-bucket hit counts are what the operator reads to prewarm hot
+buckets.
 """
 
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from kembed.worker.buckets import Bucket
+from kembed.worker.buckets import Bucket, BucketTable, PadUpTable
 
 log = logging.getLogger(__name__)
 
 REPLAY, CAPTURE = "replay", "capture"
-COLD, FULL, DISABLED, UNCAPTURABLE = "cold", "full", "disabled", "uncapturable"  # eager reasons
-EAGER_REASONS = (COLD, UNCAPTURABLE, DISABLED, FULL)
+# eager reasons: first hit (lazy), fits no bucket, no graphs, graph cap reached, no captured bucket
+# holds it after prewarm
+COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED = "cold", "uncapturable", "disabled", "full", "uncovered"
+EAGER_REASONS = (COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED)
 
 
 @dataclass
@@ -29,34 +38,75 @@ class BucketState:
 
 
 class CapturePolicy:
-    """Decides, per hit, whether a bucket replays, is captured now, or runs eagerly (and why)."""
+    """Decides, per hit, whether a bucket replays, is captured now, or runs eagerly (and why), and
+    which captured bucket a batch pads up to once prewarm has run.
 
-    def __init__(self, max_graphs: int, is_enabled: bool = True, capture_after: int = 1) -> None:
+    Mutated on the launcher thread only (steps, captures); `pad_up` is read on the event loop by
+    `pack`: it is replaced whole on each capture, never edited in place, and captures are never
+    dropped, so a batch packed against an older table still finds its bucket captured."""
+
+    def __init__(
+        self,
+        max_graphs: int,
+        is_enabled: bool = True,
+        capture_after: int = 1,
+        table: BucketTable | None = None,
+    ) -> None:
         self.max_graphs = max_graphs
         self.is_enabled = is_enabled
-        self.capture_after = capture_after  # eager hits before a capture: 1 = capture on the second
+        self.capture_after = capture_after  # eager hits before a lazy capture: 1 = capture on the second
+        self.table = table or BucketTable(max_tokens=64, max_seqs=1)
         self.states: dict[Bucket, BucketState] = {}
         self.eager_reasons: Counter[str] = Counter()
         self.num_captured = 0
+        # After finish_prewarm: no capture on the serving path, pad-up instead.
+        self.is_prewarmed = False
+        self.pad_up = PadUpTable(self.table)
+        # Buckets that ran uncovered after prewarm, in first-hit order: capture_deferred takes them first.
+        self.deferred: dict[Bucket, None] = {}
+        self.num_serving_captures = 0  # captures made inside a step; stays 0 once prewarm has run
+        self.backlog: list[Bucket] = []  # what a budget-cut prewarm left, in its order
 
-    def decide(self, bucket: Bucket | None) -> str:
+    def decide(self, bucket: Bucket | None, run: Bucket | None = None) -> str:
+        """`bucket` is the batch's own bucket (its hit is counted there), `run` the bucket it was
+        padded to (its own unless pad-up chose a larger captured one)."""
         if bucket is None:
             self.eager_reasons[UNCAPTURABLE] += 1
             return UNCAPTURABLE
         state = self.states.setdefault(bucket, BucketState())
         state.hits += 1
-        if state.is_captured:
+        if self.is_captured(run or bucket):
             return REPLAY
         if not self.is_enabled:
             reason = DISABLED
+        elif self.is_prewarmed:
+            # Never a capture while traffic waits: run it eagerly now, capture it when idle.
+            reason = FULL if self.num_captured >= self.max_graphs else UNCOVERED
+            if reason == UNCOVERED:
+                self.deferred.setdefault(bucket)
         elif state.hits <= self.capture_after:
             reason = COLD
         elif self.num_captured >= self.max_graphs:
             reason = FULL
         else:
+            self.num_serving_captures += 1
             return CAPTURE
         self.eager_reasons[reason] += 1
         return reason
+
+    def is_captured(self, bucket: Bucket) -> bool:
+        state = self.states.get(bucket)
+        return state is not None and state.is_captured
+
+    def serving_bucket(self, bucket: Bucket | None, num_seqs: int, num_tokens: int) -> Bucket | None:
+        """The bucket a batch runs in: once prewarmed, the smallest captured one that holds it (its
+        own if captured), else its own."""
+        if not self.is_prewarmed or bucket is None:
+            return bucket
+        return self.pad_up.lookup(num_seqs, num_tokens) or bucket
+
+    def is_full(self) -> bool:
+        return not self.is_enabled or self.num_captured >= self.max_graphs
 
     def eager_counts(self) -> dict[str, int]:
         """Eager steps by reason, every reason present. Safe from another thread: it reads the known
@@ -68,12 +118,87 @@ class CapturePolicy:
         if not state.is_captured:
             state.is_captured = True
             self.num_captured += 1
+            self.deferred.pop(bucket, None)
+            self.pad_up = PadUpTable(self.table, (b for b, s in self.states.items() if s.is_captured))
+
+    def prewarm(
+        self,
+        order: Iterable[Bucket],
+        capture: Callable[[Bucket], None],
+        max_seconds: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> "PrewarmReport":
+        """Capture `order` within `max_seconds` (`capture(bucket)` must end in `captured`), keep
+        what is left for `capture_deferred`, and switch to the prewarmed policy: from now on a step
+        never captures, it pads up, or runs eagerly and defers the capture."""
+        order = list(order)
+        report = capture_in_order(order, capture, self, max_seconds, clock)
+        self.backlog = [b for b in order if not self.is_captured(b)]
+        self.is_prewarmed = True
+        return report
+
+    def capture_deferred(
+        self,
+        capture: Callable[[Bucket], None],
+        max_seconds: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> "PrewarmReport":
+        """Capture, within `max_seconds`, the buckets serving ran uncovered (first-hit order), then
+        what prewarm left."""
+        wanted = list(dict.fromkeys([*self.deferred, *self.backlog]))
+        report = capture_in_order(wanted, capture, self, max_seconds, clock)
+        self.backlog = [b for b in self.backlog if not self.is_captured(b)]
+        return report
+
+
+@dataclass(frozen=True)
+class PrewarmReport:
+    """What a budgeted capture run did (logged at start-up; `capture_deferred` returns its count)."""
+
+    num_planned: int  # buckets it set out to capture (already captured ones included)
+    num_captured: int  # captured by this run
+    num_already: int  # found captured
+    seconds: float
+    stopped_by: str  # "" (all done), "budget" or "max_graphs"
+
+    @property
+    def is_cut_short(self) -> bool:
+        return bool(self.stopped_by)
+
+
+def capture_in_order(
+    buckets: Iterable[Bucket],
+    capture: Callable[[Bucket], None],
+    policy: CapturePolicy,
+    max_seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> PrewarmReport:
+    """Capture `buckets` in order until done, out of time or at the graph cap. No capture starts
+    once `max_seconds` have passed (the one in progress finishes: a capture is ~20 ms, a first use
+    of a JIT-compiled kernel seconds)."""
+    started = clock()
+    planned = list(buckets)
+    num_captured = num_already = 0
+    stopped_by = ""
+    for bucket in planned:
+        if policy.is_captured(bucket):
+            num_already += 1
+            continue
+        if policy.is_full():
+            stopped_by = "max_graphs"
+            break
+        if clock() - started >= max_seconds:
+            stopped_by = "budget"
+            break
+        capture(bucket)
+        num_captured += 1
+    return PrewarmReport(len(planned), num_captured, num_already, clock() - started, stopped_by)
 
 
 class GraphCache:
     """Captured graphs keyed by bucket. `forward(bucket)` runs the model on the static input block
-    sliced to the bucket and returns its output tensor; captured, that tensor is the graph's static
-    output, overwritten by each replay (the engine copies it out on the same stream first)."""
+    laid out for the bucket and returns its output tensor; captured, that tensor is the graph's
+    static output, overwritten by each replay (the engine copies it out on the same stream first)."""
 
     def __init__(self, forward: Callable[[Bucket], torch.Tensor], policy: CapturePolicy) -> None:
         self._forward = forward
@@ -83,19 +208,22 @@ class GraphCache:
         self.num_replays = 0
         self.capture_seconds: list[float] = []
 
-    def run(self, bucket: Bucket | None) -> torch.Tensor:
-        decision = self.policy.decide(bucket)
+    def run(self, bucket: Bucket | None, run: Bucket | None = None) -> torch.Tensor:
+        """Replay, capture or run eagerly the batch whose own bucket is `bucket`, padded to `run`."""
+        run = run or bucket
+        decision = self.policy.decide(bucket, run)
         if decision == CAPTURE:
-            self.capture(bucket)
+            self.capture(run)
         if decision in (REPLAY, CAPTURE):
-            graph, output = self._graphs[bucket]
+            graph, output = self._graphs[run]
             graph.replay()
             self.num_replays += 1
             return output
-        return self._forward(bucket)
+        return self._forward(run)
 
     def capture(self, bucket: Bucket) -> None:
-        """Capture `bucket` now (prewarm, or a second hit). Runs on the calling (launcher) thread."""
+        """Capture `bucket` now (prewarm, idle time, or a lazy second hit). Runs on the calling
+        (launcher) thread."""
         if bucket in self._graphs:
             return
         started = time.perf_counter()

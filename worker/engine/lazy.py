@@ -9,13 +9,19 @@ class LazyTensor:
 
     `step` returns one at once; `wait()` blocks the calling thread (never the event loop: the
     scheduler calls it from a waiter thread) until the copy has landed, then hands back a numpy view.
-    `keepalive` holds the device tensors the copy reads from until the copy has completed.
+    `is_ready()` never blocks: True when `wait()` would return at once (always on the CPU, where the
+    result is computed before `step` returns), so a caller on the event loop may poll it and call
+    `wait()` inline only then. `keepalive` holds the device tensors the copy reads from until the copy
+    has completed.
     """
 
     def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple = ()) -> None:
         self._host = host
         self._event = event
         self._keepalive = keepalive
+
+    def is_ready(self) -> bool:
+        return self._event is None or self._event.query()
 
     def wait(self) -> np.ndarray:
         if self._event is not None:

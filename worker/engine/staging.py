@@ -1,6 +1,11 @@
 """Host-side staging for the CUDA engine: padded batches, and the pinned ring they travel through.
 
-`pad_batch` turns a ragged batch into the arrays of its bucket (CPU, numpy, on the event loop).
+A batch's inputs travel as one block of bytes, laid out per bucket (`InputLayout`): the four int64
+arrays of `num_tokens` (ids, positions, token types, sequence ids) back to back, then the int32
+`cu_seqlens` of `num_seqs + 2`. `pad_batch` (CPU, numpy, on the event loop) writes a batch straight
+into such a block; a step copies it with one memcpy into a pinned slot and with one asynchronous copy
+into the static device block, whose typed views the graphs read. Only the bucket's prefix moves.
+
 `PinnedRing` is the pinned host memory, allocated once under a hard byte cap: each slot holds one
 batch's inputs on their way to the device and its result on the way back. A slot is taken at launch
 and given back when the result has been read, so a full ring is backpressure (launch waits), never
@@ -15,21 +20,69 @@ import torch
 
 from kembed.worker.buckets import Bucket
 
+_TOKEN_ARRAYS = 4  # input ids, position ids, token type ids, sequence ids: int64 each
+_ALIGN = 64  # bytes; where a slot's output rows start after its inputs
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """Where one bucket's inputs sit in a staging block. Every offset is a multiple of 4 bytes, and
+    the int64 arrays' of 8, for any token count; a bucket's block is the prefix [0, num_bytes)."""
+
+    num_seqs: int  # sequence slots of the bucket
+    num_tokens: int  # padded tokens of the bucket
+
+    @property
+    def cu_seqlens_offset(self) -> int:
+        return _TOKEN_ARRAYS * 8 * self.num_tokens
+
+    @property
+    def num_bytes(self) -> int:
+        return self.cu_seqlens_offset + 4 * (self.num_seqs + 2)
+
+    @classmethod
+    def of(cls, bucket: Bucket) -> "InputLayout":
+        return cls(bucket.num_seqs, bucket.num_tokens)
+
+    def numpy_views(self, block: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens) views of a uint8 block."""
+        tokens = block[: self.cu_seqlens_offset].view(np.int64).reshape(_TOKEN_ARRAYS, self.num_tokens)
+        cu_seqlens = block[self.cu_seqlens_offset : self.num_bytes].view(np.int32)
+        return (*tokens, cu_seqlens)
+
+    def torch_views(self, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The same five views of a uint8 tensor (pinned host or device)."""
+        tokens = block[: self.cu_seqlens_offset].view(torch.int64).view(_TOKEN_ARRAYS, self.num_tokens)
+        cu_seqlens = block[self.cu_seqlens_offset : self.num_bytes].view(torch.int32)
+        return (*tokens.unbind(0), cu_seqlens)
+
+    def host_cu_seqlens(self, block: torch.Tensor) -> torch.Tensor:
+        """The int32 offsets of a host block (what a per-batch attention plan reads)."""
+        return block[self.cu_seqlens_offset : self.num_bytes].view(torch.int32)
+
+
+def max_input_bytes(max_tokens: int, max_seqs: int) -> int:
+    """Bytes of a block that holds any bucket up to (max_seqs, max_tokens)."""
+    return InputLayout(max_seqs, max_tokens).num_bytes
+
 
 @dataclass(frozen=True)
 class PaddedBatch:
     """A ragged batch laid out in its bucket. Sequence slot `num_seqs` holds the padding tokens;
-    slots after it are empty, so every padded shape is a valid ragged batch."""
+    slots after it are empty, so every padded shape is a valid ragged batch. The five arrays are
+    views of `block`, the bytes a step copies."""
 
     num_seqs: int  # real sequences
     num_tokens: int  # real tokens
-    bucket: Bucket  # padded shape (or the exact shape when no bucket holds the batch)
+    bucket: Bucket  # padded shape it runs in (or the exact shape when no bucket holds the batch)
     is_bucketed: bool  # False: larger than every bucket, runs eagerly in its exact shape
+    own_bucket: Bucket | None  # the table's bucket for its shape (hits count here); None past the table
+    block: np.ndarray  # [InputLayout.of(bucket).num_bytes] uint8
     input_ids: np.ndarray  # [bucket.num_tokens] int64
     position_ids: np.ndarray  # [bucket.num_tokens] int64
     token_type_ids: np.ndarray  # [bucket.num_tokens] int64
-    cu_seqlens: np.ndarray  # [bucket.num_seqs + 2] int32
     seq_ids: np.ndarray  # [bucket.num_tokens] int64
+    cu_seqlens: np.ndarray  # [bucket.num_seqs + 2] int32
 
 
 def pad_batch(
@@ -37,60 +90,82 @@ def pad_batch(
     lengths: np.ndarray,
     token_type_ids: np.ndarray | None,
     bucket: Bucket | None,
+    own_bucket: Bucket | None = None,
 ) -> PaddedBatch:
+    """Lay the batch out in `bucket` (None: its exact shape, unbucketed). `own_bucket` is the
+    table's bucket for the batch when pad-up chose a larger one (default: `bucket`)."""
     num_seqs, num_tokens = len(lengths), int(lengths.sum())
     is_bucketed = bucket is not None
+    own_bucket = own_bucket or bucket
     bucket = bucket or Bucket(num_seqs, num_tokens)
-    padded_tokens = bucket.num_tokens
-    cu_seqlens = np.full(bucket.num_seqs + 2, padded_tokens, dtype=np.int32)
+    layout = InputLayout.of(bucket)
+    block = np.empty(layout.num_bytes, dtype=np.uint8)
+    ids, positions, types, seq_ids, cu_seqlens = layout.numpy_views(block)
+    cu_seqlens.fill(bucket.num_tokens)
     cu_seqlens[0] = 0
     np.cumsum(lengths, out=cu_seqlens[1 : num_seqs + 1])
-    seq_ids = np.full(padded_tokens, num_seqs, dtype=np.int64)
+    seq_ids[num_tokens:] = num_seqs
     seq_ids[:num_tokens] = np.repeat(np.arange(num_seqs), lengths)
-    positions = np.zeros(padded_tokens, dtype=np.int64)
+    positions[num_tokens:] = 0
     positions[:num_tokens] = np.arange(num_tokens) - cu_seqlens[seq_ids[:num_tokens]]
-    ids = np.zeros(padded_tokens, dtype=np.int64)
+    ids[num_tokens:] = 0
     ids[:num_tokens] = token_ids
-    types = np.zeros(padded_tokens, dtype=np.int64)
-    if token_type_ids is not None:
+    if token_type_ids is None:
+        types.fill(0)
+    else:
+        types[num_tokens:] = 0
         types[:num_tokens] = token_type_ids
-    return PaddedBatch(num_seqs, num_tokens, bucket, is_bucketed, ids, positions, types, cu_seqlens, seq_ids)
+    return PaddedBatch(
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
+        bucket=bucket,
+        is_bucketed=is_bucketed,
+        own_bucket=own_bucket,
+        block=block,
+        input_ids=ids,
+        position_ids=positions,
+        token_type_ids=types,
+        seq_ids=seq_ids,
+        cu_seqlens=cu_seqlens,
+    )
+
+
+def neutral_batch(bucket: Bucket) -> PaddedBatch:
+    """A valid batch of the bucket's shape with no real sequence: one all-padding sequence, ids and
+    positions 0 (what a capture runs on when no real batch is at hand)."""
+    empty = np.zeros(0, dtype=np.int32)
+    return pad_batch(empty, empty, None, bucket)
 
 
 class Slot:
-    """One batch's pinned host buffers, sized for the largest bucket."""
+    """One batch's pinned host memory, one allocation sized for the largest bucket: its inputs'
+    block, then its output rows."""
 
     def __init__(self, max_tokens: int, max_seqs: int, output_size: int) -> None:
-        def pinned(*shape, dtype):
-            return torch.empty(*shape, dtype=dtype, pin_memory=True)
-
-        self.input_ids = pinned(max_tokens, dtype=torch.int64)  # [max_tokens]
-        self.position_ids = pinned(max_tokens, dtype=torch.int64)  # [max_tokens]
-        self.token_type_ids = pinned(max_tokens, dtype=torch.int64)  # [max_tokens]
-        self.seq_ids = pinned(max_tokens, dtype=torch.int64)  # [max_tokens]
-        self.cu_seqlens = pinned(max_seqs + 2, dtype=torch.int32)  # [max_seqs + 2]
-        self.output = pinned(max_seqs + 1, output_size, dtype=torch.float32)  # [max_seqs + 1, out]
+        input_bytes = max_input_bytes(max_tokens, max_seqs)
+        output_offset = -(-input_bytes // _ALIGN) * _ALIGN
+        output_bytes = (max_seqs + 1) * output_size * 4
+        self.pinned = torch.empty(output_offset + output_bytes, dtype=torch.uint8, pin_memory=True)
+        self.inputs = self.pinned[:input_bytes]  # [32 * max_tokens + 4 * (max_seqs + 2)] uint8
+        self._inputs_np = self.inputs.numpy()  # the same bytes, for the host-to-host memcpy
+        # [max_seqs + 1, output_size] float32
+        self.output = self.pinned[output_offset:].view(torch.float32).view(max_seqs + 1, output_size)
 
     @property
     def num_bytes(self) -> int:
-        tensors = (
-            self.input_ids,
-            self.position_ids,
-            self.token_type_ids,
-            self.seq_ids,
-            self.cu_seqlens,
-            self.output,
-        )
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return self.pinned.numel()
 
-    def stage(self, batch: PaddedBatch) -> None:
-        """Copy the padded arrays into this slot (host to host; the device copy follows)."""
-        tokens, seqs = batch.bucket.num_tokens, batch.bucket.num_seqs
-        self.input_ids[:tokens].numpy()[:] = batch.input_ids
-        self.position_ids[:tokens].numpy()[:] = batch.position_ids
-        self.token_type_ids[:tokens].numpy()[:] = batch.token_type_ids
-        self.seq_ids[:tokens].numpy()[:] = batch.seq_ids
-        self.cu_seqlens[: seqs + 2].numpy()[:] = batch.cu_seqlens
+    def stage(self, batch: PaddedBatch) -> torch.Tensor:
+        """Copy the batch's block into this slot (one host-to-host memcpy; the device copy follows).
+        Returns the staged bytes [num_bytes] uint8, pinned."""
+        num_bytes = batch.block.nbytes
+        self._inputs_np[:num_bytes] = batch.block
+        return self.inputs[:num_bytes]
+
+    def cu_seqlens(self, bucket: Bucket) -> torch.Tensor:
+        """The staged batch's int32 offsets [bucket.num_seqs + 2], pinned: what a per-batch
+        attention plan reads on the host (flashinfer)."""
+        return InputLayout.of(bucket).host_cu_seqlens(self.inputs)
 
 
 class PinnedRing:
@@ -115,6 +190,11 @@ class PinnedRing:
     def in_use_bytes(self) -> int:
         with self._cond:
             return sum(slot.num_bytes for slot in self.slots if slot not in self._free)
+
+    @property
+    def has_free(self) -> bool:
+        """A slot is free now, so `acquire` would not block (a len: safe without the lock)."""
+        return len(self._free) > 0
 
     def acquire(self) -> Slot:
         with self._cond:
