@@ -3,6 +3,9 @@
 The operator lists the candidate revision's ready pods and passes each one's address as a
 `--target` (a Service name would reach only one pod, and every pod captures its own graphs). The
 prewarm Job also reads the serving revision's hottest buckets from each of its pods (`--hot-from`).
+A worker pod already captured every reachable bucket when it started (`graphs.startupPrewarm: all`,
+the default), so there the Job finds them captured (it is idempotent); it captures what a `listed`
+or `none` start-up, or one whose `prewarmSeconds` ran out, left.
 Exit 1 is a verdict (a bucket failed) and fails the Job at once; exit 2 (a worker unreachable) is
 retried twice by the Job controller before the Job fails. `activeDeadlineSeconds` is the timeout.
 """

@@ -130,6 +130,15 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         "KEMBED_REVISION": revision,
     }
+    # What a pod captures at start, before it binds its port (and so before it is ready). Not part
+    # of the revision: a change replaces this ConfigMap and reaches pods started after it.
+    g = spec.graphs
+    env["KEMBED_WORKER_PREWARM"] = (
+        g.startup_prewarm if g.startup_prewarm != "listed" else ",".join(g.prewarm_buckets) or "none"
+    )
+    if g.prewarm_buckets and g.startup_prewarm == "all":
+        env["KEMBED_WORKER_PREWARM_HOT"] = ",".join(g.prewarm_buckets)
+    env["KEMBED_WORKER_PREWARM_SECONDS"] = str(g.prewarm_seconds)
     if m.served_name:
         env["KEMBED_WORKER_SERVED_MODEL_NAME"] = m.served_name
     # Overrides of the model's own pipeline: only written when set, so a model served as shipped
@@ -146,7 +155,9 @@ def engine_config_map(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> 
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(owner, n.engine_config_name(owner, revision), "worker", revision),
-        "immutable": True,  # one per revision: a revision's settings never change under running pods
+        # one per revision, replaced (never edited) when its prewarm settings change: a running pod
+        # keeps the settings it started with
+        "immutable": True,
         "data": engine_settings(spec, revision),
     }
 
@@ -155,7 +166,8 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
     w = spec.worker
     name = n.workers_name(owner, revision)
     tmp_volume, tmp_mount = scratch()
-    tcp = {"tcpSocket": {"port": "grpc"}}  # the worker binds its port only once the model is loaded
+    # the worker binds its port only once the model is loaded and its start-up prewarm is done
+    tcp = {"tcpSocket": {"port": "grpc"}}
     container = {
         "name": "worker",
         "image": image,
@@ -170,7 +182,8 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "resources": resources(w.resources),
         "securityContext": container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
-        # Weight load and allocation can take minutes on a large model: up to 30 min before liveness.
+        # Weight load, allocation and the start-up prewarm (graphs.prewarmSeconds at most) can take
+        # minutes on a large model: up to 30 min before liveness.
         "startupProbe": tcp | {"periodSeconds": 5, "failureThreshold": 360},
         "readinessProbe": tcp | {"periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": tcp | {"periodSeconds": 10, "failureThreshold": 6},

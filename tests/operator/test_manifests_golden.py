@@ -140,3 +140,36 @@ def test_monitors_carry_the_labels_prometheus_selects_by_and_ours_win():
         labels = monitor["metadata"]["labels"]
         assert labels["release"] == "kps"
         assert labels["app.kubernetes.io/component"] in ("gateway", "worker")
+
+
+@pytest.mark.parametrize(
+    ("graphs", "expected"),
+    [
+        ({}, {"KEMBED_WORKER_PREWARM": "all", "KEMBED_WORKER_PREWARM_SECONDS": "120"}),
+        (
+            {"prewarmBuckets": ["8x512", "1x64"], "prewarmSeconds": 300},
+            {
+                "KEMBED_WORKER_PREWARM": "all",
+                "KEMBED_WORKER_PREWARM_HOT": "8x512,1x64",
+                "KEMBED_WORKER_PREWARM_SECONDS": "300",
+            },
+        ),
+        (
+            {"prewarmBuckets": ["8x512", "1x64"], "startupPrewarm": "listed"},
+            {"KEMBED_WORKER_PREWARM": "8x512,1x64", "KEMBED_WORKER_PREWARM_SECONDS": "120"},
+        ),
+        (
+            {"startupPrewarm": "listed"},
+            {"KEMBED_WORKER_PREWARM": "none", "KEMBED_WORKER_PREWARM_SECONDS": "120"},
+        ),
+        (
+            {"prewarmBuckets": ["8x512"], "startupPrewarm": "none"},
+            {"KEMBED_WORKER_PREWARM": "none", "KEMBED_WORKER_PREWARM_SECONDS": "120"},
+        ),
+    ],
+    ids=["default-all", "all-hot-first", "listed", "listed-nothing", "none"],
+)
+def test_worker_pods_prewarm_at_start_as_the_spec_says(graphs, expected):
+    spec = parse_spec({**example("bge-m3-gpu.yaml")["spec"], "graphs": graphs})
+    env = m.engine_settings(spec, revision_of(spec, IMAGE))
+    assert {k: v for k, v in env.items() if k.startswith("KEMBED_WORKER_PREWARM")} == expected

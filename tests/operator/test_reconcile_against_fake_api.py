@@ -136,6 +136,18 @@ def test_scaling_workers_is_not_a_rollout(driver):
     assert status["phase"] == "Progressing"  # the gateway rolls to dial three workers
 
 
+def test_a_prewarm_change_reaches_new_pods_without_a_rollout_or_a_restart(driver):
+    revision = driver.promote()
+    (before,) = driver.cluster.named("Deployment", "worker")
+    driver.edit("graphs", startupPrewarm="none", prewarmSeconds=30)
+    status = driver.step()
+    assert status["activeRevision"] == revision and status["rollout"] is None
+    assert driver.cluster.named("Deployment", "worker") == [before]  # same pod template: no restart
+    (config_map,) = driver.cluster.named("ConfigMap", "worker")
+    assert config_map["data"]["KEMBED_WORKER_PREWARM"] == "none"  # replaced, for pods started later
+    assert config_map["data"]["KEMBED_WORKER_PREWARM_SECONDS"] == "30"
+
+
 def test_drift_is_repaired(driver):
     revision = driver.promote()
     del driver.cluster.objects[("Service", "ml", "minilm-gateway")]

@@ -36,6 +36,7 @@ NOT_SHAPING = {
     "gateway-replicas": ("gateway", {"replicas": 5}),
     "chunk-tokens": ("gateway", {"chunkTokens": 1024}),
     "prewarm-buckets": ("graphs", {"prewarmBuckets": ["1x64"]}),
+    "startup-prewarm": ("graphs", {"startupPrewarm": "listed", "prewarmSeconds": 30}),
     "min-cosine": ("rollout", {"minCosine": 0.99}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
 }
