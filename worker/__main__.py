@@ -169,6 +169,9 @@ async def serve(config: WorkerConfig, engine=None) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("worker stopping: finishing in-flight requests")
+    # Streams never end on their own: refuse their new requests (the gateway retries them on another
+    # replica), answer those in flight, end them; then the same for unary calls.
+    await service.streams.drain(timeout_s=10)
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()
     if metrics_server is not None:
