@@ -67,7 +67,9 @@ class StaticInputs:
     def __init__(self, max_tokens: int, max_seqs: int, device: torch.device) -> None:
         # [32 * max_tokens + 4 * (max_seqs + 2)] uint8: four int64 [tokens] arrays, int32 [seqs + 2]
         self.block = torch.zeros(max_input_bytes(max_tokens, max_seqs), dtype=torch.uint8, device=device)
+        # per bucket, made once: its typed views, and its prefix of the block (what a step copies into)
         self._views: dict[Bucket, tuple[torch.Tensor, ...]] = {}
+        self._prefixes: dict[Bucket, torch.Tensor] = {}
 
     def views(self, bucket: Bucket) -> tuple[torch.Tensor, ...]:
         """(input_ids, position_ids, token_type_ids, seq_ids [tokens] int64, cu_seqlens [seqs + 2]
@@ -79,8 +81,10 @@ class StaticInputs:
 
     def load(self, slot: Slot, bucket: Bucket) -> None:
         """One asynchronous host-to-device copy of the bucket's prefix of the slot's staged block."""
-        num_bytes = InputLayout.of(bucket).num_bytes
-        self.block[:num_bytes].copy_(slot.inputs[:num_bytes], non_blocking=True)
+        prefix = self._prefixes.get(bucket)
+        if prefix is None:
+            prefix = self._prefixes[bucket] = self.block[: InputLayout.of(bucket).num_bytes]
+        prefix.copy_(slot.prefix(bucket), non_blocking=True)
 
     def fill_neutral(self, bucket: Bucket) -> np.ndarray:
         """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
@@ -146,7 +150,8 @@ class CudaEngine:
         slot = self.ring.acquire()
         slot.stage(batch)  # one host-to-host memcpy into pinned memory
         self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
-        self._plan(slot.cu_seqlens(batch.bucket), slot)
+        if self._plan_attention is not None:  # flashinfer: plan on the slot's pinned offsets
+            self._plan_attention(slot.cu_seqlens(batch.bucket), slot)
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         event = torch.cuda.Event()

@@ -150,22 +150,33 @@ class Slot:
         self._inputs_np = self.inputs.numpy()  # the same bytes, for the host-to-host memcpy
         # [max_seqs + 1, output_size] float32
         self.output = self.pinned[output_offset:].view(torch.float32).view(max_seqs + 1, output_size)
+        # Per-bucket views, made once (a torch view costs microseconds on the step's path); touched
+        # by the launcher thread only.
+        self._prefixes: dict[Bucket, torch.Tensor] = {}
+        self._cu_seqlens: dict[Bucket, torch.Tensor] = {}
 
     @property
     def num_bytes(self) -> int:
         return self.pinned.numel()
 
-    def stage(self, batch: PaddedBatch) -> torch.Tensor:
-        """Copy the batch's block into this slot (one host-to-host memcpy; the device copy follows).
-        Returns the staged bytes [num_bytes] uint8, pinned."""
-        num_bytes = batch.block.nbytes
-        self._inputs_np[:num_bytes] = batch.block
-        return self.inputs[:num_bytes]
+    def stage(self, batch: PaddedBatch) -> None:
+        """Copy the batch's block into this slot (one host-to-host memcpy; the device copy follows)."""
+        self._inputs_np[: batch.block.nbytes] = batch.block
+
+    def prefix(self, bucket: Bucket) -> torch.Tensor:
+        """The staged bytes of a batch of `bucket` [InputLayout.of(bucket).num_bytes] uint8, pinned."""
+        view = self._prefixes.get(bucket)
+        if view is None:
+            view = self._prefixes[bucket] = self.inputs[: InputLayout.of(bucket).num_bytes]
+        return view
 
     def cu_seqlens(self, bucket: Bucket) -> torch.Tensor:
         """The staged batch's int32 offsets [bucket.num_seqs + 2], pinned: what a per-batch
         attention plan reads on the host (flashinfer)."""
-        return InputLayout.of(bucket).host_cu_seqlens(self.inputs)
+        view = self._cu_seqlens.get(bucket)
+        if view is None:
+            view = self._cu_seqlens[bucket] = InputLayout.of(bucket).host_cu_seqlens(self.inputs)
+        return view
 
 
 class PinnedRing:
