@@ -139,7 +139,9 @@ class CudaEngine:
     def can_launch_inline(self, batch: PaddedBatch) -> bool:
         """True iff `step(batch)` would only replay a captured graph, with a pinned slot free now:
         host work of a fraction of a millisecond, no capture, no eager forward, no wait for a slot.
-        (A captured bucket stays captured, so the answer holds until the step.)"""
+        (A captured bucket stays captured, so the answer holds until the step.) The engine is still
+        driven by one thread at a time: launch inline only while the launcher thread runs nothing
+        (no step, capture, prewarm or smoke test), as those rewrite the static block and the graphs."""
         return batch.is_bucketed and self.graphs.policy.is_captured(batch.bucket) and self.ring.has_free
 
     @torch.inference_mode()
