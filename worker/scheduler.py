@@ -6,11 +6,11 @@ span batches. Up to `max_inflight_batches` batches are launched at once, so whil
 loop already packs and launches N+1. Admission is bounded: past `max_queued_tokens` a request is
 refused at once (`Overloaded`), never queued without bound.
 
-The device work goes through a `BatchRunner`. On an idle worker a batch whose step is only a graph
-replay (`can_launch_inline`) is launched from the event loop and its completion polled there for up
-to `max_spin_s`: no thread hand-off either way, each of which costs a wake-up (60-130 µs on a GPU
-host). Otherwise launching and waiting happen on two dedicated threads so the event loop never
-blocks on the device.
+The device work goes through a `BatchRunner`; waiting for a batch's rows happens on a dedicated
+waiter thread so the event loop never blocks on the device. A batch whose step only replays a
+captured graph (`can_launch_inline`) is launched from the event loop while the launcher thread is
+idle, saving the hand-off to that thread (a wake-up: 60-130 µs on a GPU host); other batches, and
+every call that captures or runs eagerly, go through the launcher thread.
 """
 
 import asyncio
@@ -31,8 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class Pending(Protocol):
-    """A launched batch (the engine's LazyTensor): `wait()` blocks until its rows are on the host;
-    `is_ready()` (optional) says, without blocking, whether `wait()` would return at once."""
+    """A launched batch (the engine's LazyTensor): `wait()` blocks until its rows are on the host."""
 
     def wait(self) -> np.ndarray: ...
 
@@ -115,13 +114,9 @@ class Scheduler:
         max_inflight_batches: int = 2,
         hooks: SchedulerHooks | None = None,
         max_batch_sequences: int = 256,
-        max_spin_s: float = 0.003,
     ) -> None:
         self._runner = runner
         self._can_launch_inline = getattr(runner, "can_launch_inline", None)
-        # How long the loop polls an inline batch before handing the wait to the waiter thread: a
-        # small bucket's replay (~1-1.5 ms on an H200) ends within it; a long one stops burning CPU.
-        self.max_spin_s = max_spin_s
         self.max_batch_tokens = max_batch_tokens
         # Sequence cap as well: the CUDA engine's largest sequence bucket; past it a batch of many
         # short sequences would fit no captured graph.
@@ -140,7 +135,6 @@ class Scheduler:
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._num_threaded = 0  # launcher-thread jobs (batches until their rows are back, device calls)
-        self._num_inline = 0  # inline batches being polled on the loop
 
     @property
     def queued_tokens(self) -> int:
@@ -281,25 +275,13 @@ class Scheduler:
             self._inflight.release()
 
     async def _inline(self, packed: Any) -> tuple[np.ndarray, float, float]:
-        """(rows, launched_at, ready_at) of `packed`, launched from the loop (the launcher thread is
-        idle, so the engine is still driven by one thread at a time). The loop polls the result,
-        yielding between polls, while it is the only inline batch and for at most max_spin_s; then
-        the waiter thread takes the wait over."""
+        """(rows, launched_at, ready_at) of `packed`, launched from the loop: the launcher thread is
+        idle, so the engine is still driven by one thread at a time, and the hand-off to it (a
+        thread wake-up) is saved; the waiter thread waits for the rows as for any batch."""
         pending = self._runner.step(packed)
         launched_at = time.perf_counter()
-        self._num_inline += 1
-        try:
-            is_ready = getattr(pending, "is_ready", None)
-            give_up_at = launched_at + self.max_spin_s
-            while is_ready is not None and self._num_inline == 1 and time.perf_counter() < give_up_at:
-                if is_ready():
-                    return pending.wait(), launched_at, time.perf_counter()
-                await asyncio.sleep(0)
-            loop = asyncio.get_running_loop()
-            rows = await loop.run_in_executor(self._waiter, pending.wait)
-            return rows, launched_at, time.perf_counter()
-        finally:
-            self._num_inline -= 1
+        rows = await asyncio.get_running_loop().run_in_executor(self._waiter, pending.wait)
+        return rows, launched_at, time.perf_counter()
 
     def _on_device(self, packed: Any) -> asyncio.Future:
         """(rows, launched_at, ready_at) of `packed`: launched on the launcher thread, which hands the

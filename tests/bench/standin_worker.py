@@ -26,9 +26,6 @@ class _Pending:
         self._rows = rows
         self._done_at = done_at
 
-    def is_ready(self) -> bool:
-        return time.perf_counter() >= self._done_at
-
     def wait(self) -> np.ndarray:
         delay = self._done_at - time.perf_counter()
         if delay > 0:
@@ -39,9 +36,10 @@ class _Pending:
 class StandinEngine:
     """The engine interface the scheduler and server use, with a fixed step time and constant rows."""
 
-    def __init__(self, info: ModelInfo, step_s: float) -> None:
+    def __init__(self, info: ModelInfo, step_s: float, is_inline: bool = True) -> None:
         self.info = info
         self._step_s = step_s
+        self._is_inline = is_inline
         self._device_free_at = 0.0
         self._lock = threading.Lock()
         row = np.ones(info.dimensions, dtype=np.float32)
@@ -51,7 +49,7 @@ class StandinEngine:
         return len(lengths)
 
     def can_launch_inline(self, num_seqs: int) -> bool:
-        return True  # like a GPU engine whose every bucket is captured: a step is a replay
+        return self._is_inline  # like a GPU engine whose every bucket is captured: a step is a replay
 
     def step(self, num_seqs: int) -> _Pending:
         with self._lock:  # batches queue on the device one after another
@@ -76,6 +74,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step-ms", type=float, default=0.0, help="emulated device time per batch")
     parser.add_argument("--dimensions", type=int, default=1024, help="vector size (BGE-M3: 1024)")
+    parser.add_argument(
+        "--no-inline", action="store_true", help="launch every batch on the launcher thread (the busy path)"
+    )
     own, rest = parser.parse_known_args()
     config = parse_config(rest)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,7 +93,7 @@ def main() -> None:
         device="standin",
         attention_backend="none",
     )
-    run(config, StandinEngine(info, own.step_ms / 1e3))
+    run(config, StandinEngine(info, own.step_ms / 1e3, is_inline=not own.no_inline))
 
 
 if __name__ == "__main__":
