@@ -106,13 +106,14 @@ def pinned_fraction(scope: Scope) -> str:
 
 def graph_steps(scope: Scope) -> tuple[str, str]:
     """(cold eager steps, cold steps plus graph replays) per second, per revision: the steps that
-    could have used a graph, and those that found none because their bucket was cold."""
+    could have used a graph, and those that found none: their bucket was cold (a worker that does
+    not prewarm at start) or no captured bucket held them (`uncovered`, after prewarm)."""
 
     def steps(metric: str, *matchers: str) -> str:
         per_pod = of_workers(rate(metric, scope, *matchers), scope)
         return f"sum by (namespace, model, revision) ({per_pod})"
 
-    cold = steps("kembed_worker_eager_steps_total", 'reason="cold"')
+    cold = steps("kembed_worker_eager_steps_total", 'reason=~"cold|uncovered"')
     return cold, f"{cold} + {steps('kembed_worker_graph_replays_total')}"
 
 

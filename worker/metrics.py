@@ -33,7 +33,8 @@ DURATION_BUCKETS = tuple(2 ** (k / 4) for k in range(-64, 25))
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
 BATCH_STAGES = ("pack", "launch", "device", "resume")  # in SchedulerHooks.batch_stages' order
-EAGER_REASONS = ("cold", "uncapturable", "disabled", "full")  # as worker/engine/graphs.py names them
+# as worker/engine/graphs.py names them
+EAGER_REASONS = ("cold", "uncapturable", "disabled", "full", "uncovered")
 
 
 class QueueState(Protocol):
@@ -182,8 +183,9 @@ class EngineCollector(Collector):
         )
         eager = CounterMetricFamily(
             "kembed_worker_eager_steps",
-            "Steps run eagerly, by reason: cold (first hit), uncapturable (fits no bucket), disabled "
-            "(no graphs on this engine), full (graph cap reached).",
+            "Steps run eagerly, by reason: cold (first hit, without start-up prewarm), uncapturable "
+            "(fits no bucket), disabled (no graphs on this engine), full (graph cap reached), "
+            "uncovered (after prewarm, no captured bucket holds the batch).",
             labels=["reason"],
         )
         for reason in EAGER_REASONS:

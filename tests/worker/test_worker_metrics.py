@@ -90,7 +90,7 @@ async def test_metrics_parse_with_the_contracted_names_and_labels(served):
     states = {s.labels["state"] for s in families["kembed_worker_pinned_memory_bytes"].samples}
     reasons = {s.labels["reason"] for s in families["kembed_worker_eager_steps"].samples}
     assert states == {"in_use", "reserved"}
-    assert reasons == {"cold", "uncapturable", "disabled", "full"}
+    assert reasons == {"cold", "uncapturable", "disabled", "full", "uncovered"}
 
 
 async def test_an_embed_moves_the_batch_and_request_histograms(served):
