@@ -29,6 +29,8 @@ from kembed.worker.errors import InvalidInput, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
+IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
+
 
 class Pending(Protocol):
     """A launched batch (the engine's LazyTensor): `wait()` blocks until its rows are on the host."""
@@ -114,6 +116,7 @@ class Scheduler:
         max_inflight_batches: int = 2,
         hooks: SchedulerHooks | None = None,
         max_batch_sequences: int = 256,
+        idle_capture_check_s: float = 0.5,
     ) -> None:
         self._runner = runner
         self._can_launch_inline = getattr(runner, "can_launch_inline", None)
@@ -135,6 +138,12 @@ class Scheduler:
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._num_threaded = 0  # launcher-thread jobs (batches until their rows are back, device calls)
+        # Optional `capture_deferred(max_seconds) -> int` of the engine: graphs it could not capture
+        # before serving (prewarm's budget ran out; batches no captured bucket held).
+        self._capture_deferred = getattr(runner, "capture_deferred", None)
+        self._idle_task: asyncio.Task | None = None
+        self._idle_capture_check_s = idle_capture_check_s  # how often an idle worker looks for them
+        self._num_batches = 0  # batches launched since start
 
     @property
     def queued_tokens(self) -> int:
@@ -143,13 +152,16 @@ class Scheduler:
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
+        if self._capture_deferred is not None:
+            self._idle_task = asyncio.create_task(self._capture_when_idle(), name="kembed-idle-capture")
 
     async def close(self) -> None:
         """Stop taking work, fail what is queued, let launched batches finish."""
         self._closed = True
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        tasks = [task for task in (self._loop_task, self._idle_task) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         while self._queue:
             self._fail(self._queue.popleft().request, Unavailable("worker is shutting down"))
         await asyncio.gather(*self._inflight_tasks, return_exceptions=True)
@@ -217,9 +229,30 @@ class Scheduler:
                 self._inflight.release()
                 self._has_work.clear()
                 continue
+            self._num_batches += 1
             task = asyncio.create_task(self._execute(batch))
             self._inflight_tasks.add(task)
             task.add_done_callback(self._inflight_tasks.discard)
+
+    async def _capture_when_idle(self) -> None:
+        """Captures what the engine deferred, one short slice at a time and only while the worker is
+        idle, so a request that arrives meanwhile waits for at most one capture (~20 ms for a
+        BGE-M3-sized model). Asks again only after new batches, which may have found a bucket
+        uncovered."""
+        batches_seen = -1
+        while True:
+            await asyncio.sleep(self._idle_capture_check_s)
+            is_idle = not self._queue and not self._inflight_tasks and self._num_threaded == 0
+            if not is_idle or batches_seen == self._num_batches:
+                continue
+            batches_seen = self._num_batches
+            try:
+                while is_idle and await self.run_on_device(self._capture_deferred, IDLE_CAPTURE_SLICE_S):
+                    is_idle = not self._queue and not self._inflight_tasks
+            except Unavailable:  # closing
+                return
+            except Exception:
+                log.exception("capturing deferred buckets failed")
 
     def _take_batch(self) -> list[_Sequence]:
         """Pop sequences first come, first served until the next would pass the token budget (or the

@@ -106,3 +106,51 @@ async def test_a_busy_launcher_keeps_later_batches_on_it():
         assert runner.log[0].startswith("step:kembed-launch")
     finally:
         await scheduler.close()
+
+
+class DeferringRunner(DeviceLikeRunner):
+    """Holds `num_deferred` captures the engine could not make before serving."""
+
+    def __init__(self, num_deferred: int) -> None:
+        super().__init__(inline=True)
+        self.num_deferred = num_deferred
+        self.captures: list[tuple[str, int]] = []  # (thread, batches in flight then)
+        self.in_flight = 0
+
+    def step(self, packed):
+        self.in_flight += 1
+        pending = super().step(packed)
+        wait = pending.wait
+
+        def done():
+            rows = wait()
+            self.in_flight -= 1
+            return rows
+
+        pending.wait = done
+        return pending
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        if not self.num_deferred:
+            return 0
+        self.num_deferred -= 1
+        self.captures.append((threading.current_thread().name, self.in_flight))
+        return 1
+
+
+async def test_deferred_captures_run_on_the_launcher_only_while_idle():
+    runner = DeferringRunner(num_deferred=3)
+    scheduler = Scheduler(runner, max_batch_tokens=16, max_queued_tokens=10_000, idle_capture_check_s=0.01)
+    scheduler.start()
+    try:
+        for ids, lengths in _requests(seed=9, count=20):  # traffic, then idle
+            await scheduler.submit(ids, lengths)
+        for _ in range(100):
+            if not runner.num_deferred:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await scheduler.close()
+    assert runner.num_deferred == 0
+    assert len(runner.captures) == 3
+    assert all(thread.startswith("kembed-launch") and in_flight == 0 for thread, in_flight in runner.captures)
