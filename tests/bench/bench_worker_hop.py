@@ -78,25 +78,33 @@ def main() -> None:
     with log.open("w") as out:
         worker = subprocess.Popen(
             [sys.executable, "-P", str(HERE / "standin_worker.py"), "--step-ms", "0", "--port", str(port),
-             "--metrics-port", "0"],
+             "--metrics-port", "0", "--model", str(HERE)],  # the stand-in reads no model
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         address = f"127.0.0.1:{port}"
-        for _ in range(100):
+        for _ in range(600):  # the port opens once the worker is ready
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     break
             except OSError:
                 time.sleep(0.1)
-        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        else:
+            raise SystemExit(f"the worker did not open its port in 60 s:\n{log.read_text()[-2000:]}")
         loads = (("1 caller, idle gaps", 1, args.gap_ms / 1e3), ("16 callers", 16, 0.0))
-        for _ in range(args.rounds):
-            for label, callers, gap in loads:
-                for transport in ("unary", "stream"):
-                    lat = uvloop.run(measure(transport, address, callers, args.requests, gap))
-                    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-                    results.setdefault((label, transport), []).append((statistics.median(lat), p99))
+
+        async def every_round() -> dict[tuple[str, str], list[tuple[float, float]]]:
+            # one event loop for all: grpc.aio binds its completion-queue poller to the first
+            results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+            for _ in range(args.rounds):
+                for label, callers, gap in loads:
+                    for transport in ("unary", "stream"):
+                        lat = await measure(transport, address, callers, args.requests, gap)
+                        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+                        results.setdefault((label, transport), []).append((statistics.median(lat), p99))
+            return results
+
+        results = uvloop.run(every_round())
         print("| load | transport | p50 µs | p99 µs |\n|---|---|---:|---:|")
         for (label, transport), rounds in results.items():
             p50s, p99s = [r[0] for r in rounds], [r[1] for r in rounds]
