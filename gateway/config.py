@@ -69,11 +69,13 @@ class GatewayConfig:
     max_inflight_batches: a worker launches no more batches at once, so a chunk held back here would
     mostly have waited in its queue. 0: no limit, one RPC per chunk."""
 
-    worker_transport: str = "stream"
-    """How chunks travel to a worker: `stream`, one long-lived gRPC stream per replica carrying
-    every request of this process multiplexed by id (about half the per-request CPU and latency of
-    a unary call on each side), or `unary`, one Embed/Score RPC per group of chunks. A worker without
-    Stream (an older version) is reached by unary RPCs either way."""
+    worker_transport: str = "frames"
+    """How chunks travel to a worker: `frames`, one TCP connection per replica to the worker's data
+    port (advertised in its Info) carrying every request of this process as length-prefixed
+    protobuf frames, the cheapest (no HTTP/2, no gRPC completion-queue thread waking the loop for
+    each read and write); `stream`, one long-lived gRPC stream per replica, multiplexed the same way;
+    `unary`, one Embed/Score RPC per group of chunks. Each falls back to the next where the worker
+    offers less (no data port, or an older worker without Stream) or the data port is unreachable."""
 
     max_attempts: int = 3
     """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
@@ -160,7 +162,9 @@ class GatewayConfig:
                 raise ValueError(f"prompts must be a JSON object: {error}") from None
             if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
                 raise ValueError('prompts must be a JSON object of strings, e.g. {"query": "query: "}')
-        if self.worker_transport not in ("stream", "unary"):
-            raise ValueError(f"worker_transport must be stream or unary, not {self.worker_transport!r}")
+        if self.worker_transport not in ("frames", "stream", "unary"):
+            raise ValueError(
+                f"worker_transport must be frames, stream or unary, not {self.worker_transport!r}"
+            )
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")

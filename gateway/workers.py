@@ -34,13 +34,22 @@ from kembed.gateway.errors import (
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
-from kembed.gateway.streams import StreamUnsupported, WorkerStream
+from kembed.gateway.streams import (
+    DataPortUnreachable,
+    FrameStream,
+    StreamUnsupported,
+    WorkerStream,
+    data_port_host,
+)
 from kembed.gateway.vectors import decode_embeddings, decode_scores
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# After a replica's data port failed to connect (a network policy, a worker restarting), requests go
+# over gRPC; its Info is read again and the data port tried again this long after.
+DATA_PORT_RETRY_S = 30.0
 
 
 @dataclass(eq=False, slots=True)
@@ -50,7 +59,9 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: EmbedderStub
-    stream: WorkerStream | None  # the data path; None: unary RPCs (configured, or an older worker)
+    stream: WorkerStream | None  # the gRPC data path; None: unary RPCs (configured, or an older worker)
+    frames: FrameStream | None = None  # the data port's path, once Info advertised one (preferred)
+    data_port_lost_at: float = -math.inf  # loop.time() its data port last failed to connect
     windows: dict[str, RpcWindow] = field(default_factory=dict)  # by RPC method: "Embed", "Score"
     outstanding_tokens: int = 0
     num_chunks_served: int = 0
@@ -105,7 +116,7 @@ class WorkerPool:
         for address in self._config.worker_addresses:
             channel = grpc.aio.insecure_channel(address, options=options)
             stub = EmbedderStub(channel)
-            is_stream = self._config.worker_transport == "stream"
+            is_stream = self._config.worker_transport != "unary"
             replica = Replica(address, channel, stub, WorkerStream(stub, address) if is_stream else None)
             replica.windows = {method: self._window(replica, method) for method in ("Embed", "Score")}
             self.replicas.append(replica)
@@ -151,7 +162,15 @@ class WorkerPool:
         )
 
     async def _call(self, replica: Replica, kind: str, request: Any, timeout_s: float) -> Any:
-        """One Embed or Score on the replica's stream, or as a unary RPC where there is none."""
+        """One Embed or Score over the replica's data port, else its gRPC stream, else unary."""
+        if replica.frames is not None:
+            try:
+                return await replica.frames.request(kind, request, timeout_s)
+            except DataPortUnreachable as error:
+                log.warning("%s; using gRPC, trying it again in %.0f s", error, DATA_PORT_RETRY_S)
+                frames, replica.frames = replica.frames, None
+                replica.data_port_lost_at = asyncio.get_running_loop().time()
+                await frames.close()
         if replica.stream is not None:
             try:
                 return await replica.stream.request(kind, request, timeout_s)
@@ -162,12 +181,33 @@ class WorkerPool:
         call = replica.stub.Embed if kind == "embed" else replica.stub.Score
         return await call(request, timeout=timeout_s)
 
+    async def _use_data_port(self, replica: Replica) -> None:
+        """Frames to the data port the replica's Info advertises (a restarted worker may have moved
+        it), when configured and its address has a host to reach it on."""
+        host = data_port_host(replica.address)
+        port = replica.info.data_port if replica.info is not None else 0
+        current = replica.frames
+        if current is not None and (current.port, current.host) == (port, host):
+            return
+        replica.frames = None
+        if current is not None:
+            await current.close()
+        if self._config.worker_transport == "frames" and port and host is not None:
+            replica.frames = FrameStream(
+                replica.address,
+                host,
+                port,
+                self._config.max_grpc_message_bytes,
+                self._config.health_timeout_s,
+            )
+
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
         await asyncio.gather(*(w.close() for r in self.replicas for w in r.windows.values()))
         await asyncio.gather(*(r.stream.close() for r in self.replicas if r.stream is not None))
+        await asyncio.gather(*(r.frames.close() for r in self.replicas if r.frames is not None))
         await asyncio.gather(*(r.channel.close() for r in self.replicas))
 
     def _is_available(self, replica: Replica, now: float) -> bool:
@@ -187,10 +227,14 @@ class WorkerPool:
         try:
             health = await replica.stub.Health(pb.HealthRequest(), timeout=timeout)
             # Info again whenever a replica comes (back) up: a restarted worker may serve another revision.
+            lost_for = asyncio.get_running_loop().time() - replica.data_port_lost_at
+            is_retry_due = replica.frames is None and DATA_PORT_RETRY_S <= lost_for < math.inf
             if health.status == pb.HealthResponse.SERVING and (
-                replica.info is None or not replica.is_serving
+                replica.info is None or not replica.is_serving or is_retry_due
             ):
                 replica.info = await replica.stub.Info(pb.InfoRequest(), timeout=timeout)
+                replica.data_port_lost_at = -math.inf
+                await self._use_data_port(replica)
         except grpc.aio.AioRpcError as error:
             replica.last_error = f"{error.code().name}: {error.details()}"
             # A slow answer from a worker busy at full load is not a dead worker: only a refused

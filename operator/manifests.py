@@ -20,6 +20,9 @@ from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
 MODEL_MOUNT = "/models/model"
 GATEWAY_PORT = 8080
 WORKER_METRICS_PORT = 9091  # the worker's default metrics port (kembed.worker --metrics-port)
+# The worker's data port (kembed.worker --data-port): the gateway's requests as frames; fixed in a pod
+# (a free one by default) so that Services and network policies can name it.
+WORKER_DATA_PORT = 50052
 RUN_AS = 10001  # the uid/gid the kembed images create; any non-root uid works with a readable model
 PRESTOP_SLEEP_S = 5  # endpoints drop a terminating gateway pod before it stops accepting connections
 
@@ -116,6 +119,7 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_MODEL": MODEL_MOUNT,
         "KEMBED_WORKER_HOST": "0.0.0.0",
         "KEMBED_WORKER_PORT": str(w.port),
+        "KEMBED_WORKER_DATA_PORT": str(WORKER_DATA_PORT),
         "KEMBED_WORKER_DEVICE": w.device,
         "KEMBED_WORKER_DTYPE": m.dtype,
         "KEMBED_WORKER_ATTENTION_BACKEND": w.attention_backend,
@@ -177,6 +181,7 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "env": base_env(),
         "ports": [
             {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
+            {"name": "data", "containerPort": WORKER_DATA_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": resources(w.resources),
@@ -220,7 +225,10 @@ def worker_service(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dic
         "spec": {
             "clusterIP": "None",
             "selector": n.selector(owner, "worker", revision),
-            "ports": [{"name": "grpc", "port": spec.worker.port, "targetPort": "grpc", "protocol": "TCP"}],
+            "ports": [
+                {"name": "grpc", "port": spec.worker.port, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "data", "port": WORKER_DATA_PORT, "targetPort": "data", "protocol": "TCP"},
+            ],
         },
     }
 

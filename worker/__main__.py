@@ -48,6 +48,12 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     parser.add_argument("--host", default=default("host", WorkerConfig.host))
     parser.add_argument("--port", type=int, default=default("port", WorkerConfig.port))
     parser.add_argument(
+        "--data-port",
+        type=int,
+        default=default("data_port", WorkerConfig.data_port),
+        help="TCP port for the gateway's frames on --host (0: any free port, advertised in Info; -1: off)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=default("metrics_port", WorkerConfig.metrics_port),
@@ -124,9 +130,10 @@ async def serve(config: WorkerConfig, engine=None) -> None:
     """Serve until SIGINT/SIGTERM. `engine` defaults to the configured model's (`load_engine`); a
     benchmark passes a stand-in to measure the request path alone (tests/bench/standin_worker.py)."""
     # Imported here so `--help` and config errors answer without loading torch.
+    from kembed.worker.frames import serve_frames
     from kembed.worker.metrics import WorkerMetrics, serve_metrics
     from kembed.worker.scheduler import Scheduler
-    from kembed.worker.server import EmbedderService, build_server
+    from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
 
     if engine is None:
         from kembed.worker.engine import load_engine
@@ -155,6 +162,12 @@ async def serve(config: WorkerConfig, engine=None) -> None:
         )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port)
+    frames = None
+    if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
+        frames, data_port = await serve_frames(
+            service.streams, config.host, config.data_port, MAX_MESSAGE_BYTES
+        )
+        service.advertise_data_port(data_port)
     scheduler.start()
     await server.start()
     # What exists now (torch, the model's modules, the captured graphs, the server) lives as long as
@@ -162,15 +175,23 @@ async def serve(config: WorkerConfig, engine=None) -> None:
     # it, stopping the event loop for tens of ms while requests wait.
     gc.collect()
     gc.freeze()
-    log.info("worker serving %s on %s:%d", engine.info.model_name, config.host, port)
+    log.info(
+        "worker serving %s on %s:%d (data port %s)",
+        engine.info.model_name,
+        config.host,
+        port,
+        service.data_port or "off",
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("worker stopping: finishing in-flight requests")
-    # Streams never end on their own: refuse their new requests (the gateway retries them on another
-    # replica), answer those in flight, end them; then the same for unary calls.
+    # Streams and frame connections never end on their own: refuse their new requests (the gateway
+    # retries them on another replica), answer those in flight, end them; then the same for unary calls.
+    if frames is not None:
+        frames.close()  # no new connections
     await service.streams.drain(timeout_s=10)
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()

@@ -45,6 +45,13 @@ class WorkerConfig:
     port: int = 50051
     """gRPC port (the conventional gRPC default)."""
 
+    data_port: int = 0
+    """TCP port of the data port: the gateway's requests as length-prefixed frames, without gRPC's
+    per-message thread wake-ups (frames.py). It is advertised in Info, so the gateway finds it on
+    the gRPC port's host either way: 0 picks a free port (no clash between workers on one machine);
+    pods set a fixed one (50052) so that it can be named in a Service and a NetworkPolicy. -1: none,
+    the gateway then uses gRPC's Stream."""
+
     metrics_port: int = 9091
     """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091
     is the issue's contract, one above Prometheus' own 9090, clear of the gRPC port."""
@@ -142,6 +149,10 @@ class WorkerConfig:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.max_inflight_batches < 1:
             raise ValueError("max_inflight_batches must be at least 1")
+        if not -1 <= self.data_port < 65536:
+            raise ValueError(
+                f"data_port must be -1 (off), 0 (any free port) or a port number, not {self.data_port}"
+            )
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be 0 (off) or a port number, not {self.metrics_port}")
         if self.max_batch_sequences < 1 or self.max_graphs < 0 or self.max_pinned_bytes < 1:

@@ -23,6 +23,9 @@ from kembed.worker.streams import StreamServer
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+# A 4096-token chunk is 16 KiB in; a 64 x 1024-dim float32 answer 256 KiB out. 64 MiB leaves room for
+# big chunks of big models without letting one message eat the pod (gRPC messages and data frames).
+MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_MIN_COSINE = 0.999  # the seeds' 0.1%: what "graph replay equals eager" means here
 
 
@@ -153,6 +156,14 @@ class EmbedderService(pb_grpc.EmbedderServicer):
     async def Stream(self, request_iterator, context) -> None:
         await self.streams.serve(context)
 
+    def advertise_data_port(self, port: int) -> None:
+        """Info tells callers where the data port (frames.py) listens."""
+        self._info_response.data_port = port
+
+    @property
+    def data_port(self) -> int:
+        return self._info_response.data_port
+
     async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
         return self._info_response
 
@@ -228,10 +239,8 @@ def build_server(service: EmbedderService, host: str, port: int) -> tuple[grpc.a
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor()],
         options=[
-            # A 4096-token chunk is 16 KiB in; a 64 x 1024-dim float32 answer 256 KiB out. 64 MiB
-            # leaves room for big chunks of big models without letting one message eat the pod.
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
     pb_grpc.add_EmbedderServicer_to_server(service, server)

@@ -1,4 +1,5 @@
-"""The worker's side of `Stream`: many Embed/Score requests multiplexed over one long-lived gRPC stream.
+"""Many Embed/Score requests multiplexed over one long-lived connection: a gRPC `Stream` call, or a
+plain TCP connection of frames (frames.py), answered by the same code.
 
 A gateway process keeps one stream per replica open and sends every chunk over it; the answer to a
 request is a `StreamResponse` with the request's id, in completion order. Compared with one unary RPC
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 
@@ -38,8 +40,19 @@ def _code(status: grpc.StatusCode) -> int:
     return status.value[0]
 
 
-class _Stream:
-    """One open stream: its handler task, its requests' tasks by id, and its one writer."""
+class Connection(Protocol):
+    """One caller's multiplexed requests: a gRPC Stream call or a frame connection (frames.py)."""
+
+    tasks: dict[int, asyncio.Task]  # its requests in flight, by id
+
+    async def write(self, response: pb.StreamResponse) -> None: ...
+
+    async def end(self) -> None:
+        """Close it from the worker's side (drain): the caller sees UNAVAILABLE or end of file."""
+
+
+class _GrpcStream:
+    """One open Stream call: its handler task, its requests' tasks by id, and its one writer."""
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.context = context
@@ -51,41 +64,60 @@ class _Stream:
         async with self._write_lock:  # grpc.aio: one write in flight per call
             await self.context.write(response)
 
+    async def end(self) -> None:
+        with contextlib.suppress(Exception):  # ends the call on the wire: the caller reads UNAVAILABLE
+            await self.context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
+        if self.handler is not None:  # it may still wait in read(): wake it to leave
+            self.handler.cancel()
+            await asyncio.gather(self.handler, return_exceptions=True)
+
 
 class StreamServer:
-    """Serves `Stream` calls with the same handlers as the unary Embed and Score."""
+    """Serves multiplexed requests (`Stream` calls and frame connections) with the same handlers as
+    the unary Embed and Score."""
 
     def __init__(self, embed: Handler, score: Handler) -> None:
         self._handlers = {"embed": embed, "score": score}
-        self._streams: set[_Stream] = set()
+        self._connections: set[Connection] = set()
         self._is_draining = False
 
+    def open(self, connection: Connection) -> None:
+        self._connections.add(connection)
+
+    def close(self, connection: Connection) -> None:
+        """The connection is gone: its requests are cancelled (freeing their queue space)."""
+        self._connections.discard(connection)
+        for task in list(connection.tasks.values()):
+            task.cancel()
+
+    def dispatch(self, message: pb.StreamRequest, connection: Connection) -> None:
+        """Start answering one request, or cancel one (`cancel` set)."""
+        tasks = connection.tasks
+        kind = message.WhichOneof("kind")
+        if kind == "cancel":
+            task = tasks.pop(message.id, None)
+            if task is not None:
+                task.cancel()
+            return
+        task = asyncio.create_task(self._answer(message, kind, connection))
+        tasks[message.id] = task
+        task.add_done_callback(lambda done, key=message.id: _forget(tasks, key, done))
+
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
-        """One stream, until the caller closes or cancels it, or the worker drains."""
-        stream = _Stream(context)
-        tasks = stream.tasks
-        self._streams.add(stream)
+        """One gRPC Stream call, until the caller closes or cancels it, or the worker drains."""
+        stream = _GrpcStream(context)
+        self.open(stream)
         try:
             while True:
                 message = await context.read()
                 if message is grpc.aio.EOF:  # the caller is done sending: answer what is in flight
-                    await asyncio.gather(*tasks.values(), return_exceptions=True)
+                    await asyncio.gather(*stream.tasks.values(), return_exceptions=True)
                     return
-                kind = message.WhichOneof("kind")
-                if kind == "cancel":
-                    task = tasks.pop(message.id, None)
-                    if task is not None:
-                        task.cancel()
-                    continue
-                task = asyncio.create_task(self._answer(message, kind, stream))
-                tasks[message.id] = task
-                task.add_done_callback(lambda done, key=message.id: _forget(tasks, key, done))
+                self.dispatch(message, stream)
         finally:
-            self._streams.discard(stream)
-            for task in list(tasks.values()):
-                task.cancel()
+            self.close(stream)
 
-    async def _answer(self, message: pb.StreamRequest, kind: str, stream: _Stream) -> None:
+    async def _answer(self, message: pb.StreamRequest, kind: str, stream: Connection) -> None:
         request_id = message.id
         try:
             if self._is_draining:
@@ -115,19 +147,12 @@ class StreamServer:
             await stream.write(response)
 
     async def drain(self, timeout_s: float) -> None:
-        """Refuse new stream requests, let those in flight finish (up to `timeout_s`), end the streams."""
+        """Refuse new requests, let those in flight finish (up to `timeout_s`), end the connections."""
         self._is_draining = True
-        in_flight = [task for stream in self._streams for task in stream.tasks.values()]
+        in_flight = [task for connection in self._connections for task in connection.tasks.values()]
         if in_flight:  # those arriving from now on are refused at once, so this set only shrinks
             await asyncio.wait(in_flight, timeout=timeout_s)
-        streams = list(self._streams)
-        for stream in streams:  # ends the call on the wire: the caller reads UNAVAILABLE
-            with contextlib.suppress(Exception):
-                await stream.context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
-        handlers = [stream.handler for stream in streams if stream.handler is not None]
-        for handler in handlers:  # the handler may still wait in read(): wake it to leave
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+        await asyncio.gather(*(connection.end() for connection in list(self._connections)))
 
 
 def _forget(tasks: dict[int, asyncio.Task], key: int, done: asyncio.Task) -> None:

@@ -1,9 +1,9 @@
-"""The gateway→worker hop alone: the gateway's own unary and stream clients against a real worker
+"""The gateway→worker hop alone: the gateway's own unary, gRPC-stream and frame clients against a real worker
 process whose engine answers at once (standin_worker.py --step-ms 0), one query-sized request (48
 token ids in, one 1024-float row out). `python -P tests/bench/bench_worker_hop.py`.
 
 Two loads: one caller with an idle gap between requests (as a lone client: every wake-up is cold)
-and 16 concurrent callers back to back. The two transports alternate round by round, so drift on
+and 16 concurrent callers back to back. The transports alternate round by round, so drift on
 a shared host hits both. Prints p50/p99 µs per transport and load (median over rounds, worst in
 brackets). A benchmark, not a test.
 """
@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import uvloop
 
-from kembed.gateway.streams import WorkerStream
+from kembed.gateway.streams import FrameStream, WorkerStream
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
@@ -42,14 +42,18 @@ async def measure(
     message = pb.EmbedRequest(batch=pb.TokenBatch(token_ids=ids.tobytes(), lengths=[48]))
     channel = grpc.aio.insecure_channel(address)
     stub = EmbedderStub(channel)
-    stream = WorkerStream(stub, address)
+    info = await stub.Info(pb.InfoRequest())
+    if transport == "frames":
+        stream = FrameStream(address, "127.0.0.1", info.data_port, 64 << 20, 5.0)
+    else:
+        stream = WorkerStream(stub, address)
     latencies: list[float] = []
 
     async def call() -> None:
-        if transport == "stream":
-            await stream.request("embed", message, 10.0)
-        else:
+        if transport == "unary":
             await stub.Embed(message, timeout=10.0)
+        else:
+            await stream.request("embed", message, 10.0)
 
     async def caller() -> None:
         for _ in range(requests_each):
@@ -98,7 +102,7 @@ def main() -> None:
             results: dict[tuple[str, str], list[tuple[float, float]]] = {}
             for _ in range(args.rounds):
                 for label, callers, gap in loads:
-                    for transport in ("unary", "stream"):
+                    for transport in ("unary", "stream", "frames"):
                         lat = await measure(transport, address, callers, args.requests, gap)
                         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
                         results.setdefault((label, transport), []).append((statistics.median(lat), p99))

@@ -19,6 +19,9 @@ import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.errors import WorkerError
+from kembed.worker.frames import serve_frames
+from kembed.worker.streams import StreamServer
 
 DIMENSIONS = 8
 VOCAB_SIZE = 30522
@@ -60,6 +63,10 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     streams_opened: int = 0
     cancels: int = 0  # cancel messages received on streams
     stream_requests: int = 0  # Embed/Score requests received on streams
+    has_data_port: bool = True  # serve a data port (frames) beside gRPC and advertise it in Info
+    data_port: int = 0  # where it listens, once served
+    frame_requests: int = 0  # Embed/Score requests received on the data port
+    frame_connections: int = 0  # connections opened to the data port
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
@@ -138,6 +145,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
             max_batch_tokens=512,
             max_queued_tokens=65536,
             version="test",
+            data_port=self.data_port,
         )
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
@@ -157,16 +165,53 @@ class _AbortShim:
         raise _Aborted(status, details)
 
 
+def _as_worker_handler(fake: FakeEmbedder, method):
+    """The fake's Embed or Score as the worker's StreamServer calls it: a fake's abort becomes the
+    worker error of the same status, which the data port answers with that code."""
+
+    async def handle(request):
+        fake.frame_requests += 1
+        try:
+            return await method(request, _AbortShim())
+        except asyncio.CancelledError:  # a cancel message, or the connection closed
+            fake.cancels += 1
+            raise
+        except _Aborted as aborted:
+            error = WorkerError(aborted.details)
+            error.status = aborted.status.name
+            raise error from None
+
+    return handle
+
+
+class _CountingStreams(StreamServer):
+    def __init__(self, fake: FakeEmbedder) -> None:
+        super().__init__(_as_worker_handler(fake, fake.Embed), _as_worker_handler(fake, fake.Score))
+        self._fake = fake
+
+    def open(self, connection) -> None:
+        self._fake.frame_connections += 1
+        super().open(connection)
+
+
 @contextlib.asynccontextmanager
 async def serving(fake: FakeEmbedder) -> AsyncIterator[str]:
-    """Serve `fake` on a free loopback port for the block; yields its address."""
+    """Serve `fake` on a free loopback port for the block, and its data port (the real worker's frame
+    server around the fake's Embed and Score) unless `has_data_port` is off; yields its address."""
     server = grpc.aio.server()
     pb_grpc.add_EmbedderServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
+    frames = None
+    if fake.has_data_port:
+        streams = _CountingStreams(fake)
+        frames, fake.data_port = await serve_frames(streams, "127.0.0.1", 0, 64 << 20)
     await server.start()
     try:
         yield f"127.0.0.1:{port}"
     finally:
+        if frames is not None:
+            frames.close()
+            await streams.drain(0)
         await server.stop(None)
 
 

@@ -1,5 +1,6 @@
-"""The gateway's data path over one gRPC stream per replica: multiplexing, a replica dying mid-stream,
-deadlines and cancellation per request, and the unary fallback."""
+"""The gateway's data path, one connection per replica (the worker's data port, or a gRPC stream where
+it has none): multiplexing, a replica dying mid-stream, deadlines and cancellation per request, and
+the fallbacks."""
 
 from __future__ import annotations
 
@@ -9,11 +10,28 @@ import contextlib
 import grpc
 import numpy as np
 import pytest
-from gateway_fakes import FakeEmbedder, fake_vector, serving
+from gateway_fakes import FakeEmbedder, fake_vector, serving, unused_address
 
 from kembed.gateway.streams import WorkerStream
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+
+
+@pytest.fixture(params=["frames", "stream"])
+def transport(request) -> str:
+    return request.param
+
+
+def fake_for(transport: str, **kwargs) -> FakeEmbedder:
+    return FakeEmbedder(has_data_port=transport == "frames", **kwargs)
+
+
+def connections(fake: FakeEmbedder) -> int:
+    return fake.frame_connections if fake.has_data_port else fake.streams_opened
+
+
+def requests_received(fake: FakeEmbedder) -> int:
+    return fake.frame_requests if fake.has_data_port else fake.stream_requests
 
 
 def expected(sequences: list[list[int]]) -> np.ndarray:
@@ -21,46 +39,43 @@ def expected(sequences: list[list[int]]) -> np.ndarray:
     return raw / np.linalg.norm(raw, axis=1, keepdims=True)
 
 
-async def test_concurrent_requests_share_one_stream_and_reach_their_callers(gateway_with):
-    fake = FakeEmbedder(delay_s=0.002)
+async def test_concurrent_requests_share_one_connection_and_reach_their_callers(gateway_with, transport):
+    fake = fake_for(transport, delay_s=0.002)
     inputs = [[[i + 1, (i * 31) % 997 + 1, i % 7 + 1]] for i in range(64)]
     async with gateway_with(fake, max_inflight_rpcs=0) as client:  # every chunk its own request
         responses = await asyncio.gather(*(client.post("/embed", json={"inputs": x}) for x in inputs))
     assert [r.status_code for r in responses] == [200] * 64
     for sequences, response in zip(inputs, responses, strict=True):
         np.testing.assert_allclose(response.json(), expected(sequences), rtol=1e-6)
-    assert fake.streams_opened == 1
-    assert len(fake.batches) == 64  # each went as its own request on that one stream
+    assert connections(fake) == 1
+    assert len(fake.batches) == 64 == requests_received(fake)  # each its own request on that one
 
 
-async def test_a_replica_dying_mid_stream_loses_no_request(gateway_with):
-    healthy, doomed = FakeEmbedder(), FakeEmbedder(delay_s=5.0)  # doomed holds every request
+async def test_a_replica_dying_mid_stream_loses_no_request(gateway_with, transport):
+    healthy, doomed = fake_for(transport), fake_for(transport, delay_s=5.0)  # doomed holds them all
     async with contextlib.AsyncExitStack() as stack:
-        server = grpc.aio.server()
-        pb_grpc.add_EmbedderServicer_to_server(doomed, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        address = f"127.0.0.1:{port}"
+        dying = serving(doomed)
+        address = await dying.__aenter__()
         client = await stack.enter_async_context(
             gateway_with(address, healthy, max_inflight_rpcs=0, max_chunk_sequences=1)
         )
         sequences = [[i + 1, 2, 3] for i in range(24)]
         request = asyncio.create_task(client.post("/embed", json={"inputs": sequences}))
         for _ in range(200):  # until the doomed replica holds some of the chunks
-            if doomed.stream_requests and healthy.batches:
+            if requests_received(doomed) and healthy.batches:
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
-        await server.stop(None)  # killed: its stream breaks with chunks in flight
+        await dying.__aexit__(None, None, None)  # killed: its connection breaks with chunks in flight
         response = await asyncio.wait_for(request, 10)
     assert response.status_code == 200
     np.testing.assert_allclose(response.json(), expected(sequences), rtol=1e-6)
-    assert doomed.stream_requests > 0  # it held chunks when it died
+    assert requests_received(doomed) > 0  # it held chunks when it died
     assert len(healthy.sequences) == 24  # it answered none: all were retried on the other
 
 
-async def test_a_deadline_expires_per_request_and_the_stream_carries_on(gateway_with):
-    fake = FakeEmbedder(delay_s=2.0)
+async def test_a_deadline_expires_per_request_and_the_connection_carries_on(gateway_with, transport):
+    fake = fake_for(transport, delay_s=2.0)
     async with gateway_with(fake, request_timeout_s=0.3, max_inflight_rpcs=0) as client:
         slow = await client.post("/embed", json={"inputs": "slow"})
         assert slow.status_code == 504
@@ -72,11 +87,11 @@ async def test_a_deadline_expires_per_request_and_the_stream_carries_on(gateway_
                 break
             await asyncio.sleep(0.01)
     assert fake.cancels == 1
-    assert fake.streams_opened == 1
+    assert connections(fake) == 1
 
 
 async def test_a_caller_giving_up_sends_a_cancel():
-    fake = FakeEmbedder(delay_s=5.0)
+    fake = FakeEmbedder(delay_s=5.0, has_data_port=False)
     async with serving(fake) as address:
         channel = grpc.aio.insecure_channel(address)
         stream = WorkerStream(pb_grpc.EmbedderStub(channel), address)
@@ -96,7 +111,7 @@ async def test_a_caller_giving_up_sends_a_cancel():
 
 
 async def test_a_worker_without_stream_is_served_by_unary_calls(gateway_with):
-    old = FakeEmbedder(has_stream=False)
+    old = FakeEmbedder(has_stream=False, has_data_port=False)
     async with gateway_with(old) as client:
         for text in ("one", "two"):
             response = await client.post("/v1/embeddings", json={"input": text})
@@ -104,8 +119,20 @@ async def test_a_worker_without_stream_is_served_by_unary_calls(gateway_with):
     assert len(old.batches) == 2
 
 
-async def test_unary_transport_opens_no_stream(gateway_with):
-    fake = FakeEmbedder()
-    async with gateway_with(fake, worker_transport="unary") as client:
+@pytest.mark.parametrize("configured", ["unary", "stream"])
+async def test_the_configured_transport_is_used(gateway_with, configured):
+    fake = FakeEmbedder()  # offers all three
+    async with gateway_with(fake, worker_transport=configured) as client:
         assert (await client.post("/embed", json={"inputs": ["a", "b"]})).status_code == 200
-    assert fake.streams_opened == 0 and len(fake.batches) == 1
+    assert fake.frame_connections == 0 and len(fake.batches) == 1
+    assert fake.streams_opened == (1 if configured == "stream" else 0)
+
+
+async def test_an_unreachable_data_port_falls_back_to_the_grpc_stream(gateway_with):
+    fake = FakeEmbedder()
+    async with serving(fake) as address:
+        fake.data_port = int(unused_address().rpartition(":")[2])  # advertised, but nothing listens
+        async with gateway_with(address) as client:
+            for text in ("one", "two"):
+                assert (await client.post("/embed", json={"inputs": text})).status_code == 200
+    assert fake.frame_requests == 0 and fake.stream_requests == 2

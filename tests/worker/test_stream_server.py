@@ -1,7 +1,10 @@
-"""The worker's `Stream`: real grpc.aio server and client, many requests multiplexed over one stream."""
+"""Multiplexed requests in the worker, over both carriers: a gRPC `Stream` call (real grpc.aio server
+and client) and a connection to the data port (real TCP, length-prefixed frames)."""
 
 import asyncio
+import struct
 import threading
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.frames import serve_frames
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.server import EmbedderService, build_server
@@ -49,30 +53,95 @@ class EchoRunner:
         return _Rows(rows, self.gate)
 
 
-async def _serve(runner, **kwargs):
-    scheduler = Scheduler(runner, max_batch_tokens=64, max_queued_tokens=4096, **kwargs)
-    service = EmbedderService(runner, scheduler, scheduler.max_batch_tokens, revision="r1")
-    server, port = build_server(service, "127.0.0.1", 0)
-    scheduler.start()
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return service, server, scheduler, channel, pb_grpc.EmbedderStub(channel)
+class Ended(Exception):
+    """The worker ended the connection: UNAVAILABLE on gRPC, end of file on frames."""
 
 
-@pytest.fixture
-async def served():
-    runners = []
+class GrpcClient:
+    def __init__(self, stub) -> None:
+        self._call = stub.Stream()
+
+    async def send(self, message: pb.StreamRequest) -> None:
+        await self._call.write(message)
+
+    async def read(self) -> pb.StreamResponse:
+        try:
+            response = await asyncio.wait_for(self._call.read(), 5)
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            raise Ended from None
+        if response is grpc.aio.EOF:
+            raise Ended
+        return response
+
+    async def close(self) -> None:
+        self._call.cancel()
+
+
+class FrameClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def send(self, message: pb.StreamRequest | bytes) -> None:
+        body = message if isinstance(message, bytes) else message.SerializeToString()
+        self._writer.write(struct.pack("<I", len(body)) + body)
+        await self._writer.drain()
+
+    async def read(self) -> pb.StreamResponse:
+        try:
+            (length,) = struct.unpack("<I", await asyncio.wait_for(self._reader.readexactly(4), 5))
+            body = await self._reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise Ended from None
+        return pb.StreamResponse.FromString(body)
+
+    async def close(self) -> None:
+        self._writer.close()
+        await self._writer.wait_closed()
+
+
+@dataclass
+class Worker:
+    service: EmbedderService
+    scheduler: Scheduler
+    stub: pb_grpc.EmbedderStub
+    carrier: str
+    data_port: int
+    clients: list
+
+    async def open(self):
+        if self.carrier == "grpc":
+            client = GrpcClient(self.stub)
+        else:
+            client = FrameClient(*await asyncio.open_connection("127.0.0.1", self.data_port))
+        self.clients.append(client)
+        return client
+
+
+@pytest.fixture(params=["grpc", "frames"])
+async def served(request):
+    started = []
 
     async def start(runner, **kwargs):
-        parts = await _serve(runner, **kwargs)
-        runners.append(parts)
-        return parts
+        scheduler = Scheduler(runner, max_batch_tokens=64, max_queued_tokens=4096, **kwargs)
+        service = EmbedderService(runner, scheduler, scheduler.max_batch_tokens, revision="r1")
+        server, port = build_server(service, "127.0.0.1", 0)
+        frames, data_port = await serve_frames(service.streams, "127.0.0.1", 0, 1 << 20)
+        scheduler.start()
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        worker = Worker(service, scheduler, pb_grpc.EmbedderStub(channel), request.param, data_port, [])
+        started.append((worker, server, frames, channel))
+        return worker
 
     yield start
-    for _service, server, scheduler, channel, _ in runners:
+    for worker, server, frames, channel in started:
+        for client in worker.clients:
+            await client.close()
+        frames.close()
         await channel.close()
         await server.stop(None)
-        await scheduler.close()
+        await worker.scheduler.close()
 
 
 def embed(request_id: int, first: int, length: int, timeout_ms: int = 0) -> pb.StreamRequest:
@@ -86,119 +155,124 @@ def rows_of(response: pb.StreamResponse) -> np.ndarray:
     return np.frombuffer(e.embeddings, "<f4").reshape(e.num_sequences, e.dimensions)
 
 
-async def test_many_requests_on_one_stream_are_answered_to_their_ids(served):
-    _, _, _, _, stub = await served(EchoRunner())
-    call = stub.Stream()
+async def until(condition, timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_many_requests_on_one_connection_are_answered_to_their_ids(served):
+    worker = await served(EchoRunner())
+    client = await worker.open()
     for i in range(200):
-        await call.write(embed(i, first=i + 1, length=1 + i % 7))
+        await client.send(embed(i, first=i + 1, length=1 + i % 7))
     answers = {}
     while len(answers) < 200:
-        response = await call.read()
+        response = await client.read()
         answers[response.id] = rows_of(response)
-    await call.done_writing()
-    assert await call.read() is grpc.aio.EOF
     for i in range(200):
         np.testing.assert_array_equal(answers[i], [[i + 1, 1 + i % 7, 0]])
 
 
 async def test_an_invalid_request_fails_alone_with_its_status(served):
-    _, _, _, _, stub = await served(EchoRunner())
-    call = stub.Stream()
-    await call.write(embed(1, first=5000, length=2))  # id past the vocabulary
-    await call.write(embed(2, first=5, length=2))
-    first, second = sorted([await call.read(), await call.read()], key=lambda r: r.id)
+    worker = await served(EchoRunner())
+    client = await worker.open()
+    await client.send(embed(1, first=5000, length=2))  # id past the vocabulary
+    await client.send(embed(2, first=5, length=2))
+    first, second = sorted([await client.read(), await client.read()], key=lambda r: r.id)
     assert first.WhichOneof("result") == "error"
     assert first.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "outside [0, 1000)" in first.error.message
     np.testing.assert_array_equal(rows_of(second), [[5, 2, 0]])
-    call.cancel()
 
 
 async def test_a_deadline_expires_per_request_and_frees_its_queue_space(served):
     gate = threading.Event()
-    _, _, scheduler, _, stub = await served(EchoRunner(gate))
-    call = stub.Stream()
-    await call.write(embed(1, first=1, length=4))  # launched, held at the gate
-    await call.write(embed(2, first=2, length=4, timeout_ms=100))  # waits behind it, times out
-    response = await asyncio.wait_for(call.read(), 5)
+    worker = await served(EchoRunner(gate))
+    client = await worker.open()
+    await client.send(embed(1, first=1, length=4))  # launched, held at the gate
+    await client.send(embed(2, first=2, length=4, timeout_ms=100))  # waits behind it, times out
+    response = await client.read()
     assert (response.id, response.error.code) == (2, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
-    assert scheduler.queued_tokens == 4  # only request 1 still holds tokens
+    assert worker.scheduler.queued_tokens == 4  # only request 1 still holds tokens
     gate.set()
-    response = await asyncio.wait_for(call.read(), 5)
+    response = await client.read()
     assert response.id == 1 and rows_of(response).shape == (1, 3)
-    call.cancel()
 
 
 async def test_cancel_frees_the_queue_and_sends_no_answer(served):
     gate = threading.Event()
     runner = EchoRunner(gate)
-    _, _, scheduler, _, stub = await served(runner, max_inflight_batches=1)
-    call = stub.Stream()
-    await call.write(embed(1, first=1, length=60))  # fills a batch of 64 tokens, held
-    await call.write(embed(2, first=2, length=60))  # queued behind
-    for _ in range(100):
-        if scheduler.queued_tokens == 120:
-            break
-        await asyncio.sleep(0.01)
-    await call.write(pb.StreamRequest(id=2, cancel=pb.StreamCancel()))
-    for _ in range(100):
-        if scheduler.queued_tokens == 60:
-            break
-        await asyncio.sleep(0.01)
-    assert scheduler.queued_tokens == 60
+    worker = await served(runner, max_inflight_batches=1)
+    client = await worker.open()
+    await client.send(embed(1, first=1, length=60))  # fills a batch of 64 tokens, held
+    await client.send(embed(2, first=2, length=60))  # queued behind
+    await until(lambda: worker.scheduler.queued_tokens == 120)
+    await client.send(pb.StreamRequest(id=2, cancel=pb.StreamCancel()))
+    await until(lambda: worker.scheduler.queued_tokens == 60)
+    assert worker.scheduler.queued_tokens == 60
     gate.set()
-    await call.write(embed(3, first=3, length=1))
-    ids = [(await asyncio.wait_for(call.read(), 5)).id for _ in range(2)]
+    await client.send(embed(3, first=3, length=1))
+    ids = [(await client.read()).id for _ in range(2)]
     assert sorted(ids) == [1, 3]  # 2 was never answered
     assert runner.num_batches == 2  # and never ran
-    call.cancel()
 
 
 async def test_a_caller_leaving_cancels_its_requests(served):
     gate = threading.Event()
-    _, _, scheduler, _, stub = await served(EchoRunner(gate))
-    call = stub.Stream()
-    await call.write(embed(1, first=1, length=60))
-    await call.write(embed(2, first=2, length=60))
-    for _ in range(100):
-        if scheduler.queued_tokens == 120:
-            break
-        await asyncio.sleep(0.01)
-    call.cancel()
-    for _ in range(200):
-        if scheduler.queued_tokens == 0:
-            break
-        await asyncio.sleep(0.01)
+    worker = await served(EchoRunner(gate))
+    client = await worker.open()
+    await client.send(embed(1, first=1, length=60))
+    await client.send(embed(2, first=2, length=60))
+    await until(lambda: worker.scheduler.queued_tokens == 120)
+    await client.close()
+    worker.clients.remove(client)
+    await until(lambda: worker.scheduler.queued_tokens == 0)
     gate.set()
-    assert scheduler.queued_tokens == 0
+    assert worker.scheduler.queued_tokens == 0
 
 
 async def test_drain_finishes_requests_in_flight_and_refuses_new_ones(served):
     gate = threading.Event()
-    service, _, _, _, stub = await served(EchoRunner(gate))
-    call = stub.Stream()
-    await call.write(embed(1, first=1, length=4))
+    worker = await served(EchoRunner(gate))
+    client = await worker.open()
+    await client.send(embed(1, first=1, length=4))
     await asyncio.sleep(0.05)
-    draining = asyncio.create_task(service.streams.drain(timeout_s=5))
+    draining = asyncio.create_task(worker.service.streams.drain(timeout_s=5))
     await asyncio.sleep(0.05)
-    await call.write(embed(2, first=2, length=4))
-    refused = await asyncio.wait_for(call.read(), 5)
+    await client.send(embed(2, first=2, length=4))
+    refused = await client.read()
     assert (refused.id, refused.error.code) == (2, grpc.StatusCode.UNAVAILABLE.value[0])
     gate.set()
-    answered = await asyncio.wait_for(call.read(), 5)
+    answered = await client.read()
     assert answered.id == 1 and rows_of(answered).shape == (1, 3)
     await asyncio.wait_for(draining, 5)
-    with pytest.raises(grpc.aio.AioRpcError) as ended:  # then the stream ends
-        await asyncio.wait_for(call.read(), 5)
-    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Ended):  # then the worker ends the connection
+        await client.read()
 
 
-async def test_unary_embed_still_works_beside_a_stream(served):
-    _, _, _, _, stub = await served(EchoRunner())
-    call = stub.Stream()
-    await call.write(embed(7, first=9, length=3))
-    unary = await stub.Embed(embed(0, first=4, length=2).embed)
+async def test_unary_embed_still_works_beside_a_connection(served):
+    worker = await served(EchoRunner())
+    client = await worker.open()
+    await client.send(embed(7, first=9, length=3))
+    unary = await worker.stub.Embed(embed(0, first=4, length=2).embed)
     rows = np.frombuffer(unary.embeddings, "<f4").reshape(1, 3)
     np.testing.assert_array_equal(rows, [[4, 2, 0]])
-    np.testing.assert_array_equal(rows_of(await call.read()), [[9, 3, 0]])
-    call.cancel()
+    np.testing.assert_array_equal(rows_of(await client.read()), [[9, 3, 0]])
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [struct.pack("<I", 2 << 20), struct.pack("<I", 5) + b"\xff\xff\xff\xff\xff"],
+    ids=["frame-over-the-limit", "not-a-stream-request"],
+)
+@pytest.mark.parametrize("served", ["frames"], indirect=True)  # framing exists on the data port only
+async def test_a_broken_frame_closes_only_its_connection(served, garbage):
+    worker = await served(EchoRunner())
+    bad, good = await worker.open(), await worker.open()
+    bad._writer.write(garbage)
+    with pytest.raises(Ended):
+        await bad.read()
+    await good.send(embed(1, first=3, length=2))
+    np.testing.assert_array_equal(rows_of(await good.read()), [[3, 2, 0]])

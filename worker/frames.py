@@ -1,0 +1,98 @@
+"""The worker's data port: `Stream`'s messages over plain TCP, one frame each.
+
+A frame is a 4-byte little-endian length, then that many bytes of a serialized `StreamRequest` (in)
+or `StreamResponse` (out). Requests are answered by the same `StreamServer` as the gRPC `Stream`,
+so ids, deadlines, cancellation, error codes and draining are the same; only the carriage differs.
+The point is what it leaves out: grpc.aio completes every read and write on a poller thread that
+must wake the event loop, several wake-ups per request, each 60-130 µs on a GPU host when idle; here
+a request arrives as one socket read on the loop and its answer leaves with one `write` that does
+not wait.
+
+Hostile input: a frame longer than `max_frame_bytes` or bytes that do not parse close the
+connection (its requests are cancelled); nothing else is read from a peer that breaks the framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+
+from google.protobuf.message import DecodeError
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.worker.streams import StreamServer
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("<I")
+
+
+class FrameConnection(asyncio.Protocol):
+    """One caller's connection to the data port."""
+
+    def __init__(self, server: StreamServer, max_frame_bytes: int) -> None:
+        self._server = server
+        self._max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server.open(self)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while len(buffer) - start >= 4:
+            (length,) = _LENGTH.unpack_from(buffer, start)
+            if length > self._max_frame_bytes:
+                self._refuse(f"a frame of {length} bytes is over the limit of {self._max_frame_bytes}")
+                return
+            end = start + 4 + length
+            if len(buffer) < end:
+                break
+            message = pb.StreamRequest()
+            try:
+                message.ParseFromString(bytes(buffer[start + 4 : end]))
+            except DecodeError:
+                self._refuse("a frame is not a StreamRequest")
+                return
+            start = end
+            self._server.dispatch(message, self)
+        del buffer[:start]
+
+    def _refuse(self, reason: str) -> None:
+        peer = self._transport.get_extra_info("peername") if self._transport else None
+        log.warning("closing data connection from %s: %s", peer, reason)
+        self._buffer.clear()
+        if self._transport is not None:
+            self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.close(self)
+
+    async def write(self, response: pb.StreamResponse) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        body = response.SerializeToString()
+        self._transport.write(_LENGTH.pack(len(body)) + body)
+
+    async def end(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+async def serve_frames(
+    server: StreamServer, host: str, port: int, max_frame_bytes: int
+) -> tuple[asyncio.Server, int]:
+    """The data port's listening server on host:port (0 picks a free port), and the port it got."""
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: FrameConnection(server, max_frame_bytes), host, port)
+    return listener, listener.sockets[0].getsockname()[1]
