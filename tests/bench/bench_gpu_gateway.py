@@ -231,7 +231,7 @@ def main() -> None:
         tmp / "worker.log",
     )
     gateway = None
-    rows, stage_rows = [], []
+    rows, stage_rows, first_rows = [], [], []
     try:
         is_prewarmed = False
         for processes in args.gateway_processes:
@@ -258,6 +258,13 @@ def main() -> None:
                 )
                 print(prewarm.stdout.strip(), prewarm.stderr.strip()[-300:], flush=True)
                 is_prewarmed = True
+            # The first traffic a fresh worker sees (after the prewarm a rollout runs): 16 clients,
+            # then the warm-up; the first gateway process's figure is the after-a-rollout one.
+            first = sorted(run_clients(args, port, 16, 50))
+            first_rows.append(
+                f"| {processes} | {statistics.median(first):.2f} "
+                f"| {first[min(len(first) - 1, int(0.99 * len(first)))]:.2f} | {first[-1]:.2f} |"
+            )
             run_clients(args, port, 16, 50)  # warm-up: connections, any bucket prewarm missed
             for concurrency in (1, 2, 4, 8, 16):
                 cpu_before = [bench_gateway_path.cpu_seconds(p.pid) for p in (gateway, worker)]
@@ -306,6 +313,11 @@ def main() -> None:
             "|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         print("\n".join(rows))
+        print(
+            "\nFirst traffic (16 clients x 50 requests, before any warm-up; the first row is a fresh "
+            "worker's):\n\n| gateway processes | p50 ms | p99 ms | max ms |\n|---:|---:|---:|---:|"
+        )
+        print("\n".join(first_rows))
         print(
             "\nWhere the time goes (p50 / p99 ms of each stage, from the services' histograms):\n\n"
             "| gateway processes | concurrent clients | client | "
