@@ -156,7 +156,7 @@ class CudaEngine:
             self._plan_attention(slot.cu_seqlens(batch.bucket), slot)
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 
@@ -195,7 +195,7 @@ class CudaEngine:
         output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
         rows = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
         rows.copy_(output, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
         event.record()
         return LazyTensor(rows, event, keepalive=(output,))
 

@@ -102,7 +102,7 @@ class Engine:
             return LazyTensor(pooled, None)
         host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
         host.copy_(pooled, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
         event.record()
         return LazyTensor(host, event, keepalive=(pooled,))
 

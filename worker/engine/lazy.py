@@ -10,9 +10,15 @@ class LazyTensor:
     `step` returns one at once; `wait()` blocks the calling thread (never the event loop: the
     scheduler calls it from a waiter thread) until the copy has landed, then hands back a numpy view.
     `is_ready()` never blocks: True when `wait()` would return at once (always on the CPU, where the
-    result is computed before `step` returns), so a caller on the event loop may poll it and call
-    `wait()` inline only then. `keepalive` holds the device tensors the copy reads from until the copy
-    has completed.
+    result is computed before `step` returns). `keepalive` holds the device tensors the copy reads
+    from until the copy has completed.
+
+    The engines record their events with `blocking=True`. CUDA's default synchronisation spins a
+    core until the event fires, a whole step's worth of CPU per batch on the waiter thread; a
+    blocking-sync event puts the waiter to sleep in the driver instead. On the H200 host, at 16
+    clients through the gateway, that halved the worker's CPU per request (359 to 150 µs) and raised
+    requests/s by a quarter; at one client p50 moved from 2.28 to 2.56 ms in that run, while spinning
+    only for a batch alone in flight gave 2.55 in the next, within the spread between runs.
     """
 
     def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple = ()) -> None:
