@@ -156,7 +156,10 @@ class CudaEngine:
             self._plan_attention(slot.cu_seqlens(batch.bucket), slot)
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
-        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
+        # Alone in flight: the waiter spins until the event fires (CUDA's default), the quickest
+        # wake-up, on a worker that is idle anyway. Behind another batch: a blocking event, whose
+        # waiter sleeps in the driver, so a busy worker does not burn a core on every wait (lazy.py).
+        event = torch.cuda.Event(blocking=self.ring.num_in_use > 1)
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 

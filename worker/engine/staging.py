@@ -203,6 +203,11 @@ class PinnedRing:
             return sum(slot.num_bytes for slot in self.slots if slot not in self._free)
 
     @property
+    def num_in_use(self) -> int:
+        """Slots holding a batch in flight now (lens: safe without the lock)."""
+        return len(self.slots) - len(self._free)
+
+    @property
     def has_free(self) -> bool:
         """A slot is free now, so `acquire` would not block (a len: safe without the lock)."""
         return len(self._free) > 0
