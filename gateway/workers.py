@@ -71,9 +71,15 @@ class Replica:
     info: pb.InfoResponse | None = None
     last_error: str = ""
 
+    @property
+    def transport(self) -> str:
+        """How requests reach it now: `frames` (its data port), `stream` (gRPC) or `unary`."""
+        return "frames" if self.frames is not None else "stream" if self.stream is not None else "unary"
+
     def describe(self) -> dict[str, Any]:
         return {
             "address": self.address,
+            "transport": self.transport,
             "serving": self.is_serving,
             "outstanding_tokens": self.outstanding_tokens,
             "queued_tokens": self.queued_tokens,

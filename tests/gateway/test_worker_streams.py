@@ -124,6 +124,7 @@ async def test_the_configured_transport_is_used(gateway_with, configured):
     fake = FakeEmbedder()  # offers all three
     async with gateway_with(fake, worker_transport=configured) as client:
         assert (await client.post("/embed", json={"inputs": ["a", "b"]})).status_code == 200
+        assert [w["transport"] for w in (await client.get("/info")).json()["workers"]] == [configured]
     assert fake.frame_connections == 0 and len(fake.batches) == 1
     assert fake.streams_opened == (1 if configured == "stream" else 0)
 
@@ -133,6 +134,8 @@ async def test_an_unreachable_data_port_falls_back_to_the_grpc_stream(gateway_wi
     async with serving(fake) as address:
         fake.data_port = int(unused_address().rpartition(":")[2])  # advertised, but nothing listens
         async with gateway_with(address) as client:
+            assert [w["transport"] for w in (await client.get("/info")).json()["workers"]] == ["frames"]
             for text in ("one", "two"):
                 assert (await client.post("/embed", json={"inputs": text})).status_code == 200
+            assert [w["transport"] for w in (await client.get("/info")).json()["workers"]] == ["stream"]
     assert fake.frame_requests == 0 and fake.stream_requests == 2
