@@ -23,18 +23,17 @@ import contextlib
 import itertools
 import logging
 import socket
-import struct
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
+from kembed.proto.framing import FrameError, FrameReader, frame
 
 log = logging.getLogger(__name__)
 
 _STATUS_BY_CODE = {status.value[0]: status for status in grpc.StatusCode}
-_LENGTH = struct.Struct("<I")
 
 
 class StreamUnsupported(Exception):
@@ -225,8 +224,7 @@ class _FrameLink(_Link, asyncio.Protocol):
     def __init__(self, owner: FrameStream, max_frame_bytes: int) -> None:
         _Link.__init__(self)
         self._owner = owner
-        self._max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray()
+        self._reader = FrameReader(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -236,25 +234,19 @@ class _FrameLink(_Link, asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        while len(buffer) - start >= 4:
-            (length,) = _LENGTH.unpack_from(buffer, start)
-            end = start + 4 + length
-            if length > self._max_frame_bytes or len(buffer) < end:
-                if length > self._max_frame_bytes:
-                    self._owner._break(self, OSError(f"the worker sent a frame of {length} bytes"))
-                break
+        try:
+            bodies = self._reader.feed(data)
+        except FrameError as error:
+            self._owner._break(self, OSError(f"the worker broke the framing: {error}"))
+            return
+        for body in bodies:
             response = pb.StreamResponse()
             try:
-                response.ParseFromString(bytes(buffer[start + 4 : end]))
+                response.ParseFromString(body)
             except DecodeError:
                 self._owner._break(self, OSError("the worker sent a frame that is not a StreamResponse"))
                 return
-            start = end
             self._owner._deliver(self, response)
-        del buffer[:start]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._owner._break(self, exc or OSError("the worker closed the connection"))
@@ -262,8 +254,7 @@ class _FrameLink(_Link, asyncio.Protocol):
     async def send(self, message: pb.StreamRequest) -> None:
         if self._transport is None or self._transport.is_closing():
             raise OSError("the connection is closed")
-        body = message.SerializeToString()
-        self._transport.write(_LENGTH.pack(len(body)) + body)
+        self._transport.write(frame(message.SerializeToString()))
 
     def close(self) -> None:
         if self._transport is not None:

@@ -17,16 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
 
 from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
+from kembed.proto.framing import FrameError, FrameReader, frame
 from kembed.worker.streams import StreamServer
 
 log = logging.getLogger(__name__)
-
-_LENGTH = struct.Struct("<I")
 
 
 class FrameConnection(asyncio.Protocol):
@@ -34,8 +32,7 @@ class FrameConnection(asyncio.Protocol):
 
     def __init__(self, server: StreamServer, max_frame_bytes: int) -> None:
         self._server = server
-        self._max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray()
+        self._reader = FrameReader(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self.tasks: dict[int, asyncio.Task] = {}
 
@@ -47,31 +44,23 @@ class FrameConnection(asyncio.Protocol):
         self._server.open(self)
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        while len(buffer) - start >= 4:
-            (length,) = _LENGTH.unpack_from(buffer, start)
-            if length > self._max_frame_bytes:
-                self._refuse(f"a frame of {length} bytes is over the limit of {self._max_frame_bytes}")
-                return
-            end = start + 4 + length
-            if len(buffer) < end:
-                break
+        try:
+            bodies = self._reader.feed(data)
+        except FrameError as error:
+            self._refuse(str(error))
+            return
+        for body in bodies:
             message = pb.StreamRequest()
             try:
-                message.ParseFromString(bytes(buffer[start + 4 : end]))
+                message.ParseFromString(body)
             except DecodeError:
                 self._refuse("a frame is not a StreamRequest")
                 return
-            start = end
             self._server.dispatch(message, self)
-        del buffer[:start]
 
     def _refuse(self, reason: str) -> None:
         peer = self._transport.get_extra_info("peername") if self._transport else None
         log.warning("closing data connection from %s: %s", peer, reason)
-        self._buffer.clear()
         if self._transport is not None:
             self._transport.close()
 
@@ -81,8 +70,7 @@ class FrameConnection(asyncio.Protocol):
     async def write(self, response: pb.StreamResponse) -> None:
         if self._transport is None or self._transport.is_closing():
             return
-        body = response.SerializeToString()
-        self._transport.write(_LENGTH.pack(len(body)) + body)
+        self._transport.write(frame(response.SerializeToString()))
 
     async def end(self) -> None:
         if self._transport is not None:

@@ -1,13 +1,14 @@
 """Many Embed/Score requests multiplexed over one long-lived connection: a gRPC `Stream` call, or a
 plain TCP connection of frames (frames.py), answered by the same code.
 
-A gateway process keeps one stream per replica open and sends every chunk over it; the answer to a
-request is a `StreamResponse` with the request's id, in completion order. Compared with one unary RPC
-per chunk this saves what grpc.aio spends per call on both sides (an HTTP/2 stream, headers, call
-objects, the interceptor), measured at about half the per-request CPU and latency of the hop.
+A gateway process keeps one such connection per replica open and sends every chunk over it; the
+answer to a request is a `StreamResponse` with the request's id, in completion order. It saves what a
+unary RPC costs per call on both sides (an HTTP/2 stream, headers, call objects, the interceptor):
+on the H200 host the hop alone took 1.16 ms over a gRPC stream against 1.58 unary for a lone caller,
+and 0.68 ms over frames (docs/benchmarks.md).
 
 - Each request runs in its own task, so a slow batch never holds up the reading of the next one.
-- grpc.aio allows one write in flight per call: answers are written under one lock.
+- grpc.aio allows one write in flight per call: a stream's answers are written under one lock.
 - A request's deadline (`timeout_ms`) is enforced here too, so a request the gateway has given up on
   stops holding queue space; a `cancel` message, or the stream's end, cancels its task, which frees
   its place in the scheduler at once.
