@@ -313,8 +313,13 @@ class Scheduler:
         thread wake-up) is saved; the waiter thread waits for the rows as for any batch."""
         pending = self._runner.step(packed)
         launched_at = time.perf_counter()
-        rows = await asyncio.get_running_loop().run_in_executor(self._waiter, pending.wait)
-        return rows, launched_at, time.perf_counter()
+
+        def wait() -> tuple[np.ndarray, float]:  # on the waiter thread: ready_at before the hand-off
+            rows = pending.wait()
+            return rows, time.perf_counter()
+
+        rows, ready_at = await asyncio.get_running_loop().run_in_executor(self._waiter, wait)
+        return rows, launched_at, ready_at
 
     def _on_device(self, packed: Any) -> asyncio.Future:
         """(rows, launched_at, ready_at) of `packed`: launched on the launcher thread, which hands the
