@@ -16,9 +16,9 @@ class LazyTensor:
     CUDA's default synchronisation spins a core until the event fires, a whole step's worth of CPU
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
     the driver instead, and wakes it later. Measured on the H200 host through the gateway: at one
-    client the worker's device stage and hand-off took 1.00-1.03 ms spinning (three runs), 1.23 blocking;
-    at 16 clients blocking halved the worker's CPU per request (359 to 150 µs). So the CUDA engine
-    spins for a batch alone in flight and blocks behind another; eager GPU steps always block.
+    client a batch's device stage and hand-off took 1.00-1.03 ms spinning (three runs), 1.23
+    blocking; at 16 clients blocking halved the worker's CPU per request (359 to 150 µs). So the
+    CUDA engine spins for a batch alone in flight and blocks behind another; eager GPU steps block.
     """
 
     def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple = ()) -> None:
