@@ -84,6 +84,16 @@ class Multiplexed:
             self._opening.add_done_callback(self._opened)
         return await asyncio.shield(self._opening)
 
+    def connect_soon(self) -> None:
+        """Open the connection now, in the background, so the first request does not wait for it
+        (a failure is left for that request to meet, and fall back from)."""
+
+        async def connect() -> None:
+            with contextlib.suppress(Exception):
+                await self._link()
+
+        self._spawn(connect(), "kembed-gateway-connect")
+
     def _opened(self, opening: asyncio.Future[_Link]) -> None:
         self._opening = None
         if not opening.cancelled() and opening.exception() is None:

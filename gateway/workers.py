@@ -206,6 +206,7 @@ class WorkerPool:
                 self._config.max_grpc_message_bytes,
                 self._config.health_timeout_s,
             )
+            replica.frames.connect_soon()
 
     async def close(self) -> None:
         if self._health_task is not None:

@@ -139,3 +139,15 @@ async def test_an_unreachable_data_port_falls_back_to_the_grpc_stream(gateway_wi
                 assert (await client.post("/embed", json={"inputs": text})).status_code == 200
             assert [w["transport"] for w in (await client.get("/info")).json()["workers"]] == ["stream"]
     assert fake.frame_requests == 0 and fake.stream_requests == 2
+
+
+async def test_the_data_port_connection_is_open_before_the_first_request(gateway_with):
+    fake = FakeEmbedder()
+    async with gateway_with(fake) as client:
+        for _ in range(100):  # opened once the worker's Info has been read, not by a request
+            if fake.frame_connections:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.frame_connections == 1 and fake.frame_requests == 0
+        assert (await client.post("/embed", json={"inputs": "first"})).status_code == 200
+    assert fake.frame_connections == 1
