@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ from kembed.gateway.service import EmbeddingService
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import rank, to_base64
 from kembed.gateway.workers import WorkerPool
+
+log = logging.getLogger(__name__)
 
 
 def _version() -> str:
@@ -235,7 +238,7 @@ def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
     )
 
 
-def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Starlette:
+def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gateway:
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
     `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py)."""
     tokenization = Tokenization(
@@ -285,9 +288,54 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Starle
     middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]
     if config.api_key:
         middleware.append(Middleware(BearerAuth, api_key=config.api_key, metrics=metrics))
-    return Starlette(
+    return Gateway(
         routes=http_routes,
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
         middleware=middleware,
+        hot_routes={"/v1/embeddings": routes.openai_embeddings, "/embed": routes.tei_embed},
+        on_error=on_error,
     )
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class HotRoutes:
+    """ASGI: a POST to a hot route straight to its handler, errors rendered by the app's one handler.
+    What Starlette's router and its two exception middlewares cost around a handler is ~5-10 % of
+    the gateway's CPU for a one-query request (CPU request-path bench: 133-140 µs against 146-152)."""
+
+    def __init__(self, handlers: dict[str, Endpoint], on_error: Callable) -> None:
+        self._handlers = handlers
+        self._on_error = on_error
+
+    async def __call__(self, scope, receive, send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self._handlers[scope["path"]](request)
+        except Exception as error:
+            if not isinstance(error, GatewayError):  # a bug: logged, answered as JSON (on_error)
+                log.exception("%s %s failed", scope["method"], scope["path"])
+            response = await self._on_error(request, error)
+        await response(scope, receive, send)
+
+
+class Gateway(Starlette):
+    """The Starlette app, with its hot routes (POST /v1/embeddings, /embed) served by HotRoutes
+    inside the same middleware (metrics, API key) as every other route."""
+
+    def __init__(self, *, hot_routes: dict[str, Endpoint], on_error: Callable, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._hot_paths = frozenset(hot_routes)
+        hot: Any = HotRoutes(hot_routes, on_error)
+        for cls, args, options in reversed(kwargs.get("middleware") or []):  # outermost ends outside
+            hot = cls(hot, *args, **options)
+        self._hot_stack = hot
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._hot_paths:
+            scope["app"] = self
+            await self._hot_stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
