@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from kembed.gateway.auth import BearerAuth
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.disconnect import CancelOnDisconnect
 from kembed.gateway.errors import (
     Flavour,
     GatewayError,
@@ -288,6 +289,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]
     if config.api_key:
         middleware.append(Middleware(BearerAuth, api_key=config.api_key, metrics=metrics))
+    middleware.append(Middleware(CancelOnDisconnect))  # inside the metrics: they record its 499
     return Gateway(
         routes=http_routes,
         lifespan=lifespan,
