@@ -130,7 +130,13 @@ class Tokenization:
     ) -> np.ndarray:
         if not ids:
             raise InvalidInput(f"input {index} is an empty list of token ids", param="input")
-        array = np.asarray(ids, dtype=np.int64)
+        try:
+            array = np.asarray(ids, dtype=np.int64)
+        except OverflowError:  # beyond int64: certainly outside the vocabulary
+            bad_id = next(i for i in ids if not -(2**63) <= i < 2**63)
+            raise InvalidInput(
+                f"input {index} has token id {bad_id} outside [0, {vocab_size})", param="input"
+            ) from None
         bad = array[(array < 0) | (array >= vocab_size)]
         if bad.size:
             raise InvalidInput(
