@@ -19,14 +19,16 @@ class BearerAuth:
     def __init__(self, app, api_key: str, metrics: GatewayMetrics) -> None:
         self.app = app
         self._metrics = metrics
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if hmac.compare_digest(given, self._expected):
+        scheme, _, token = given.partition(b" ")
+        # The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` are `Bearer` too.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected):
             await self.app(scope, receive, send)
             return
         error = Unauthorized("missing or wrong API key: send the header `Authorization: Bearer <key>`")

@@ -295,7 +295,7 @@ class GatewaySpec(_Model):
     api_key_secret_ref: SecretKeyRef | None = Field(
         None,
         description="Secret key holding the API key clients must send as `Authorization: Bearer <key>` "
-        "(every route but /health and /ready); passed to the gateway as KEMBED_GATEWAY_API_KEY.",
+        "(every route but /health, /ready and /metrics); passed to the gateway as KEMBED_GATEWAY_API_KEY.",
     )
 
 

@@ -21,8 +21,10 @@ KEY = "s3cret-key"
         ({"Authorization": "Bearer wrong"}, 401),
         ({"Authorization": KEY}, 401),
         ({"Authorization": f"Bearer {KEY}"}, 200),
+        ({"Authorization": f"bearer {KEY}"}, 200),
+        ({"Authorization": f"Basic {KEY}"}, 401),
     ],
-    ids=["missing", "wrong-key", "not-bearer", "right-key"],
+    ids=["missing", "wrong-key", "not-bearer", "right-key", "scheme-lower-case", "other-scheme"],
 )
 async def test_embedding_routes_need_the_key(gateway_with, headers, status):
     async with gateway_with(FakeEmbedder(), api_key=KEY) as client:
@@ -35,10 +37,11 @@ async def test_embedding_routes_need_the_key(gateway_with, headers, status):
         assert openai_shape.headers["WWW-Authenticate"] == "Bearer"
 
 
-async def test_probes_stay_open_for_the_kubelet(gateway_with):
+async def test_probes_and_metrics_stay_open_for_the_kubelet_and_prometheus(gateway_with):
     async with gateway_with(FakeEmbedder(), api_key=KEY) as client:
         assert (await client.get("/health")).status_code == 200
         assert (await client.get("/ready")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
         assert (await client.get("/info")).status_code == 401
 
 
