@@ -227,8 +227,11 @@ class Routes:
     async def ready(self, request: Request) -> Response:
         if self.service.pool.is_ready():
             return _json({"status": "ready"})
-        workers = [replica.describe() for replica in self.service.pool.replicas]
-        return _json({"status": "not ready", "workers": workers}, status_code=503)
+        # Open to anyone (the kubelet's probe): counts only; /info (behind the API key) has details.
+        pool = self.service.pool
+        return _json(
+            {"status": "not ready", "serving_workers": 0, "workers": len(pool.replicas)}, status_code=503
+        )
 
 
 def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:

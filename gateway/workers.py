@@ -302,6 +302,10 @@ class WorkerPool:
                 rows = await replica.windows[method].call(part)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE:
+                    if replica.is_serving:
+                        log.warning(
+                            "worker %s is down: %s; retrying elsewhere", replica.address, error.details()
+                        )
                     replica.is_serving = False
                     replica.last_error = f"UNAVAILABLE: {error.details()}"
                     continue

@@ -105,7 +105,9 @@ async def test_no_reachable_worker_answers_503_fast(gateway_with):
         response = await client.post("/v1/embeddings", json={"input": "hello"})
         assert time.monotonic() - started < 1.0
         assert response.status_code == 503
-        assert (await client.get("/ready")).status_code == 503
+        ready = await client.get("/ready")
+        assert ready.status_code == 503
+        assert ready.json() == {"status": "not ready", "serving_workers": 0, "workers": 1}  # no address
         assert (await client.get("/health")).status_code == 200
 
 
