@@ -65,20 +65,30 @@ def run_stats(args) -> int:
 
 
 def run_prewarm(args) -> int:
-    wanted = list(dict.fromkeys(args.buckets + hot_buckets(args.hot_from, args.hot, args.timeout)))
-    if not wanted:
+    hot = [b for b in hot_buckets(args.hot_from, args.hot, args.timeout) if b not in args.buckets]
+    if not args.buckets and not hot:
         print("prewarm: nothing to capture (no buckets listed, none hot)")
         return 0
     failed = False
     for address in args.target:
-        reply = _stub(address, args.timeout).Prewarm(
-            pb.PrewarmRequest(buckets=[_pb(b) for b in wanted]), timeout=args.timeout
-        )
-        captured = ", ".join(str(_bucket(b)) for b in reply.captured) or "none"
+        stub = _stub(address, args.timeout)
+        # The listed buckets must all be the target's; a hot bucket of the serving revision may not be
+        # (other budgets): it is skipped, with a note, rather than failing the rollout.
+        replies = [
+            stub.Prewarm(pb.PrewarmRequest(buckets=[_pb(b) for b in args.buckets]), timeout=args.timeout)
+        ]
+        for bucket in hot:
+            try:
+                replies.append(stub.Prewarm(pb.PrewarmRequest(buckets=[_pb(bucket)]), timeout=args.timeout))
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+                print(f"prewarm {address}: skipped hot bucket {bucket}: {error.details()}")
+        captured = ", ".join(str(_bucket(b)) for reply in replies for b in reply.captured) or "none"
         print(f"prewarm {address}: captured {captured}")
-        for error in reply.errors:
+        for error in (error for reply in replies for error in reply.errors):
             print(f"prewarm {address}: ERROR {error}")
-        failed |= bool(reply.errors)
+            failed = True
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ unary RPCs and the multiplexed `Stream` (streams.py). Errors from every layer ar
 translated to status codes once, in `ErrorInterceptor`.
 """
 
+import asyncio
 import logging
 from typing import Protocol
 
@@ -109,6 +110,9 @@ class EngineOps(Protocol):
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list: ...
 
+    # Optional: `buckets` (a BucketTable: admin calls are checked against it) and `captured_buckets()`
+    # (what a smoke test of "every captured bucket" runs, one bucket per turn on the device).
+
 
 class EmbedderService(pb_grpc.EmbedderServicer):
     """kembed.v1.Embedder over one model and its scheduler."""
@@ -120,6 +124,15 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         self._engine = engine
         self._info = info
         self._scheduler = scheduler
+        # Admin calls (prewarm, smoke tests) one at a time, each bucket its own turn on the device.
+        self._admin = asyncio.Lock()
+        table = getattr(engine, "buckets", None)
+        self._bucket_table = frozenset(table.reachable()) if table is not None else None
+        self._bucket_limits = (
+            (f"1..{table.max_seqs}", f"{table.token_sizes[0]}..{table.max_tokens}")
+            if table is not None
+            else ()
+        )
         self.streams = StreamServer(self._embed, self._score)
         self._info_response = pb.InfoResponse(
             model_name=info.model_name,
@@ -199,8 +212,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         )
 
     async def Prewarm(self, request: pb.PrewarmRequest, context) -> pb.PrewarmResponse:
-        buckets = _from_pb(request.buckets)
-        captured = await self._scheduler.run_on_device(self._engine.prewarm, buckets)
+        buckets = self._buckets(request.buckets)
+        captured: list[Bucket] = []
+        async with self._admin:
+            for bucket in buckets:  # one at a time: batches are launched in between
+                captured += await self._scheduler.run_on_device(self._engine.prewarm, [bucket])
         missing = sorted(set(buckets) - set(captured))
         return pb.PrewarmResponse(
             captured=[_to_pb(b) for b in captured],
@@ -209,9 +225,21 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     async def SmokeTest(self, request: pb.SmokeTestRequest, context) -> pb.SmokeTestResponse:
         min_cosine = request.min_cosine or DEFAULT_MIN_COSINE
-        results = await self._scheduler.run_on_device(
-            self._engine.smoke_test, _from_pb(request.buckets), min_cosine, request.seed
-        )
+        buckets = self._buckets(request.buckets)
+        async with self._admin:
+            captured = getattr(self._engine, "captured_buckets", None)
+            if not buckets and captured is not None:  # every captured bucket, as the engine would
+                buckets = await self._scheduler.run_on_device(captured)
+            if not buckets:
+                results = await self._scheduler.run_on_device(
+                    self._engine.smoke_test, [], min_cosine, request.seed
+                )
+            else:
+                results = []
+                for bucket in buckets:  # one at a time: batches are launched in between
+                    results += await self._scheduler.run_on_device(
+                        self._engine.smoke_test, [bucket], min_cosine, request.seed
+                    )
         return pb.SmokeTestResponse(
             passed=bool(results) and all(r.passed for r in results),
             results=[
@@ -221,13 +249,24 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             ],
         )  # fmt: skip
 
-
-def _from_pb(buckets) -> list[Bucket]:
-    out = [Bucket(b.num_sequences, b.num_tokens) for b in buckets]
-    for bucket in out:
-        if not 1 <= bucket.num_seqs <= bucket.num_tokens:
-            raise InvalidInput(f"bucket {bucket} is not a batch shape: need 1 <= sequences <= tokens")
-    return out
+    def _buckets(self, buckets) -> list[Bucket]:
+        """The request's buckets, each one this worker can form (from its bucket table), so an admin
+        call can neither allocate for a shape no batch has nor keep work for shapes past the table."""
+        out = [Bucket(b.num_sequences, b.num_tokens) for b in buckets]
+        if self._bucket_table is None:  # an engine without buckets (a benchmark's stand-in)
+            for bucket in out:
+                if not 1 <= bucket.num_seqs <= bucket.num_tokens:
+                    raise InvalidInput(f"bucket {bucket} is not a batch shape: need 1 <= sequences <= tokens")
+            return out
+        if len(out) > len(self._bucket_table):
+            raise InvalidInput(f"{len(out)} buckets asked for; this worker has {len(self._bucket_table)}")
+        for bucket in out:
+            if bucket not in self._bucket_table:
+                raise InvalidInput(
+                    f"bucket {bucket} is not one of this worker's: sequences {self._bucket_limits[0]}, "
+                    f"tokens {self._bucket_limits[1]}"
+                )
+        return out
 
 
 def _to_pb(bucket: Bucket) -> pb.Bucket:

@@ -116,10 +116,24 @@ async def test_bucket_stats_count_hits_and_prewarm_then_smoke_test_pass(stub):
     assert all(r.min_cosine >= 0.999 and not r.has_nonfinite for r in report.results)
 
 
-async def test_a_bucket_that_is_no_batch_shape_is_invalid(stub):
+@pytest.mark.parametrize(
+    ("buckets", "message"),
+    [
+        ([(8, 4)], "bucket 8x4 is not one of this worker's"),
+        ([(2**31, 2**31)], "bucket 2147483648x2147483648 is not one of this worker's"),
+        ([(256, 65536)], "bucket 256x65536 is not one of this worker's"),
+        ([(1, 64)] * 100_000, "100000 buckets asked for; this worker has"),
+    ],
+    ids=["no-batch-shape", "huge", "past-the-token-budget", "too-many"],
+)
+@pytest.mark.parametrize("rpc", ["Prewarm", "SmokeTest"])
+async def test_admin_calls_take_only_this_workers_buckets(stub, buckets, message, rpc):
+    request_type = pb.PrewarmRequest if rpc == "Prewarm" else pb.SmokeTestRequest
+    request = request_type(buckets=[pb.Bucket(num_sequences=s, num_tokens=t) for s, t in buckets])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.Prewarm(pb.PrewarmRequest(buckets=[pb.Bucket(num_sequences=8, num_tokens=4)]))
+        await getattr(stub, rpc)(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in caught.value.details()
 
 
 class _GatedRunner:
@@ -165,3 +179,35 @@ async def test_overload_is_resource_exhausted_at_once_and_the_held_request_still
         await channel.close()
         await server.stop(None)
         await scheduler.close()
+
+
+async def test_prewarm_skips_hot_buckets_the_target_cannot_form(engine, capsys):
+    # A rollout that lowers the batch budget: the serving revision's hottest bucket is not one of the
+    # candidate's, and its prewarm Job must not fail for it.
+    from kembed.worker.admin import main as admin_main
+
+    small = load_engine(
+        WorkerConfig(model=bundled_model_dir(), device="cpu", max_batch_tokens=256, max_queued_tokens=4096)
+    )
+    started = []
+    for runner, budget in ((engine, 2048), (small, 256)):
+        scheduler = Scheduler(runner, max_batch_tokens=budget, max_queued_tokens=8192)
+        server, port = build_server(EmbedderService(runner, scheduler, budget, revision="r"), "127.0.0.1", 0)
+        scheduler.start()
+        await server.start()
+        started.append((server, scheduler, f"127.0.0.1:{port}"))
+    (_, _, big), (_, _, candidate) = started
+    try:
+        async with grpc.aio.insecure_channel(big) as channel:
+            await pb_grpc.EmbedderStub(channel).Embed(batch(*[[101] + [7592] * 100 + [102]] * 4))  # 4x448
+        code = await asyncio.to_thread(
+            admin_main, ["prewarm", "--target", candidate, "--hot-from", big, "--buckets", "1x64"]
+        )
+        out = capsys.readouterr().out
+    finally:
+        for server, scheduler, _ in started:
+            await server.stop(None)
+            await scheduler.close()
+    assert code == 0, out
+    assert "skipped hot bucket 4x448: bucket 4x448 is not one of this worker's" in out
+    assert "captured 1x64" in out
