@@ -12,6 +12,7 @@ from typing import Protocol
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
@@ -30,6 +31,9 @@ MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_MIN_COSINE = 0.999  # the seeds' 0.1%: what "graph replay equals eager" means here
 
 
+_MALFORMED = object()  # a request message that did not parse
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps `WorkerError`s to their status codes and anything else to INTERNAL, for every RPC."""
 
@@ -37,9 +41,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        inner = handler.unary_unary
+        inner, deserialize = handler.unary_unary, handler.request_deserializer
+
+        def tolerant(data: bytes):
+            try:
+                return deserialize(data)
+            except DecodeError:  # answered below, as the caller's error, without a traceback
+                return _MALFORMED
 
         async def guarded(request, context):
+            if request is _MALFORMED:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{handler_call_details.method}: malformed request message",
+                )
             try:
                 return await inner(request, context)
             except WorkerError as exc:
@@ -50,7 +65,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(
             guarded,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=tolerant,
             response_serializer=handler.response_serializer,
         )
 

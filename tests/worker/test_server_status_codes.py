@@ -1,6 +1,7 @@
 """The worker's gRPC edge in-process: real grpc.aio server, real engine, status codes for bad input."""
 
 import asyncio
+import logging
 import threading
 
 import grpc
@@ -211,3 +212,18 @@ async def test_prewarm_skips_hot_buckets_the_target_cannot_form(engine, capsys):
     assert code == 0, out
     assert "skipped hot bucket 4x448: bucket 4x448 is not one of this worker's" in out
     assert "captured 1x64" in out
+
+
+async def test_a_malformed_message_is_invalid_argument_without_a_traceback(engine, caplog):
+    server, scheduler, channel, _ = await _serve(engine, max_batch_tokens=512, max_queued_tokens=4096)
+    embed = channel.unary_unary("/kembed.v1.Embedder/Embed")  # raw bytes, no serializer
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(grpc.aio.AioRpcError) as caught:
+            await embed(b"\xff\xff\xff\xff")
+    finally:
+        await channel.close()
+        await server.stop(None)
+        await scheduler.close()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request message" in caught.value.details()
+    assert not [r for r in caplog.records if r.exc_info]
