@@ -109,12 +109,41 @@ class Tokenization:
                 result[i] = self._take_ids(i, item, truncate, direction, vocab_size)
         if text_positions:
             texts = [prompt + inputs[i] for i in text_positions]  # type: ignore[operator]
-            num_chars = sum(len(text) for text in texts)
-            encoded = await self._run(num_chars, _encode_ids, self._tokenizer(truncate, direction), texts)
+            limit = self.spec.max_seq_length
+            if truncate and limit is not None:  # only what truncation keeps is paid for
+                side = direction or self.spec.truncation_side
+                args = (self._tokenizer(True, direction), self._untruncated, texts, limit, side)
+                num_chars = sum(min(len(text), limit * WINDOW_CHARS_PER_TOKEN) for text in texts)
+                encoded = await self._run(num_chars, _encode_ids_truncated, *args)
+            else:
+                if (
+                    limit is not None
+                ):  # an over-long text is refused from a window, before all of it is paid for
+                    self._refuse_over_long(texts, text_positions, limit)
+                num_chars = sum(len(text) for text in texts)
+                encoded = await self._run(num_chars, _encode_ids, self._tokenizer(truncate, direction), texts)
             for i, ids in zip(text_positions, encoded, strict=True):
                 self._check_length(i, len(ids))
                 result[i] = ids
         return result  # type: ignore[return-value]
+
+    def _refuse_over_long(self, texts: list[str], positions: list[int], limit: int) -> None:
+        """PayloadTooLarge for the first text whose first window already holds more than `limit`
+        tokens (a prefix cut at a whitespace yields a prefix of the text's tokens)."""
+        num_chars = limit * WINDOW_CHARS_PER_TOKEN
+        cut = [
+            (position, _window(text, num_chars, "right"), text)
+            for position, text in zip(positions, texts, strict=True)
+        ]
+        cut = [(position, window) for position, window, text in cut if len(window) < len(text)]
+        counts = [len(e.ids) for e in self._untruncated.encode_batch_fast([window for _, window in cut])]
+        for (position, _), count in zip(cut, counts, strict=True):
+            if count > limit:
+                raise PayloadTooLarge(
+                    f"input {position} has at least {count} tokens, more than the model's limit of "
+                    f"{limit}; send truncate=true or shorten it",
+                    param="input",
+                )
 
     def _check_length(self, index: int, num_tokens: int) -> None:
         limit = self.spec.max_seq_length
@@ -165,6 +194,8 @@ class Tokenization:
         "longest_first", max_length=max_seq_length)`, i.e. the pair template of tokenizer.json
         ([CLS] q [SEP] d [SEP] with segments 0/1 for BERT, <s> q </s></s> d </s> for RoBERTa), the
         longer side losing a token at a time until the pair fits. No prompt is applied."""
+        # Not windowed like single texts: how longest_first shares max_length between the two sides
+        # depends on which side is longer in full, which a window of each would not preserve.
         pairs = [(query, text) for text in texts]
         num_chars = len(query) * len(texts) + sum(len(text) for text in texts)
         ids, type_ids = await self._run(num_chars, _encode_pairs, self._tokenizer(truncate, direction), pairs)
@@ -194,6 +225,54 @@ class Tokenization:
 
 def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch_fast(texts)]
+
+
+# Truncation keeps at most max_length tokens, so a text is first cut to a window of its first (or,
+# truncating on the left, last) characters, at a whitespace, and only the window is tokenized: an 8 MB
+# text then costs what its kept part costs. Every tokenizer family served splits words at whitespace
+# before its model sees them, and a cut before a whitespace character (a kept prefix) or at one (a
+# kept suffix keeps it) leaves the words on the kept side whole, so their tokens are those of the
+# whole text; the window must still yield more tokens than are kept, with a margin for the special
+# tokens, else it grows 4x. A window with no whitespace is not cut: a text without any (a long CJK
+# run, a hostile blob) is tokenized whole, as before.
+WINDOW_CHARS_PER_TOKEN = 8
+MARGIN_TOKENS = 16
+_SPACES = (" ", "\n", "\t")
+
+
+def _window(text: str, num_chars: int, side: Direction) -> str:
+    """The first (`right`) or last (`left`) `num_chars` or fewer characters of `text`, cut at a
+    whitespace; the whole text if it is no longer, or if that span has no whitespace."""
+    if len(text) <= num_chars:
+        return text
+    if side == "right":
+        cut = max(text.rfind(c, 1, num_chars) for c in _SPACES)
+        return text[:cut] if cut > 0 else text
+    start = len(text) - num_chars
+    found = [i for i in (text.find(c, start, len(text) - 1) for c in _SPACES) if i >= 0]
+    return text[min(found) :] if found else text
+
+
+def _windows(untruncated: Tokenizer, texts: Sequence[str], max_length: int, side: Direction) -> list[str]:
+    """Each text cut to a window that still yields max_length tokens and the margin (see above)."""
+    num_chars = max_length * WINDOW_CHARS_PER_TOKEN
+    windows = [_window(text, num_chars, side) for text in texts]
+    unsure = [i for i, text in enumerate(texts) if len(windows[i]) < len(text)]
+    while unsure:  # is each cut window long enough?
+        counts = [len(e.ids) for e in untruncated.encode_batch_fast([windows[i] for i in unsure])]
+        unsure = [i for i, count in zip(unsure, counts, strict=True) if count < max_length + MARGIN_TOKENS]
+        num_chars *= 4
+        for i in unsure:
+            windows[i] = _window(texts[i], num_chars, side)
+        unsure = [i for i in unsure if len(windows[i]) < len(texts[i])]
+    return windows
+
+
+def _encode_ids_truncated(
+    truncating: Tokenizer, untruncated: Tokenizer, texts: list[str], max_length: int, side: Direction
+) -> list[np.ndarray]:
+    """`_encode_ids(truncating, texts)`, tokenizing only a window of each long text (see above)."""
+    return _encode_ids(truncating, _windows(untruncated, texts, max_length, side))
 
 
 def _encode_pairs(tokenizer: Tokenizer, pairs: list[tuple[str, str]]) -> tuple[list[np.ndarray], ...]:

@@ -42,6 +42,12 @@ CASES = [
     ("/v1/embeddings", orjson.dumps({"input": "a" * (8 * 1024 * 1024)}), 413, "larger than the limit"),
     ("/embed", b"{}", 422, "inputs: Field required"),
     ("/embed", orjson.dumps({"inputs": LONG, "truncate": False}), 413, "input 0 has 402 tokens"),
+    (
+        "/embed",
+        orjson.dumps({"inputs": ["ok", "word " * 1_000_000], "truncate": False}),
+        413,
+        "input 1 has at least",  # counted from a window, not from all of its 5 MB
+    ),
     ("/embed", orjson.dumps({"inputs": ["ok", [1] * 300], "truncate": False}), 413, "input 1 has 300 tokens"),
     ("/embed", b'{"inputs": "a", "truncation_direction": "middle"}', 422, "truncation_direction"),
     ("/embed", b'{"inputs": "a", "normalize": "yes"}', 422, "normalize: Input should be a valid boolean"),
@@ -78,6 +84,7 @@ CASES = [
         "body-too-large",
         "tei-missing-inputs",
         "tei-overlong-text-untruncated",
+        "tei-huge-text-untruncated",
         "tei-overlong-ids-untruncated",
         "tei-bad-truncation-direction",
         "tei-normalize-not-bool",
