@@ -85,6 +85,14 @@ class GatewayConfig:
     """Deadline of one HTTP request, in seconds, tokenization included (504 after). 60 s matches the
     OpenAI SDK's patience for a large batch on a loaded fleet without holding sockets forever."""
 
+    max_queue_wait_s: float = 10.0
+    """Longest a request may be expected to wait behind the work already admitted, in seconds, at the
+    rate the workers have lately been finishing tokens; a request that would wait longer is refused
+    with 429 at once (admission.py), so that under overload the admitted requests finish in time and
+    the rest are told to come back. 10 s: a bulk client backs off before its deadline (60 s) is at
+    risk, while a burst a healthy fleet clears in seconds is still taken. Never more than
+    request_timeout_s."""
+
     health_interval_s: float = 2.0
     """Seconds between Health probes of each replica. Short enough that a restarted worker rejoins
     within a couple of seconds; each probe is a tiny unary RPC."""
@@ -166,5 +174,7 @@ class GatewayConfig:
             raise ValueError(
                 f"worker_transport must be frames, stream or unary, not {self.worker_transport!r}"
             )
+        if self.max_queue_wait_s <= 0:
+            raise ValueError(f"max_queue_wait_s must be positive, got {self.max_queue_wait_s}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")

@@ -7,15 +7,17 @@ OpenAI and TEI routes cannot drift apart in limits, truncation or normalisation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
+from kembed.gateway.admission import Admission
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     InvalidInput,
@@ -64,6 +66,7 @@ class EmbeddingService:
         self.metrics = metrics
         metrics.watch(lambda: self.served_names[0])
         self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
+        self.admission = Admission(min(config.max_queue_wait_s, config.request_timeout_s))
         # Request ids for the workers' logs: this process's pid and a counter (a uuid4 per request
         # cost ~3 µs of the gateway's loop and says no more).
         self._request_ids = map(f"{os.getpid():x}-{{:x}}".format, itertools.count(1))
@@ -114,6 +117,21 @@ class EmbeddingService:
         finally:
             self._num_in_flight -= 1
 
+    @contextlib.contextmanager
+    def _admitted(self, num_tokens: int) -> Iterator[None]:
+        """The request's tokens held as outstanding while it runs, or Overloaded (429) at once if the
+        workers cannot take them in time (admission.py)."""
+        reason = self.admission.refusal(num_tokens, self.pool.capacity_tokens)
+        if reason is not None:
+            raise Overloaded(f"the workers are at capacity: {reason}; retry later")
+        self.admission.admit(num_tokens)
+        is_done = False
+        try:
+            yield
+            is_done = True
+        finally:
+            self.admission.release(num_tokens, is_done=is_done, now=time.monotonic())
+
     def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
         """Records a request's tokenize time, input and token counts; returns its token count."""
         num_tokens = sum(len(s) for s in sequences)
@@ -156,7 +174,8 @@ class EmbeddingService:
                 vocab_size=vocab_size,
             )
             num_tokens = self._observe_tokenized(started, len(inputs), sequences)
-            raw = await self.pool.embed(sequences, next(self._request_ids), deadline)
+            with self._admitted(num_tokens):
+                raw = await self.pool.embed(sequences, next(self._request_ids), deadline)
             return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
@@ -213,7 +232,8 @@ class EmbeddingService:
                 param=param,
             )
             num_tokens = self._observe_tokenized(started, len(texts), ids)
-            logits = await self.pool.score(ids, type_ids, next(self._request_ids), deadline)
+            with self._admitted(num_tokens):
+                logits = await self.pool.score(ids, type_ids, next(self._request_ids), deadline)
             return logits, num_tokens
 
         try:

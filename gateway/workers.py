@@ -225,6 +225,16 @@ class WorkerPool:
         return any(self._is_available(r, now) for r in self.replicas)
 
     @property
+    def capacity_tokens(self) -> int:
+        """Tokens the serving replicas' queues take together (their Info's max_queued_tokens)."""
+        now = asyncio.get_running_loop().time()
+        return sum(
+            r.info.max_queued_tokens
+            for r in self.replicas
+            if r.info is not None and self._is_available(r, now)
+        )
+
+    @property
     def info(self) -> pb.InfoResponse | None:
         """What the replicas serve (from the first that answered Info), None before any did."""
         return next((r.info for r in self.replicas if r.info is not None), None)

@@ -67,6 +67,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     data_port: int = 0  # where it listens, once served
     frame_requests: int = 0  # Embed/Score requests received on the data port
     frame_connections: int = 0  # connections opened to the data port
+    max_queued_tokens: int = 65536  # what its Info says its queue holds
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
@@ -143,7 +144,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
             device="cpu",
             attention_backend="sdpa",
             max_batch_tokens=512,
-            max_queued_tokens=65536,
+            max_queued_tokens=self.max_queued_tokens,
             version="test",
             data_port=self.data_port,
         )

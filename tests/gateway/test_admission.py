@@ -1,0 +1,71 @@
+"""Admission by tokens: refused at once what the workers cannot take in time, never what was admitted."""
+
+import asyncio
+import math
+
+from gateway_fakes import FakeEmbedder
+
+from kembed.gateway.admission import Admission, DrainRate
+
+
+def test_an_idle_gateway_admits_any_request():
+    assert Admission(max_queue_wait_s=1.0).refusal(10**9, capacity_tokens=100) is None
+
+
+def test_past_the_workers_queues_a_request_is_refused():
+    admission = Admission(max_queue_wait_s=10.0)
+    admission.admit(150)
+    assert admission.refusal(50, capacity_tokens=200) is None
+    reason = admission.refusal(51, capacity_tokens=200)
+    assert reason is not None and "would pass the 200 the workers' queues hold" in reason
+    assert admission.refusal(10**6, capacity_tokens=0) is None  # capacity unknown: no cap
+
+
+def test_a_request_that_would_wait_past_the_limit_at_the_drain_rate_is_refused():
+    admission = Admission(max_queue_wait_s=2.0)
+    admission.admit(1000)
+    now = 100.0
+    for _ in range(10):  # 100 tokens every 0.1 s, with work outstanding all along: 1000 tokens/s
+        admission.admit(100)
+        now += 0.1
+        admission.release(100, is_done=True, now=now)
+    assert math.isclose(admission.rate.tokens_per_s, 1000, rel_tol=0.25)
+    assert admission.refusal(900, capacity_tokens=0) is None  # 1.9 s of work
+    reason = admission.refusal(1100, capacity_tokens=0)  # 2.1 s
+    assert reason is not None and "would wait past 2 s" in reason
+
+
+def test_failed_requests_do_not_count_as_drained_and_idle_time_does_not_count_against_the_rate():
+    rate = DrainRate(window_s=0.5, alpha=0.5)
+    rate.finished(100, now=0.0)  # opens the window
+    rate.finished(100, now=0.6)
+    assert math.isclose(rate.tokens_per_s, 100 / 0.6)
+    rate.idle()
+    rate.finished(100, now=100.0)  # after a long idle gap: a new window, not 100 tokens in 99.4 s
+    rate.finished(100, now=100.5)
+    assert math.isclose(rate.tokens_per_s, 0.5 * (100 / 0.5) + 0.5 * (100 / 0.6))
+    admission = Admission(max_queue_wait_s=1.0)
+    admission.admit(50)
+    admission.release(50, is_done=False, now=1.0)
+    assert admission.outstanding_tokens == 0 and math.isnan(admission.rate.tokens_per_s)
+
+
+async def test_overload_is_refused_at_once_and_what_was_admitted_completes(gateway_with):
+    # A worker whose queue holds 64 tokens and answers after 0.5 s: of 24 concurrent requests of
+    # ~10 tokens, those that fit are admitted and answered; the others are refused before any answer.
+    fake = FakeEmbedder(delay_s=0.5, max_queued_tokens=64)
+    finished: list[int] = []
+    async with gateway_with(fake, max_inflight_rpcs=0) as client:
+
+        async def post(i: int) -> int:
+            response = await client.post("/v1/embeddings", json={"input": f"query number {i} about things"})
+            finished.append(response.status_code)
+            if response.status_code == 429:
+                assert response.headers["Retry-After"] == "1"
+                assert "the workers are at capacity" in response.json()["error"]["message"]
+            return response.status_code
+
+        statuses = await asyncio.gather(*(post(i) for i in range(24)))
+    assert set(statuses) == {200, 429}
+    assert finished.index(200) == statuses.count(429)  # every refusal came before the first answer
+    assert statuses.count(200) == len(fake.sequences)  # admitted ones all reached the worker
