@@ -9,8 +9,8 @@ time (default 0: what remains is HTTP, JSON, tokenization, gRPC and the worker's
 
 Besides latency it reports the CPU time the gateway (all its processes) and the worker spend per
 request, read from /proc: on a machine with few cores that is what limits throughput. Each level runs
-`--rounds` times and each figure is the best round's; a round during which other processes loaded the
-machine is run again. `--profile DIR` records py-spy profiles (collapsed stacks) of the gateway and
+`--rounds` times and each figure is the median round's, the worst in brackets; a round during which
+other processes loaded the machine is run again. `--profile DIR` records py-spy profiles (collapsed stacks) of the gateway and
 worker under 16 clients. Prints a markdown table. A benchmark, not a test: nothing asserts speed.
 """
 
@@ -179,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="per client and concurrency level")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="runs per level; each figure is its best over the rounds"
+        "--rounds", type=int, default=3, help="runs per level; each figure: the median round (worst)"
     )
     parser.add_argument(
         "--max-other-load", type=float, default=0.15, help="cores other processes may use during a round"
@@ -232,10 +232,12 @@ def main() -> None:
                 measure(gateway_port, processes, concurrency, args.requests, args.max_other_load)
                 for _ in range(args.rounds)
             ]
-            best = [min(values) for values in zip(*rounds, strict=True)]
-            best[2] = max(r[2] for r in rounds)  # requests/s: the best is the highest
-            p50, p99, rate, gateway_cpu, worker_cpu = best
-            cells = (f"{p50:.2f}", f"{p99:.2f}", f"{rate:.0f}", f"{gateway_cpu:.0f}", f"{worker_cpu:.0f}")
+            # each cell: the median round, and in brackets the worst (for requests/s, the lowest)
+            cells = []
+            for column, values in enumerate(zip(*rounds, strict=True)):
+                worst = min(values) if column == 2 else max(values)
+                digits = 2 if column < 2 else 0
+                cells.append(f"{statistics.median(values):.{digits}f} ({worst:.{digits}f})")
             print(f"| {concurrency} | {' | '.join(cells)} |", flush=True)
         if args.profile:
             profile(args, gateway_port, {"gateway": gateway, "worker": worker})
