@@ -10,8 +10,9 @@ time (default 0: what remains is HTTP, JSON, tokenization, gRPC and the worker's
 Besides latency it reports the CPU time the gateway (all its processes) and the worker spend per
 request, read from /proc: on a machine with few cores that is what limits throughput. Each level runs
 `--rounds` times and each figure is the median round's, the worst in brackets; a round during which
-other processes loaded the machine is run again. `--profile DIR` records py-spy profiles (collapsed stacks) of the gateway and
-worker under 16 clients. Prints a markdown table. A benchmark, not a test: nothing asserts speed.
+other processes loaded the machine is run again. `--profile DIR` records py-spy profiles (collapsed
+stacks) of the gateway and worker under 16 clients. Prints a markdown table. A benchmark, not a
+test: nothing asserts speed.
 """
 
 import argparse
