@@ -71,9 +71,10 @@ class WorkerMetrics:
         )
         self.batch_stage = Histogram(
             "kembed_worker_batch_stage_seconds",
-            "Per batch, its duration split by stage: pack (on the event loop), launch (hand-off to the "
-            "launcher thread and the step's CPU work), device (device time and the copy of the rows), "
-            "resume (the waiter's hand-off back to the event loop).",
+            "Per batch, its duration split by stage: pack (on the event loop), launch (the step's CPU "
+            "work, after a hand-off to the launcher thread unless an idle worker launched it from the "
+            "loop), device (device time and the copy of the rows), resume (the waiter's hand-off back "
+            "to the event loop).",
             ["stage"],
             buckets=DURATION_BUCKETS,
             registry=r,

@@ -63,9 +63,9 @@ class SchedulerHooks:
     batch_launched: Callable[[int, int], None] = _ignore  # (num_seqs, num_tokens) per launched batch
     queue_waited: Callable[[float], None] = _ignore  # per request: admission to its first batch's launch
     batch_finished: Callable[[float], None] = _ignore  # per batch: launch to rows on the host
-    # per batch, batch_finished split in four (seconds): packing on the loop; hand-off to the launcher
-    # thread plus the step's own CPU work (staging, copies, the graph launch); device time plus the
-    # waiter's copy of the rows; the waiter's hand-off back to the loop
+    # per batch, batch_finished split in four (seconds): packing on the loop; the step's own CPU work
+    # (staging, copy, the graph launch), after a hand-off to the launcher thread unless launched from
+    # the loop; device time plus the waiter's copy of the rows; the waiter's hand-off back to the loop
     batch_stages: Callable[[float, float, float, float], None] = _ignore
     request_finished: Callable[[float], None] = _ignore  # per request: admission to answer (or failure)
 
