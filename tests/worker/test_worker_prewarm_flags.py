@@ -5,13 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from kembed.worker.__main__ import parse_config
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.lazy import LazyTensor
 
 
 def test_defaults_prewarm_every_reachable_bucket_within_two_minutes(tmp_path: Path):
@@ -78,10 +76,4 @@ def test_the_eager_engine_prewarms_nothing_defers_nothing_and_never_launches_inl
     assert cpu_engine.capture_deferred(1.0) == 0
     batch = cpu_engine.pack(np.arange(5, 15, dtype=np.int32), np.array([4, 6], np.int32))
     assert cpu_engine.can_launch_inline(batch) is False
-    pending = cpu_engine.step(batch)
-    assert pending.is_ready() and pending.wait().shape == (2, cpu_engine.info.dimensions)
-
-
-def test_a_lazy_tensor_without_an_event_is_ready_at_once():
-    pending = LazyTensor(torch.ones(2, 3), None)
-    assert pending.is_ready() and pending.wait().shape == (2, 3)
+    assert cpu_engine.step(batch).wait().shape == (2, cpu_engine.info.dimensions)

@@ -43,14 +43,10 @@ log = logging.getLogger(__name__)
 
 class CudaLazyTensor:
     """A launched batch: its rows land in a pinned slot when `event` fires. `wait` copies them out
-    and gives the slot back to the ring (call it from a waiter thread, never the event loop);
-    `is_ready` says, without blocking, whether `wait` would return at once."""
+    and gives the slot back to the ring (call it from a waiter thread, never the event loop)."""
 
     def __init__(self, ring: PinnedRing, slot: Slot, event: torch.cuda.Event, num_rows: int) -> None:
         self._ring, self._slot, self._event, self._num_rows = ring, slot, event, num_rows
-
-    def is_ready(self) -> bool:
-        return self._event.query()
 
     def wait(self) -> np.ndarray:
         self._event.synchronize()

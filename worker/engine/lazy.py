@@ -9,9 +9,7 @@ class LazyTensor:
 
     `step` returns one at once; `wait()` blocks the calling thread (never the event loop: the
     scheduler calls it from a waiter thread) until the copy has landed, then hands back a numpy view.
-    `is_ready()` never blocks: True when `wait()` would return at once (always on the CPU, where the
-    result is computed before `step` returns). `keepalive` holds the device tensors the copy reads
-    from until the copy has completed.
+    `keepalive` holds the device tensors the copy reads from until the copy has completed.
 
     CUDA's default synchronisation spins a core until the event fires, a whole step's worth of CPU
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
@@ -25,9 +23,6 @@ class LazyTensor:
         self._host = host
         self._event = event
         self._keepalive = keepalive
-
-    def is_ready(self) -> bool:
-        return self._event is None or self._event.query()
 
     def wait(self) -> np.ndarray:
         if self._event is not None:
