@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from st_pipeline import write_pipeline
+from st_pipeline import write_random_minilm
 
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
@@ -30,13 +30,7 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def model_dir(tmp_path_factory):
     """all-MiniLM-L6-v2's shape (BERT, mean pooling, 512 positions) with random weights."""
     path = tmp_path_factory.mktemp("minilm")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-        intermediate_size=1536, max_position_embeddings=512,
-    )  # fmt: skip
-    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    write_pipeline(path, {"pooling_mode_mean_tokens": True}, normalize=True)
+    write_random_minilm(path)
     return path
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import transformers
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from st_pipeline import write_pipeline
+from st_pipeline import write_random_minilm
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
@@ -35,16 +34,8 @@ def scrape(metrics: WorkerMetrics) -> dict[tuple[str, tuple], float]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    import torch
-
     path = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-        intermediate_size=1536, max_position_embeddings=512,
-    )  # fmt: skip
-    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
-    write_pipeline(path, {"pooling_mode_mean_tokens": True}, normalize=True)
+    write_random_minilm(path)
     return path
 
 
