@@ -58,15 +58,21 @@ def capturing(policy: CapturePolicy, clock: FakeClock | None = None, log: list |
     return capture
 
 
+def batch_shape(table: BucketTable, rng: np.random.Generator, max_seqs: int) -> tuple[int, int]:
+    """(sequences, tokens) of a random batch the scheduler could form: one sequence up to the table's
+    longest, several within the batch budget."""
+    num_seqs = int(rng.integers(1, min(table.max_seqs, max_seqs) + 1))
+    budget = table.max_tokens if num_seqs == 1 else table.max_batch_tokens
+    return num_seqs, int(rng.integers(num_seqs, max(num_seqs, budget) + 1))
+
+
 @pytest.mark.parametrize("name", TABLES, ids=list(TABLES))
 def test_reachable_buckets_are_every_one_a_scheduled_batch_lands_in(name):
     table = TABLES[name]
     reachable = set(table.reachable())
     rng = np.random.default_rng(0)
     for _ in range(2000):
-        num_seqs = int(rng.integers(1, min(table.max_seqs, 300) + 1))
-        budget = table.max_tokens if num_seqs == 1 else table.max_batch_tokens
-        num_tokens = int(rng.integers(num_seqs, max(num_seqs, budget) + 1))
+        num_seqs, num_tokens = batch_shape(table, rng, max_seqs=300)
         own = table.lookup(num_seqs, num_tokens)
         if own is not None and (num_seqs == 1 or num_tokens <= table.max_batch_tokens):
             assert own in reachable, (num_seqs, num_tokens)
@@ -145,9 +151,7 @@ def test_after_prewarm_of_all_the_serving_path_only_replays(name):
     assert not report.is_cut_short and report.num_captured == len(table.reachable())
     rng = np.random.default_rng(1)
     for _ in range(300):
-        num_seqs = int(rng.integers(1, min(table.max_seqs, 64) + 1))
-        budget = table.max_tokens if num_seqs == 1 else table.max_batch_tokens
-        num_tokens = int(rng.integers(num_seqs, max(num_seqs, budget) + 1))
+        num_seqs, num_tokens = batch_shape(table, rng, max_seqs=64)
         own = table.lookup(num_seqs, num_tokens)
         run = policy.serving_bucket(own, num_seqs, num_tokens)
         assert run == own  # everything reachable is captured: no padding beyond the own bucket
