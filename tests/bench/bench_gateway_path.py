@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -262,7 +263,7 @@ def profile(args: argparse.Namespace, port: int, processes: dict[str, subprocess
     spies = []
     for name, proc in processes.items():
         out = args.profile / f"{name}.txt"  # collapsed stacks, one line per stack with its count
-        py_spy = str(Path(sys.executable).parent / "py-spy")
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         command = [py_spy, "record", "--pid", str(proc.pid), "--rate", "250", "--threads", "--subprocesses",
                    "--nonblocking", "--duration", str(int(args.profile_s)), "--format", "raw",
                    "--output", str(out)]  # fmt: skip

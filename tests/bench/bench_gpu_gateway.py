@@ -198,6 +198,8 @@ def main() -> None:
     parser.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per row (median and worst)")
     parser.add_argument("--worker-arg", action="append", default=[], help="extra worker flag (repeat)")
+    parser.add_argument("--profile", type=Path, help="write py-spy profiles of gateway and worker here")
+    parser.add_argument("--profile-s", type=float, default=8.0)
     args = parser.parse_args()
     if args.tokenizer is None:
         parser.error(
@@ -303,6 +305,10 @@ def main() -> None:
                     + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in stages)
                     + " |"
                 )
+            if args.profile is not None:  # py-spy on both under 16 clients (bench_gateway_path)
+                args.profile = args.profile / f"gateway-processes-{processes}"
+                bench_gateway_path.profile(args, port, {"gateway": gateway, "worker": worker})
+                args.profile = args.profile.parent
             gateway.terminate()
             gateway.wait(20)
             gateway = None

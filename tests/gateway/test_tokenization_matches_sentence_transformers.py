@@ -215,3 +215,30 @@ async def test_tokenize_reports_offsets_into_the_text(tokenization: Tokenization
     assert [t["special"] for t in tokens] == [True, False, False, False, True]
     assert tokens[2] == {"id": 2088, "text": "wörld", "special": False, "start": 6, "stop": 11}
     assert tokens[0]["start"] is None
+
+
+@pytest.mark.parametrize("serial_max_chars", [0, 10**9], ids=["pool-batch", "one-by-one"])
+async def test_both_encoding_paths_give_the_reference_ids_pairs_and_offsets(
+    tokenization: Tokenization, reference: Encoder, serial_max_chars: int, monkeypatch: pytest.MonkeyPatch
+):
+    """A small batch is encoded text by text on the calling thread, a large one through the library's
+    thread pool (tokenization.SERIAL_MAX_CHARS): both give the same ids, pair ids and offsets."""
+    from kembed.gateway import tokenization as module
+
+    monkeypatch.setattr(module, "SERIAL_MAX_CHARS", serial_max_chars)
+    texts = list(TEXTS.values())
+    encoded = await tokenization.encode(
+        texts, truncate=True, direction=None, prompt_name=None, vocab_size=VOCAB_SIZE
+    )
+    assert [ids.tolist() for ids in encoded] == [reference(text, None) for text in texts]
+    tokenizer = tokenization._tokenizer(True, None)
+    ids, type_ids = await tokenization.encode_pairs("a query", texts, truncate=True, direction=None)
+    expected = tokenizer.encode_batch([("a query", text) for text in texts])
+    assert [row.tolist() for row in ids] == [e.ids for e in expected]
+    assert [row.tolist() for row in type_ids] == [e.type_ids for e in expected]
+    (tokens,) = await tokenization.tokenize(["Hello wörld 😀"], add_special_tokens=False, prompt_name=None)
+    assert [(t["text"], t["start"], t["stop"]) for t in tokens] == [
+        ("Hello", 0, 5),
+        ("wörld", 6, 11),
+        ("😀", 12, 13),
+    ]

@@ -6,7 +6,6 @@ runs out leaves uncovered buckets to `capture_deferred`; one host-to-device copy
 the same rows as the model run on each input copied on its own.
 """
 
-
 import numpy as np
 import pytest
 import torch
