@@ -293,7 +293,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     if config.api_key:
         middleware.append(Middleware(BearerAuth, api_key=config.api_key, metrics=metrics))
     middleware.append(Middleware(CancelOnDisconnect))  # inside the metrics: they record its 499
-    return Gateway(
+    app = Gateway(
         routes=http_routes,
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
@@ -301,6 +301,8 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         hot_routes={"/v1/embeddings": routes.openai_embeddings, "/embed": routes.tei_embed},
         on_error=on_error,
     )
+    app.state.metrics = metrics  # the connection edge (connections.py) counts into the same registry
+    return app
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]

@@ -93,6 +93,34 @@ class GatewayConfig:
     risk, while a burst a healthy fleet clears in seconds is still taken. Never more than
     request_timeout_s."""
 
+    header_timeout_s: float = 10.0
+    """Seconds a client has to send a request's head (request line and headers), counted from the
+    connection opening or from the head's first byte on a kept-alive connection; 408 and close
+    after. A connection that sends nothing at all is closed quietly at the same age (connections.py)."""
+
+    body_timeout_s: float = 60.0
+    """Seconds a client has to send a request's whole body once its head is in; 408 and close after.
+    60 s takes the largest body (max_request_bytes) at ~1.1 Mbit/s, and frees the connection of a
+    client that trickles its body."""
+
+    keep_alive_timeout_s: float = 30.0
+    """Seconds an idle kept-alive connection stays open after a response. Longer than the 5 s for which
+    the OpenAI SDK's HTTP pool (httpx) keeps an idle connection, so that the client, not the gateway,
+    closes it and a request never races the close."""
+
+    max_header_bytes: int = 64 * 1024
+    """Largest request head (request line and header fields) in bytes; 431 as soon as a head passes
+    it, before the rest is parsed. 64 KiB holds any API key and tracing headers with room to spare."""
+
+    max_headers: int = 128
+    """Most header fields in one request; 431 above."""
+
+    max_connections: int = 4096
+    """Client connections one gateway process keeps open (lowered to fit its open-file limit, which it
+    raises to the hard limit at start). Past it, the longest-open connection not being served (idle,
+    or still sending its head) is closed for the new one; if all are busy the new one gets 503. An
+    idle connection costs ~10-20 KB of memory."""
+
     health_interval_s: float = 2.0
     """Seconds between Health probes of each replica. Short enough that a restarted worker rejoins
     within a couple of seconds; each probe is a tiny unary RPC."""
@@ -153,6 +181,12 @@ class GatewayConfig:
             "max_health_age_s": self.max_health_age_s,
             "tokenization_workers": self.tokenization_workers,
             "max_grpc_message_bytes": self.max_grpc_message_bytes,
+            "header_timeout_s": self.header_timeout_s,
+            "body_timeout_s": self.body_timeout_s,
+            "keep_alive_timeout_s": self.keep_alive_timeout_s,
+            "max_header_bytes": self.max_header_bytes,
+            "max_headers": self.max_headers,
+            "max_connections": self.max_connections,
         }
         positive["processes"] = self.processes
         for name, value in positive.items():

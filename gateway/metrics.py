@@ -98,6 +98,19 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",  # several processes: the sum over those alive
         )
+        self.open_connections = Gauge(
+            "kembed_gateway_open_connections",
+            "Client HTTP connections open now (bounded by max_connections per process).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.connections_closed = Counter(
+            "kembed_gateway_connections_closed",
+            "Client connections the gateway closed itself, by reason: idle_timeout, header_timeout, "
+            "body_timeout, headers_too_large, evicted_idle (to make room), too_many_connections.",
+            ["reason"],
+            registry=r,
+        )
 
     def watch(self, served_name: Callable[[], str]) -> None:
         """Report `kembed_gateway_info{model}` at each scrape: the name this gateway serves (its

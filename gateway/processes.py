@@ -21,6 +21,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kembed.gateway.config import GatewayConfig
 
@@ -84,21 +85,32 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
     if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
         logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
     app = create_app(config, metrics_dir=metrics_dir)
+    server = uvicorn.Server(uvicorn_config(config, app))
     freeze_startup_objects()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http="httptools",
-            access_log=False,
-            log_level=config.log_level,
-            lifespan="on",
-            backlog=BACKLOG,
-        )
-    )
     server.run(sockets=None if metrics_dir is None else [_reuseport_socket(config.host, config.port)])
+
+
+def uvicorn_config(config: GatewayConfig, app: Any, **overrides: Any) -> Any:
+    """uvicorn's Config for `app` (from create_app): uvloop, and httptools behind the connection
+    bounds of connections.py; `overrides` for tests (e.g. loop="asyncio", port)."""
+    import uvicorn
+
+    from kembed.gateway.connections import connection_cap, guarded_protocol, raise_fd_limit
+
+    cap = connection_cap(config, raise_fd_limit())
+    options = {
+        "host": config.host,
+        "port": config.port,
+        "loop": "uvloop",
+        "http": guarded_protocol(config, app.state.metrics, cap),
+        "timeout_keep_alive": config.keep_alive_timeout_s,
+        "access_log": False,
+        "log_level": config.log_level,
+        "lifespan": "on",
+        "ws": "none",  # no WebSocket routes: an Upgrade request is served as plain HTTP
+        "backlog": BACKLOG,
+    }
+    return uvicorn.Config(app, **(options | overrides))
 
 
 def freeze_startup_objects() -> None:

@@ -1,0 +1,272 @@
+"""The HTTP connection edge: uvicorn's httptools protocol with the bounds it lacks.
+
+uvicorn closes a keep-alive connection that stays idle after a response, and nothing else: a
+connection that never sends a byte, one that sends its headers a byte at a time, or a body that
+trickles in is held forever, and a header of 64 MB is parsed in full before any route sees it. A
+few hundred silent connections then use up the process's file descriptors and every new client is
+refused. `guarded_protocol` adds, per connection:
+
+- a request head (request line and headers) must arrive within `header_timeout_s` of the
+  connection opening or of its first byte after a response (else 408 and close; a new connection
+  that sent nothing at all is closed without an answer, as uvicorn closes an idle keep-alive one
+  after `keep_alive_timeout_s`);
+- a body must arrive within `body_timeout_s` of its headers (else 408 and close);
+- a head larger than `max_header_bytes` or with more than `max_headers` fields is refused with 431
+  as soon as it passes the limit, before it is parsed further;
+- at most `max_connections` are open at once: past that, the longest-open connection that is not
+  being served (idle between requests or still sending its head) is closed to make room, and if
+  every connection is busy the new one is answered 503 and closed.
+
+Each close is counted in `kembed_gateway_connections_closed_total{reason}`; open connections in
+`kembed_gateway_open_connections`.
+"""
+
+from __future__ import annotations
+
+import http
+import itertools
+import logging
+import resource
+from asyncio import TimerHandle
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kembed.gateway.config import GatewayConfig
+from kembed.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+# File descriptors kept free for what is not a client connection: worker channels and data-port
+# connections, the tokenizer, logs, metrics files.
+RESERVED_FDS = 64
+
+_IDLE, _HEAD, _BODY, _SERVING = "idle", "head", "body", "serving"
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit (the default soft 1024 is far below
+    what a gateway with thousands of keep-alive clients needs); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # not allowed here: keep what we have
+            pass
+    return soft
+
+
+def connection_cap(config: GatewayConfig, fd_limit: int) -> int:
+    """`max_connections`, lowered to fit the file descriptors this process may open."""
+    cap = min(config.max_connections, max(fd_limit - RESERVED_FDS, 1))
+    if cap < config.max_connections:
+        log.warning(
+            "max_connections lowered from %d to %d: the open-file limit is %d",
+            config.max_connections,
+            cap,
+            fd_limit,
+        )
+    return cap
+
+
+def _raw_response(status: int, message: str, url: bytes) -> bytes:
+    """A whole HTTP/1.1 error response that closes the connection, in the body shape of the route
+    (OpenAI's for /v1/ paths, TEI's otherwise, as errors.render does)."""
+    phrase = http.HTTPStatus(status).phrase
+    if url.startswith(b"/v1/"):
+        kind = "timeout_error" if status == 408 else "invalid_request_error"
+        if status == 503:
+            kind = "service_unavailable_error"
+        body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+    else:
+        kind = {408: "timeout", 431: "validation", 503: "overloaded"}[status]
+        body = orjson.dumps({"error": message, "error_type": kind})
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class _Refusal(Exception):
+    """Raised from a parser callback to stop parsing a request the gateway refuses."""
+
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+
+
+def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connections: int) -> type:
+    """uvicorn's httptools protocol class with this gateway's connection bounds (module docstring)."""
+    header_timeout_s = config.header_timeout_s
+    body_timeout_s = config.body_timeout_s
+    max_header_bytes = config.max_header_bytes
+    max_headers = config.max_headers
+    closed = metrics.connections_closed
+    open_gauge = metrics.open_connections
+    opened = itertools.count()
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._phase = _IDLE
+            self._head_bytes = 0  # bytes received while a head is due or arriving
+            self._field_bytes = 0  # the current head's URL and fields, as parsed
+            self._num_headers = 0
+            self._timer: TimerHandle | None = None
+            self._is_refused = False
+            self._order = next(opened)
+            self.url = b""
+
+        # -- lifecycle --------------------------------------------------------------------------
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections and not self._evict_one():
+                self._is_refused = True
+                transport.write(
+                    _raw_response(503, f"the gateway holds {max_connections} connections, its limit", b"")
+                )
+                transport.close()
+                closed.labels("too_many_connections").inc()
+                return
+            super().connection_made(transport)
+            open_gauge.inc()
+            self._arm(header_timeout_s, "header_timeout")  # the first request's head must come
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.transport is None:  # refused in connection_made: never counted or registered
+                return
+            if self in self.connections:
+                open_gauge.dec()
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _is_evictable(self) -> bool:
+            """Not being served: idle between requests, or still sending a head."""
+            is_answered = self.cycle is None or self.cycle.response_complete
+            return is_answered and self._phase in (_IDLE, _HEAD) and not self.pipeline
+
+        def _evict_one(self) -> bool:
+            """Close the longest-open connection not being served; False if every one is busy."""
+            candidates = [
+                c for c in self.connections if isinstance(c, GuardedHttpProtocol) and c._is_evictable()
+            ]
+            if not candidates:
+                return False
+            min(candidates, key=lambda c: c._order)._close("evicted_idle")
+            return True
+
+        # -- timers -----------------------------------------------------------------------------
+        def _arm(self, seconds: float, reason: str) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._expire, reason)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expire(self, reason: str) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if reason == "body_timeout" and self.flow.read_paused:  # we stopped reading, not the client
+                self._arm(body_timeout_s, reason)
+                return
+            if reason == "header_timeout" and self._phase == _IDLE:  # not a byte sent: close quietly
+                self._close("idle_timeout")
+            elif reason == "header_timeout":
+                self._refuse(408, f"the request head did not arrive within {header_timeout_s:g} s", reason)
+            else:
+                self._refuse(408, f"the request body did not arrive within {body_timeout_s:g} s", reason)
+
+        def _refuse(self, status: int, message: str, reason: str) -> None:
+            """Answer `status` (unless a response is already under way) and close."""
+            self._is_refused = True
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(_raw_response(status, message, self.url))
+            self._close(reason)
+
+        def _close(self, reason: str) -> None:
+            closed.labels(reason).inc()
+            self._disarm()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True  # the app's receive() now reports a disconnect
+                self.cycle.message_event.set()
+            self.transport.close()
+
+        # -- input ------------------------------------------------------------------------------
+        def data_received(self, data: bytes) -> None:
+            """uvicorn's, plus the head-size bound and the refusals raised from the callbacks."""
+            if self._is_refused:
+                return
+            self._unset_keepalive_if_required()
+            if self._phase in (_IDLE, _HEAD):
+                self._head_bytes += len(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError as error:
+                if isinstance(error.__context__, _Refusal):
+                    refusal = error.__context__
+                    self._refuse(refusal.status, refusal.message, refusal.reason)
+                    return
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+                return
+            # A head that arrives slowly is bounded here, before the parser has buffered all of it.
+            if self._phase in (_IDLE, _HEAD) and self._head_bytes > max_header_bytes:
+                self._refuse(
+                    431, f"the request head is larger than {max_header_bytes} bytes", "headers_too_large"
+                )
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._num_headers = 0
+            self._field_bytes = 0
+            if self._phase == _IDLE and self._timer is None:  # a keep-alive connection's next request
+                self._arm(header_timeout_s, "header_timeout")
+            self._phase = _HEAD
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._num_headers += 1
+            if self._num_headers > max_headers:
+                raise _Refusal(
+                    431, f"the request has more than {max_headers} header fields", "headers_too_large"
+                )
+            self._count_head(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def _count_head(self, num_bytes: int) -> None:
+            self._field_bytes += num_bytes
+            if self._field_bytes > max_header_bytes:
+                raise _Refusal(
+                    431, f"the request head is larger than {max_header_bytes} bytes", "headers_too_large"
+                )
+
+        def on_headers_complete(self) -> None:
+            self._head_bytes = 0
+            self._phase = _BODY
+            self._arm(body_timeout_s, "body_timeout")
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            self._phase = _SERVING
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            if self._phase == _SERVING:
+                self._phase = _IDLE
+            super().on_response_complete()
+
+    return GuardedHttpProtocol
