@@ -16,7 +16,10 @@ from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.tokenization import (
     _encode_ids,
     _encode_ids_truncated,
+    _encode_pairs,
     _load_base,
+    _OverLongPair,
+    _pair_lengths,
     _truncating,
 )
 
@@ -137,3 +140,91 @@ print(len(ids[0]), (after - before) // 1024)
     assert num_ids == 256
     assert grown_mib < 64  # the text itself is ~8 MB (and its copies); the whole tokenization ~500
     assert resource  # the measuring is done in the child
+
+
+class CountingTokenizer:
+    """Passes calls to a tokenizer and counts the characters it was given to tokenize."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.num_chars = tokenizer, 0
+
+    def encode(self, text, *args, **kwargs):
+        self.num_chars += len(text)
+        return self.tokenizer.encode(text, *args, **kwargs)
+
+    def encode_batch_fast(self, texts, *args, **kwargs):
+        self.num_chars += sum(len(t) for t in texts)
+        return self.tokenizer.encode_batch_fast(texts, *args, **kwargs)
+
+    encode_batch = encode_batch_fast
+
+
+@pytest.mark.parametrize("family", ["wordpiece", "byte-level-bpe", "metaspace"])
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("max_length", [16, 17, 128])
+def test_pairs_from_one_tokenization_per_side_equal_the_whole_pair_truncated(family, side, max_length):
+    """Query tokenized once, each document once, only in windows, the pair assembled from ids: for
+    sides of up to a few hundred tokens, the library's own pair encoding with longest_first (it
+    keeps the cut tokens as overflowing pieces and pairs every piece with every other, so longer
+    sides would take it minutes); for long sides, the whole texts tokenized and cut by the
+    library's rule. Budgets odd and even (16/17/128 less 2, 3 or 4 special tokens), ties included."""
+    base = bert() if family == "wordpiece" else trained(family)
+    truncating = _truncating(base, max_length, side)
+    budget = max_length - truncating.num_special_tokens_to_add(True)
+    rng = random.Random(f"pairs-{family}-{side}-{max_length}")
+    styles = ["spaces", "cjk", "long-words", "no-spaces", "newlines"]
+    short = [corpus(rng, rng.choice([1, 3, 6, 7, 8, 9, 30]), rng.choice(styles)) for _ in range(30)]
+    long = [corpus(rng, rng.choice([300, 3000]), rng.choice(styles)) for _ in range(8)]
+    for query in (short[0], short[-1], corpus(rng, 7, "spaces"), "x"):
+        ids, type_ids = _encode_pairs(truncating, base, query, [*short, short[0]], max_length, side, True)
+        want = [truncating.encode(query, text) for text in [*short, short[0]]]
+        assert [row.tolist() for row in ids] == [e.ids for e in want], query[:40]
+        assert [row.tolist() for row in type_ids] == [e.type_ids for e in want], query[:40]
+    num_specials = truncating.num_special_tokens_to_add(True)
+    for query in (long[0], long[1], short[3], corpus(rng, 3000, "spaces")):
+        ids, _ = _encode_pairs(truncating, base, query, [*long, *short[:5], query], max_length, side, True)
+        whole_query = base.encode(query, add_special_tokens=False).ids
+        for text, row in zip([*long, *short[:5], query], ids, strict=True):
+            whole_text = base.encode(text, add_special_tokens=False).ids
+            keep_q, keep_t = _pair_lengths(len(whole_query), len(whole_text), budget)
+            kept_q = whole_query[:keep_q] if side == "right" else whole_query[len(whole_query) - keep_q :]
+            kept_t = whole_text[:keep_t] if side == "right" else whole_text[len(whole_text) - keep_t :]
+            assert len(row) == num_specials + len(kept_q) + len(kept_t) <= max_length
+            plain = [
+                t
+                for t, special in zip(row.tolist(), special_mask(truncating, row), strict=True)
+                if not special
+            ]
+            assert plain == kept_q + kept_t, (query[:30], text[:30])
+
+
+def special_mask(tokenizer: Tokenizer, row) -> list[bool]:
+    """Which positions of an assembled pair hold the template's special tokens (by id)."""
+    specials = {tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "<s>", "</s>", "<|endoftext|>")}
+    return [token in specials - {None} for token in row.tolist()]
+
+
+def test_untruncated_pairs_equal_the_whole_pair_and_an_over_long_side_is_refused_from_its_window():
+    base = bert()
+    texts = ["a short document", "another one, with more words in it", ""]
+    ids, type_ids = _encode_pairs(base, base, "the query", texts, 128, "right", False)
+    assert [row.tolist() for row in ids] == [base.encode("the query", t).ids for t in texts]
+    assert [row.tolist() for row in type_ids] == [base.encode("the query", t).type_ids for t in texts]
+    counting = CountingTokenizer(base)
+    with pytest.raises(_OverLongPair) as refused:
+        _encode_pairs(base, counting, "q", ["fine", "word " * 1_000_000], 128, "right", False)
+    assert refused.value.index == 1
+    assert counting.num_chars < 100_000  # 5 MB refused from a window of it
+
+
+def test_a_long_query_is_tokenized_once_not_once_per_document():
+    """The rerank amplification: a 100 KB query with 128 documents used to cost 128 tokenizations of
+    the query (11.9 s, +470 MB); now the characters tokenized stay within a few windows of each."""
+    base = bert()
+    truncating = _truncating(base, 256, "right")
+    counting = CountingTokenizer(base)
+    query = ("what is the best way to rank these documents " * 2300)[:100_000]
+    documents = [f"document {i} about ranking and search" for i in range(128)]
+    ids, _ = _encode_pairs(truncating, counting, query, documents, 256, "right", True)
+    assert [row.tolist() for row in ids[:3]] == [truncating.encode(query, d).ids for d in documents[:3]]
+    assert counting.num_chars < 3 * 256 * 8 + sum(len(d) for d in documents) * 2  # not 128 x 100 KB
