@@ -9,6 +9,7 @@ truncation at 128) is cleared first, so the ids equal sentence-transformers' `en
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -267,7 +268,24 @@ def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
 # run, a hostile blob) is tokenized whole, as before.
 WINDOW_CHARS_PER_TOKEN = 8
 MARGIN_TOKENS = 16
-_SPACES = (" ", "\n", "\t")
+# A cut is made only at a space that starts a run of whitespace: a Metaspace pre-tokenizer splits
+# words at spaces only (a newline is part of a word unless the normalizer maps it to a space), and a
+# byte-level one takes a run of whitespace but its last character as one token, so a cut inside a
+# run, or at a newline, could change the tokens next to it.
+_CUT = re.compile(r"(?<=\S) ")
+
+
+def _last_cut(text: str, start: int, stop: int) -> int:
+    """Index of the last cut point in text[start:stop], or -1."""
+    found = -1
+    for match in _CUT.finditer(text, start, stop):
+        found = match.start()
+    return found
+
+
+def _first_cut(text: str, start: int, stop: int) -> int:
+    match = _CUT.search(text, start, stop)
+    return -1 if match is None else match.start()
 
 
 def _window(text: str, num_chars: int, side: Direction) -> str:
@@ -276,11 +294,11 @@ def _window(text: str, num_chars: int, side: Direction) -> str:
     if len(text) <= num_chars:
         return text
     if side == "right":
-        cut = max(text.rfind(c, 1, num_chars) for c in _SPACES)
+        cut = _last_cut(text, 1, num_chars)
         return text[:cut] if cut > 0 else text
     start = len(text) - num_chars
-    found = [i for i in (text.find(c, start, len(text) - 1) for c in _SPACES) if i >= 0]
-    return text[min(found) :] if found else text
+    cut = _first_cut(text, start, len(text) - 1)
+    return text[cut:] if cut >= 0 else text
 
 
 def _windows(untruncated: Tokenizer, texts: Sequence[str], max_length: int, side: Direction) -> list[str]:
@@ -390,12 +408,12 @@ def _count_tokens(untruncated: Tokenizer, text: str) -> int:
     while start < len(text):
         stop = min(start + COUNT_CHUNK_CHARS, len(text))
         if stop < len(text):
-            cut = max(text.rfind(c, start + 1, stop) for c in _SPACES)
+            cut = _last_cut(text, start + 1, stop)
             if cut > start:
                 stop = cut
             else:  # no whitespace in this piece: up to the next one, or the end
-                found = [i for i in (text.find(c, stop) for c in _SPACES) if i >= 0]
-                stop = min(found) if found else len(text)
+                cut = _first_cut(text, stop, len(text))
+                stop = cut if cut >= 0 else len(text)
         total += len(untruncated.encode(text[start:stop], add_special_tokens=False).ids)
         start = stop
     return total

@@ -60,6 +60,8 @@ def corpus(rng: random.Random, num_words: int, style: str) -> str:
         return " ".join(words)
     if style == "newlines":
         return "\n".join(words)
+    if style == "runs":  # runs of mixed whitespace between words
+        return "".join(w + rng.choice([" ", "  ", "   ", "\n", " \n ", "\n\n", "\t ", " \t"]) for w in words)
     if style == "no-spaces":
         return "".join(words)
     if style == "cjk":
@@ -107,7 +109,7 @@ def test_the_window_gives_the_ids_of_the_whole_text(family, side, max_length):
     base = bert() if family == "wordpiece" else trained(family)
     truncating = _truncating(base, max_length, side)
     rng = random.Random(f"{family}-{side}-{max_length}")
-    styles = ("spaces", "newlines", "no-spaces", "cjk", "long-words", "punctuation")
+    styles = ("spaces", "newlines", "runs", "no-spaces", "cjk", "long-words", "punctuation")
     texts = [corpus(rng, rng.choice([5, 50, 400, 3000]), style) for style in styles for _ in range(4)]
     windowed = _encode_ids_truncated(truncating, base, texts, max_length, side)
     whole = _encode_ids(truncating, texts)
@@ -172,7 +174,7 @@ def test_pairs_from_one_tokenization_per_side_equal_the_whole_pair_truncated(fam
     truncating = _truncating(base, max_length, side)
     budget = max_length - truncating.num_special_tokens_to_add(True)
     rng = random.Random(f"pairs-{family}-{side}-{max_length}")
-    styles = ["spaces", "cjk", "long-words", "no-spaces", "newlines"]
+    styles = ["spaces", "cjk", "long-words", "no-spaces", "newlines", "runs"]
     short = [corpus(rng, rng.choice([1, 3, 6, 7, 8, 9, 30]), rng.choice(styles)) for _ in range(30)]
     long = [corpus(rng, rng.choice([300, 3000]), rng.choice(styles)) for _ in range(8)]
     for query in (short[0], short[-1], corpus(rng, 7, "spaces"), "x"):
