@@ -186,6 +186,13 @@ class EmbeddingService:
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
     ) -> list[list[dict[str, Any]]]:
         self._check_count(len(texts), "inputs")
+        num_chars = sum(len(text) for text in texts)
+        if num_chars > self.config.max_tokenize_chars:
+            raise PayloadTooLarge(
+                f"/tokenize takes at most {self.config.max_tokenize_chars} characters per request, "
+                f"got {num_chars}; send the text in parts",
+                param="inputs",
+            )
 
         async def run() -> list[list[dict[str, Any]]]:
             started = time.perf_counter()

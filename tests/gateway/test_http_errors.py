@@ -46,7 +46,13 @@ CASES = [
         "/embed",
         orjson.dumps({"inputs": ["ok", "word " * 1_000_000], "truncate": False}),
         413,
-        "input 1 has at least",  # counted from a window, not from all of its 5 MB
+        "input 1 has more than 256 tokens (at least",  # counted from a window, not from all of its 5 MB
+    ),
+    (
+        "/embed",
+        orjson.dumps({"inputs": ["ok", "x" * 1_000_000], "truncate": False}),
+        413,
+        "input 1 has 1000000 characters, more than the 65536",  # one word: never tokenized whole
     ),
     ("/embed", orjson.dumps({"inputs": ["ok", [1] * 300], "truncate": False}), 413, "input 1 has 300 tokens"),
     ("/embed", b'{"inputs": "a", "truncation_direction": "middle"}', 422, "truncation_direction"),
@@ -55,6 +61,12 @@ CASES = [
     ("/tokenize", b'{"inputs": []}', 422, "`inputs` must not be empty"),
     ("/tokenize", b'{"inputs": [1]}', 422, "inputs"),
     ("/tokenize", b'{"inputs": "a", "prompt_name": "nope"}', 422, "unknown prompt_name"),
+    (
+        "/tokenize",
+        orjson.dumps({"inputs": ["a b", "c " * 140_000]}),
+        413,
+        "/tokenize takes at most 262144 characters per request, got 280003",
+    ),
     ("/rerank", b'{"query": "q", "texts": []}', 422, "`texts` must not be empty"),
     ("/rerank", b'{"query": "q", "texts": ["a"]}', 501, "does not support reranking"),
 ]
@@ -85,6 +97,7 @@ CASES = [
         "tei-missing-inputs",
         "tei-overlong-text-untruncated",
         "tei-huge-text-untruncated",
+        "tei-huge-word-untruncated",
         "tei-overlong-ids-untruncated",
         "tei-bad-truncation-direction",
         "tei-normalize-not-bool",
@@ -92,6 +105,7 @@ CASES = [
         "tokenize-empty",
         "tokenize-ids",
         "tokenize-unknown-prompt",
+        "tokenize-too-long",
         "rerank-no-texts",
         "rerank-embedding-model",
     ],

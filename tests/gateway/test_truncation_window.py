@@ -18,6 +18,7 @@ from kembed.gateway.tokenization import (
     _encode_ids_truncated,
     _encode_pairs,
     _load_base,
+    _most_chars,
     _OverLongPair,
     _pair_lengths,
     _truncating,
@@ -117,9 +118,18 @@ def test_the_window_gives_the_ids_of_the_whole_text(family, side, max_length):
         assert got.tolist() == want.tolist(), text[:80]
 
 
-def test_an_8_mb_text_costs_what_its_kept_part_costs():
-    # In a fresh process: peak RSS after tokenizing (truncating to 256) one 7.8 MB text, against
-    # after tokenizing a 100-character one. Tokenizing all of it took 2.5 s and ~0.5 GB here.
+@pytest.mark.parametrize(
+    ("make_text", "num_ids"),
+    [
+        ('("semantic search with embeddings " * 250000)[:7_800_000]', 256),  # whole: 2.5 s, ~0.5 GB
+        ('"東京大学语义检索向量嵌入" * 216_667', 256),  # 7.8 MB of CJK: 3.1 s, 0.7 GB
+        ('"abcdefghij" * 780_000', 3),  # one word, so [CLS] [UNK] [SEP]: 1.8 s, 0.4 GB
+    ],
+    ids=["words", "cjk", "one-word"],
+)
+def test_an_8_mb_text_costs_what_its_kept_part_costs(make_text, num_ids):
+    # In a fresh process: peak RSS after tokenizing (truncating to 256) one ~8 MB text, against
+    # after tokenizing a 100-character one. Tokenizing all of it took the seconds and memory above.
     code = f"""
 import resource, sys
 sys.path[:0] = {sys.path!r}
@@ -130,7 +140,7 @@ base = _load_base(load_model_spec(Path({str(BUNDLED_MODEL_DIR)!r})))
 truncating = _truncating(base, 256, "right")
 _encode_ids_truncated(truncating, base, ["warm " * 20], 256, "right")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-text = ("semantic search with embeddings " * 250000)[:7_800_000]
+text = {make_text}
 ids = _encode_ids_truncated(truncating, base, [text], 256, "right")
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(len(ids[0]), (after - before) // 1024)
@@ -138,8 +148,8 @@ print(len(ids[0]), (after - before) // 1024)
     out = subprocess.run(
         [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    num_ids, grown_mib = map(int, out.split())
-    assert num_ids == 256
+    got_ids, grown_mib = map(int, out.split())
+    assert got_ids == num_ids
     assert grown_mib < 64  # the text itself is ~8 MB (and its copies); the whole tokenization ~500
     assert resource  # the measuring is done in the child
 
@@ -198,6 +208,37 @@ def test_pairs_from_one_tokenization_per_side_equal_the_whole_pair_truncated(fam
                 if not special
             ]
             assert plain == kept_q + kept_t, (query[:30], text[:30])
+
+
+def unbroken(rng: random.Random, num_chars: int, style: str) -> str:
+    """Texts with no whitespace at all: what a window cannot cut at a space."""
+    if style == "cjk-paragraph":  # one word to a Metaspace tokenizer, one per character to WordPiece
+        return "".join(rng.choice("東京大学语义检索向量嵌入，。") for _ in range(num_chars))
+    if style == "letters":  # one word to every family
+        return ("abcdefghij" * (num_chars // 10 + 1))[:num_chars]
+    if style == "blob":  # base64-like: letters, digits, + and /
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+        return "".join(rng.choice(alphabet) for _ in range(num_chars))
+    return "".join(rng.choice(WORDS) for _ in range(num_chars // 6))[:num_chars]  # words run together
+
+
+@pytest.mark.parametrize("family", ["wordpiece", "byte-level-bpe", "metaspace"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_text_without_whitespace_is_cut_between_the_tokenizers_words_or_at_the_most(family, side):
+    """No space to cut at: the window is cut between two of the words the tokenizer finds (WordPiece
+    and byte-level BPE split letters, digits, punctuation and CJK apart), or, inside one word of
+    200,000 characters, at the most characters a window may have; the kept ids are still those of
+    the whole text, and the characters tokenized stay within a few windows, not the text."""
+    base = bert() if family == "wordpiece" else trained(family)
+    rng = random.Random(f"unbroken-{family}-{side}")
+    for max_length in (128, 512):
+        truncating = _truncating(base, max_length, side)
+        for style in ("cjk-paragraph", "letters", "blob", "run-together"):
+            text = unbroken(rng, 200_000, style)
+            counting = CountingTokenizer(base)
+            windowed = _encode_ids_truncated(truncating, counting, [text], max_length, side)
+            assert windowed[0].tolist() == truncating.encode(text).ids, (style, max_length)
+            assert counting.num_chars < 4 * _most_chars(max_length), (style, counting.num_chars)
 
 
 def special_mask(tokenizer: Tokenizer, row) -> list[bool]:
