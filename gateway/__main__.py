@@ -4,7 +4,9 @@
 
 Every config field has a flag named after it (`chunk_tokens` -> `--chunk-tokens`) and an environment
 variable (`KEMBED_GATEWAY_CHUNK_TOKENS`); a flag wins over the environment, which wins over the default.
-List-valued settings take the flag repeatedly, or a comma-separated environment value.
+List-valued settings take the flag repeatedly, or a comma-separated environment value. The workers'
+token is the exception: `--worker-auth-token-file FILE` or KEMBED_GATEWAY_WORKER_AUTH_TOKEN, never a
+flag's value (a command line is visible to every process on the machine).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _FLAG_NAMES = {
     "served_model_names": "--served-model-name",
 }
 _LIST_FIELDS = {"worker_addresses", "served_model_names"}
+_FILE_FIELDS = {"worker_auth_token"}  # secrets: `--<name>-file PATH`, or the environment
 
 
 def bundled_model_dir() -> Path | None:
@@ -67,7 +70,16 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         raw = env.get(env_name)
         default = field.default
         help_text = f"{docs.get(field.name, '')} [env {env_name}; default %(default)s]"
-        if field.name in _LIST_FIELDS:
+        if field.name in _FILE_FIELDS:
+            parser.add_argument(
+                f"{flag}-file",
+                dest=f"{field.name}_file",
+                type=Path,
+                default=None,
+                metavar="PATH",
+                help=f"file holding it: {docs.get(field.name, '')} [env {env_name}; default none]",
+            )
+        elif field.name in _LIST_FIELDS:
             metavar = "ADDR" if field.name == "worker_addresses" else "NAME"
             help_text = help_text.replace("%(default)s", ",".join(field.default) or "none")
             parser.add_argument(
@@ -101,6 +113,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
     """The one place flags and environment are read; ValueError/SystemExit on bad values."""
     args = vars(_parser(env).parse_args(argv))
+    for name in _FILE_FIELDS:
+        path = args.pop(f"{name}_file")
+        try:
+            raw = path.read_text() if path is not None else env.get(ENV_PREFIX + name.upper(), "")
+        except OSError as error:
+            raise SystemExit(f"cannot read --{name.replace('_', '-')}-file: {error}") from None
+        args[name] = raw.strip()
     for name in _LIST_FIELDS:
         if args[name] is None:
             raw = env.get(ENV_PREFIX + name.upper(), "")

@@ -150,6 +150,13 @@ class GatewayConfig:
     """API key every request must carry as `Authorization: Bearer <key>` (except /health and /ready);
     empty: no key required. On Kubernetes it comes from a Secret. Never logged."""
 
+    worker_auth_token: str = field(default="", repr=False)
+    """The workers' shared token (their `--auth-token-file`), sent with every call to them as gRPC
+    metadata `authorization: Bearer <token>` and as the first frame of each data-port connection;
+    empty: none sent. A worker without a token ignores it. Read from a file
+    (`--worker-auth-token-file`, a mounted Secret) or KEMBED_GATEWAY_WORKER_AUTH_TOKEN, never from a
+    flag's value; never logged."""
+
     retry_after_s: int = 1
     """Value of the Retry-After header on 429, in seconds. Worker queues drain in well under that."""
 
@@ -176,6 +183,7 @@ class GatewayConfig:
         positive = {
             "max_request_bytes": self.max_request_bytes,
             "max_client_batch_size": self.max_client_batch_size,
+            "max_tokenize_chars": self.max_tokenize_chars,
             "max_concurrent_requests": self.max_concurrent_requests,
             "chunk_tokens": self.chunk_tokens,
             "max_chunk_sequences": self.max_chunk_sequences,
@@ -183,7 +191,6 @@ class GatewayConfig:
             "request_timeout_s": self.request_timeout_s,
             "health_interval_s": self.health_interval_s,
             "health_timeout_s": self.health_timeout_s,
-            "max_tokenize_chars": self.max_tokenize_chars,
             "max_health_age_s": self.max_health_age_s,
             "tokenization_workers": self.tokenization_workers,
             "max_grpc_message_bytes": self.max_grpc_message_bytes,

@@ -12,8 +12,9 @@ loop for every read and write (60-130 µs a wake-up on an idle GPU host).
 If the connection breaks (the worker died or is draining, the network dropped it), every request on
 it fails UNAVAILABLE and is retried on another replica by the caller; the next request opens a new
 connection. A worker without `Stream` answers UNIMPLEMENTED, raised as StreamUnsupported; a data
-port that cannot be reached raises DataPortUnreachable: the caller then takes another path. Mutated
-only on the event loop.
+port that cannot be reached raises DataPortUnreachable: the caller then takes another path. With the
+workers' shared token, a gRPC stream carries it as metadata and a data-port connection sends it in its
+first frame. Mutated only on the event loop.
 """
 
 from __future__ import annotations
@@ -203,14 +204,15 @@ class _GrpcLink(_Link):
 
 
 class WorkerStream(Multiplexed):
-    """Over a gRPC `Stream` call."""
+    """Over a gRPC `Stream` call; `metadata` goes with it (the workers' token)."""
 
-    def __init__(self, stub: EmbedderStub, address: str) -> None:
+    def __init__(self, stub: EmbedderStub, address: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(address)
         self._stub = stub
+        self._metadata = metadata
 
     async def _connect(self) -> _Link:
-        link = _GrpcLink(self._stub.Stream())
+        link = _GrpcLink(self._stub.Stream(metadata=self._metadata))
         self._spawn(self._read(link), "kembed-gateway-stream")
         return link
 
@@ -272,15 +274,23 @@ class _FrameLink(_Link, asyncio.Protocol):
 
 
 class FrameStream(Multiplexed):
-    """Over a TCP connection to the worker's data port (host of its gRPC address, `port`)."""
+    """Over a TCP connection to the worker's data port (host of its gRPC address, `port`); with
+    `auth_token`, its first frame carries the token (a worker that asks for none ignores it)."""
 
     def __init__(
-        self, address: str, host: str, port: int, max_frame_bytes: int, connect_timeout_s: float
+        self,
+        address: str,
+        host: str,
+        port: int,
+        max_frame_bytes: int,
+        connect_timeout_s: float,
+        auth_token: str = "",
     ) -> None:
         super().__init__(address)
         self.host, self.port = host, port
         self._max_frame_bytes = max_frame_bytes
         self._connect_timeout_s = connect_timeout_s
+        self._auth_token = auth_token
 
     async def _connect(self) -> _Link:
         loop = asyncio.get_running_loop()
@@ -292,6 +302,11 @@ class FrameStream(Multiplexed):
             raise DataPortUnreachable(
                 f"worker {self.address}: no connection to its data port {self.host}:{self.port}: {error}"
             ) from None
+        if self._auth_token:  # before any request: a worker that asks for it reads nothing else first
+            try:
+                await link.send(pb.StreamRequest(auth_token=self._auth_token))
+            except OSError as error:
+                raise DataPortUnreachable(f"worker {self.address}: its data port closed: {error}") from None
         return link
 
 

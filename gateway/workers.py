@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -109,6 +109,10 @@ class WorkerPool:
         self.replicas: list[Replica] = []
         self._health_task: asyncio.Task[None] | None = None
         self._num_picks = 0
+        # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
+        self.on_chunk_served: Callable[[int], None] | None = None
+        token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def start(self) -> None:
         options = [
@@ -123,7 +127,8 @@ class WorkerPool:
             channel = grpc.aio.insecure_channel(address, options=options)
             stub = EmbedderStub(channel)
             is_stream = self._config.worker_transport != "unary"
-            replica = Replica(address, channel, stub, WorkerStream(stub, address) if is_stream else None)
+            stream = WorkerStream(stub, address, self._metadata) if is_stream else None
+            replica = Replica(address, channel, stub, stream)
             replica.windows = {method: self._window(replica, method) for method in ("Embed", "Score")}
             self.replicas.append(replica)
         await self._probe_all()
@@ -185,7 +190,7 @@ class WorkerPool:
                 stream, replica.stream = replica.stream, None
                 await stream.close()
         call = replica.stub.Embed if kind == "embed" else replica.stub.Score
-        return await call(request, timeout=timeout_s)
+        return await call(request, timeout=timeout_s, metadata=self._metadata)
 
     async def _use_data_port(self, replica: Replica) -> None:
         """Frames to the data port the replica's Info advertises (a restarted worker may have moved
@@ -205,6 +210,7 @@ class WorkerPool:
                 port,
                 self._config.max_grpc_message_bytes,
                 self._config.health_timeout_s,
+                self._config.worker_auth_token,
             )
             replica.frames.connect_soon()
 
@@ -242,14 +248,16 @@ class WorkerPool:
     async def _probe(self, replica: Replica) -> None:
         timeout = self._config.health_timeout_s
         try:
-            health = await replica.stub.Health(pb.HealthRequest(), timeout=timeout)
+            health = await replica.stub.Health(pb.HealthRequest(), timeout=timeout, metadata=self._metadata)
             # Info again whenever a replica comes (back) up: a restarted worker may serve another revision.
             lost_for = asyncio.get_running_loop().time() - replica.data_port_lost_at
             is_retry_due = replica.frames is None and DATA_PORT_RETRY_S <= lost_for < math.inf
             if health.status == pb.HealthResponse.SERVING and (
                 replica.info is None or not replica.is_serving or is_retry_due
             ):
-                replica.info = await replica.stub.Info(pb.InfoRequest(), timeout=timeout)
+                replica.info = await replica.stub.Info(
+                    pb.InfoRequest(), timeout=timeout, metadata=self._metadata
+                )
                 replica.data_port_lost_at = -math.inf
                 await self._use_data_port(replica)
         except grpc.aio.AioRpcError as error:
@@ -326,6 +334,8 @@ class WorkerPool:
             finally:
                 replica.outstanding_tokens -= part.num_tokens
             replica.num_chunks_served += 1
+            if self.on_chunk_served is not None:
+                self.on_chunk_served(part.num_tokens)
             return rows
         if is_overloaded:
             raise Overloaded("every worker replica tried has a full queue; retry later")
@@ -343,7 +353,8 @@ class WorkerPool:
             chunk = chunks[index]
             ids = sequences[chunk.start : chunk.stop]
             return await self._send(
-                "Embed", Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline)
+                "Embed",
+                Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline, owner=request_id),
             )
 
         parts = await gather_all([run(i) for i in range(len(chunks))])
@@ -370,6 +381,7 @@ class WorkerPool:
                 type_ids[chunk.start : chunk.stop],
                 chunk.num_tokens,
                 deadline,
+                owner=request_id,
             )
             return await self._send("Score", part)
 

@@ -76,7 +76,7 @@ def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str)
         "image": image,
         "imagePullPolicy": spec.worker.image_pull_policy,
         "command": command(spec, request),
-        "env": m.base_env(),
+        "env": m.base_env() + m.worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),  # read by the tools
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": m.container_security(),
         "volumeMounts": mounts,

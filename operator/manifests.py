@@ -96,6 +96,14 @@ def base_env() -> list[dict[str, str]]:
     return [{"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}]
 
 
+def worker_token_env(spec: EmbeddingModelSpec, name: str) -> list[dict[str, Any]]:
+    """The workers' shared token from its Secret as variable `name` (none when the spec sets none)."""
+    ref = spec.worker.auth_token_secret_ref
+    if ref is None:
+        return []
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {
         # No service links: a Service named e.g. `kembed-gateway` would inject KEMBED_GATEWAY_PORT=tcp://…
@@ -170,15 +178,18 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
     w = spec.worker
     name = n.workers_name(owner, revision)
     tmp_volume, tmp_mount = scratch()
-    # the worker binds its port only once the model is loaded and its start-up prewarm is done
-    tcp = {"tcpSocket": {"port": "grpc"}}
+    # The worker binds its port only once the model is loaded and its start-up prewarm is done, then
+    # answers the standard gRPC health check SERVING, and NOT_SERVING once it drains. A check is
+    # answered by its event loop, so a wedged worker fails it (a TCP probe only sees the kernel accept).
+    # Kubernetes' gRPC probe takes a port number, not a name; it sends no token (health stays open).
+    probe = {"grpc": {"port": w.port}}
     container = {
         "name": "worker",
         "image": image,
         "imagePullPolicy": w.image_pull_policy,
         "command": ["kembed-worker"],
         "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
-        "env": base_env(),
+        "env": base_env() + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),
         "ports": [
             {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
             {"name": "data", "containerPort": WORKER_DATA_PORT, "protocol": "TCP"},
@@ -189,9 +200,9 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
         # Weight load, allocation and the start-up prewarm (graphs.prewarmSeconds at most) can take
         # minutes on a large model: up to 30 min before liveness.
-        "startupProbe": tcp | {"periodSeconds": 5, "failureThreshold": 360},
-        "readinessProbe": tcp | {"periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": tcp | {"periodSeconds": 10, "failureThreshold": 6},
+        "startupProbe": probe | {"periodSeconds": 5, "failureThreshold": 360},
+        "readinessProbe": probe | {"periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": probe | {"periodSeconds": 10, "failureThreshold": 6},
     }
     extra: dict[str, Any] = {"terminationGracePeriodSeconds": 30}  # the worker drains in 10 s
     if w.node_selector:
@@ -273,7 +284,8 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     if g.api_key_secret_ref is not None:
         ref = {"name": g.api_key_secret_ref.name, "key": g.api_key_secret_ref.key}
         env.append({"name": "KEMBED_GATEWAY_API_KEY", "valueFrom": {"secretKeyRef": ref}})
-    return env
+    # Sent to whatever revision serves: a worker without a token ignores it.
+    return env + worker_token_env(spec, "KEMBED_GATEWAY_WORKER_AUTH_TOKEN")
 
 
 def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str) -> dict[str, Any]:

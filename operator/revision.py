@@ -21,7 +21,12 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
     shaping = {
         "image": worker_image,
         "model": spec.model.model_dump(mode="json"),
-        "worker": spec.worker.model_dump(mode="json", exclude={"replicas", "image"}),
+        # Unset, the token reference is left out, so revisions from before it existed keep their hash.
+        "worker": spec.worker.model_dump(
+            mode="json",
+            exclude={"replicas", "image"}
+            | ({"auth_token_secret_ref"} if spec.worker.auth_token_secret_ref is None else set()),
+        ),
     }
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_CHARS]

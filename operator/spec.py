@@ -132,6 +132,13 @@ class Resources(_Model):
     )
 
 
+class TokenSecretRef(_Model):
+    """A key of a Secret in this namespace holding the workers' shared token."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field("token", min_length=1, description="Key within the Secret.")
+
+
 class WorkerSpec(_Model):
     """The GPU workers: one Deployment per revision, each pod one worker process (one GPU)."""
 
@@ -227,6 +234,13 @@ class WorkerSpec(_Model):
     )
     port: int = Field(
         50051, ge=1, le=65535, description="gRPC port of the worker (the conventional gRPC default)."
+    )
+    auth_token_secret_ref: TokenSecretRef | None = Field(
+        None,
+        description="Secret key holding a shared token the workers require on every call but their "
+        "health checks (gRPC metadata `authorization: Bearer <token>`; on the data port, a first frame). "
+        "Given to the workers (KEMBED_WORKER_AUTH_TOKEN), the gateway and the prewarm and smoke Jobs. "
+        "Part of the revision: setting or changing it rolls the workers out through the gates.",
     )
 
 

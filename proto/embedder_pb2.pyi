@@ -54,18 +54,20 @@ class ScoreResponse(_message.Message):
     def __init__(self, scores: _Optional[bytes] = ..., num_sequences: _Optional[int] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("id", "embed", "score", "cancel", "timeout_ms")
+    __slots__ = ("id", "embed", "score", "cancel", "timeout_ms", "auth_token")
     ID_FIELD_NUMBER: _ClassVar[int]
     EMBED_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     id: int
     embed: EmbedRequest
     score: ScoreRequest
     cancel: StreamCancel
     timeout_ms: int
-    def __init__(self, id: _Optional[int] = ..., embed: _Optional[_Union[EmbedRequest, _Mapping]] = ..., score: _Optional[_Union[ScoreRequest, _Mapping]] = ..., cancel: _Optional[_Union[StreamCancel, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    auth_token: str
+    def __init__(self, id: _Optional[int] = ..., embed: _Optional[_Union[EmbedRequest, _Mapping]] = ..., score: _Optional[_Union[ScoreRequest, _Mapping]] = ..., cancel: _Optional[_Union[StreamCancel, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., auth_token: _Optional[str] = ...) -> None: ...
 
 class StreamCancel(_message.Message):
     __slots__ = ()

@@ -21,20 +21,21 @@ class FrameReader:
     """Cuts a byte stream into frame bodies, whatever the pieces it arrives in."""
 
     def __init__(self, max_frame_bytes: int) -> None:
-        self._max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes  # may change between feeds (the worker's first frame)
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The bodies of the frames `data` completes, in order; raises FrameError for a frame longer
-        than the limit (known from its length, before its bytes are buffered)."""
+    def feed(self, data: bytes, max_frames: int | None = None) -> list[bytes]:
+        """The bodies of the frames `data` completes, in order, at most `max_frames` of them (the rest
+        stays buffered for the next feed); raises FrameError for a frame longer than the limit (known
+        from its length, before its bytes are buffered)."""
         buffer = self._buffer
         buffer += data
         bodies, start = [], 0
-        while len(buffer) - start >= 4:
+        while len(buffer) - start >= 4 and (max_frames is None or len(bodies) < max_frames):
             (length,) = _LENGTH.unpack_from(buffer, start)
-            if length > self._max_frame_bytes:
+            if length > self.max_frame_bytes:
                 buffer.clear()
-                raise FrameError(f"a frame of {length} bytes is over the limit of {self._max_frame_bytes}")
+                raise FrameError(f"a frame of {length} bytes is over the limit of {self.max_frame_bytes}")
             end = start + 4 + length
             if len(buffer) < end:
                 break

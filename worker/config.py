@@ -1,7 +1,7 @@
 """`WorkerConfig`: the worker's one typed configuration, parsed once in `__main__`, then passed down."""
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kembed.worker.buckets import Bucket
@@ -132,6 +132,20 @@ class WorkerConfig:
 
     revision: str = ""
     """Revision label set by the operator (KEMBED_REVISION); reported by Info."""
+
+    auth_token: str = field(default="", repr=False)
+    """Shared token callers must send as gRPC metadata `authorization: Bearer <token>` (on the data
+    port, in a first frame of its own); empty: none is asked for. With it, the admin RPCs (Prewarm,
+    SmokeTest, BucketStats) refuse a call without it UNAUTHENTICATED, and so do the data RPCs (Embed,
+    Score, Stream, Info, the data port) while `auth_data` is on; the health services stay open. Read
+    from a file (`--auth-token-file`, a mounted Secret) or KEMBED_WORKER_AUTH_TOKEN, never from a
+    flag's value; never logged."""
+
+    auth_data: bool = True
+    """With `auth_token` set, whether the data RPCs need it too. On by default: a data call carries
+    the same model access an admin call guards, and on an open network a worker must not embed for
+    whoever finds its port. Off keeps only the admin RPCs closed, for a network where the workers'
+    ports are reachable from the gateway alone."""
 
     log_level: str = "INFO"
 

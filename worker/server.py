@@ -3,7 +3,10 @@
 Decodes ragged batches, validates them against the model, admits them into the scheduler and
 awaits their rows; it never blocks the event loop on the device. The same Embed and Score serve the
 unary RPCs and the multiplexed `Stream` (streams.py). Errors from every layer are
-translated to status codes once, in `ErrorInterceptor`.
+translated to status codes once, in `ErrorInterceptor`; a shared token, when set, is checked in front
+of it (auth.py). The standard `grpc.health.v1.Health` service (Kubernetes' gRPC probes) and kembed's
+own Health answer from one `Readiness`: NOT_SERVING until `set_serving`, SERVING, NOT_SERVING from
+`drain` on.
 """
 
 import asyncio
@@ -13,9 +16,13 @@ from typing import Protocol
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc as health_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.worker.auth import EMBEDDER, AuthInterceptor
 from kembed.worker.buckets import Bucket
 from kembed.worker.errors import InvalidInput, Unsupported, WorkerError
 from kembed.worker.info import ModelInfo
@@ -113,6 +120,35 @@ def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | No
     return types
 
 
+class Readiness:
+    """Whether the worker takes requests, as the standard health service tells it for the whole server
+    ("") and for `kembed.v1.Embedder`, and as kembed's Health tells the gateway."""
+
+    SERVICES = ("", EMBEDDER)
+
+    def __init__(self) -> None:
+        self.servicer = health_aio.HealthServicer()
+        # The library starts "" at SERVING; its setter is a coroutine (it wakes Watch calls), and there
+        # is no Watch before the server starts, so the first statuses are written directly.
+        self.servicer._server_status.update(
+            dict.fromkeys(self.SERVICES, health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
+        self.is_serving = False
+        self._is_drained = False
+
+    async def set_serving(self) -> None:
+        if self._is_drained:
+            return
+        self.is_serving = True
+        for service in self.SERVICES:
+            await self.servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def drain(self) -> None:
+        """NOT_SERVING for good (later `set_serving` calls are ignored)."""
+        self.is_serving, self._is_drained = False, True
+        await self.servicer.enter_graceful_shutdown()
+
+
 class EngineOps(Protocol):
     """What the server asks of the engine besides batches (which go through the scheduler); all of
     it runs on the scheduler's launcher thread."""
@@ -149,6 +185,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             else ()
         )
         self.streams = StreamServer(self._embed, self._score)
+        self.readiness = Readiness()
         self._info_response = pb.InfoResponse(
             model_name=info.model_name,
             model_type=info.model_type,
@@ -196,9 +233,18 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         return self._info_response
 
     async def Health(self, request: pb.HealthRequest, context) -> pb.HealthResponse:
-        return pb.HealthResponse(
-            status=pb.HealthResponse.SERVING, queued_tokens=self._scheduler.queued_tokens
-        )
+        status = pb.HealthResponse.SERVING if self.readiness.is_serving else pb.HealthResponse.NOT_SERVING
+        return pb.HealthResponse(status=status, queued_tokens=self._scheduler.queued_tokens)
+
+    async def set_serving(self) -> None:
+        """The engine is loaded and the scheduler runs: health checks answer SERVING."""
+        await self.readiness.set_serving()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Health checks answer NOT_SERVING from now on; new stream requests are refused UNAVAILABLE,
+        those in flight answered (up to `timeout_s`), then the streams and data connections end."""
+        await self.readiness.drain()
+        await self.streams.drain(timeout_s)
 
     async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
         return await self._score(request)
@@ -288,16 +334,24 @@ def _to_pb(bucket: Bucket) -> pb.Bucket:
     return pb.Bucket(num_sequences=bucket.num_seqs, num_tokens=bucket.num_tokens)
 
 
-def build_server(service: EmbedderService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server with the service and interceptor, bound to host:port (port 0 picks one)."""
+def build_server(
+    service: EmbedderService, host: str, port: int, auth_token: str = "", is_data_guarded: bool = True
+) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with the service, the standard health service and the interceptors, bound to
+    host:port (port 0 picks one). With `auth_token`, admin RPCs need it, and data RPCs too if
+    `is_data_guarded` (auth.py)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+    if auth_token:  # first: a refused call reaches no handler and is never deserialized
+        interceptors.insert(0, AuthInterceptor(auth_token, is_data_guarded))
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
     pb_grpc.add_EmbedderServicer_to_server(service, server)
+    health_grpc.add_HealthServicer_to_server(service.readiness.servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the worker's gRPC port {host}:{port}")

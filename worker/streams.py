@@ -95,6 +95,8 @@ class StreamServer:
         """Start answering one request, or cancel one (`cancel` set)."""
         tasks = connection.tasks
         kind = message.WhichOneof("kind")
+        if kind is None and message.auth_token:  # a caller's token, here where none is asked for
+            return
         if kind == "cancel":
             task = tasks.pop(message.id, None)
             if task is not None:

@@ -89,9 +89,11 @@ def start_stack(
     worker_addresses: list[str] | None = None,
     gateway_args: tuple[str, ...] = (),
     worker_model_dir: Path | None = None,
+    worker_flags: tuple[str, ...] = (),
 ) -> Stack:
-    """`num_workers` new CPU workers (on `worker_model_dir`, else the bundled model) plus any running
-    `worker_addresses`, behind a new gateway whose tokenizer comes from `model_dir` (else bundled)."""
+    """`num_workers` new CPU workers (on `worker_model_dir`, else the bundled model; `worker_flags`
+    added) plus any running `worker_addresses`, behind a new gateway whose tokenizer comes from
+    `model_dir` (else bundled)."""
     processes: list[Process] = []
     addresses = list(worker_addresses or [])
     worker_args = ["--model", str(worker_model_dir)] if worker_model_dir is not None else []
@@ -110,6 +112,7 @@ def start_stack(
                     "--device",
                     "cpu",
                     *worker_args,
+                    *worker_flags,
                 ],
                 log_dir,
             )

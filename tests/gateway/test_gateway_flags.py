@@ -131,3 +131,16 @@ def test_bad_prompt_overrides_are_refused_at_start(model_dir, prompts):
 
     with pytest.raises(ValueError, match="prompts"):
         GatewayConfig(model_dir=model_dir, prompts=prompts)
+
+
+def test_worker_token_comes_from_its_file_or_the_environment_never_a_flag_value(tmp_path: Path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    env = {"KEMBED_GATEWAY_WORKER_AUTH_TOKEN": "from-env"}
+    config = parse_config(["--worker-auth-token-file", str(token_file)], env)
+    assert config.worker_auth_token == "from-file" and "from-file" not in repr(config)
+    assert parse_config([], env).worker_auth_token == "from-env"
+    with pytest.raises(SystemExit):
+        parse_config(["--worker-auth-token", "visible-to-ps"], {})
+    with pytest.raises(SystemExit, match="cannot read --worker-auth-token-file"):
+        parse_config(["--worker-auth-token-file", str(tmp_path / "none")], {})

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "kembed.gateway"}
 SERVICE_HOST = re.compile(r"\b([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?\b")
@@ -457,6 +459,15 @@ class LocalKubelet:
             with contextlib.suppress(OSError), socket.create_connection((pod.ip, ports.get(port, port)), 1):
                 return True
             return False
+        if "grpc" in probe:  # the standard health check, as the kubelet's gRPC probe sends it
+            address = f"{pod.ip}:{probe['grpc']['port']}"
+            request = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+            try:
+                with grpc.insecure_channel(address) as channel:
+                    answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=1)
+            except grpc.RpcError:
+                return False
+            return answer.status == health_pb2.HealthCheckResponse.SERVING
         if "httpGet" in probe:
             port = probe["httpGet"]["port"]
             url = f"http://{pod.ip}:{ports.get(port, port)}{probe['httpGet'].get('path', '/')}"

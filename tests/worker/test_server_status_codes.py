@@ -27,6 +27,7 @@ async def _serve(runner, **scheduler_kwargs):
     server, port = build_server(service, "127.0.0.1", 0)
     scheduler.start()
     await server.start()
+    await service.set_serving()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     return server, scheduler, channel, pb_grpc.EmbedderStub(channel)
 
