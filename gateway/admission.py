@@ -1,20 +1,24 @@
 """Admission by tokens: the gateway takes on only the work its workers can finish in time.
 
-Every admitted request's tokens count as outstanding until it is answered. A request is refused at
-once (429, `Overloaded`) when admitting it would
-- hold more tokens than the serving workers' queues take together (each worker's `max_queued_tokens`,
-  from its Info): past that a worker refuses anyway, and chunks would only queue in front of it; or
-- make it wait, behind the work already admitted, longer than `max_queue_wait_s` at the rate the
-  workers have been finishing tokens lately: it would time out, and take capacity from requests that
-  will not.
-Work already admitted is never refused, so under a sustained 10x overload the admitted requests are
-answered within their deadline and the rest are told at once to come back. Plain Python, mutated on
-the event loop only.
+Every admitted request's tokens count as outstanding until it is answered. Requests are served
+round robin (the gateway's RPC windows take one chunk of each waiting request in turn, a worker's
+batches one sequence of each), so a new request of n tokens is done once it and, of each request
+in flight, at most max(n, one chunk) tokens more have been served: its `ahead` work. It is refused
+at once (429, `Overloaded`) when that work would
+- pass what the serving workers' queues take together (each worker's `max_queued_tokens`, from its
+  Info); or
+- take longer than `max_queue_wait_s` at the rate the workers have been finishing tokens lately: it
+  would time out, and take capacity from requests that will not.
+A query behind a 2048-text request is thus admitted (one chunk of it is ahead), a second such
+request is not. Work already admitted is never refused, so under a sustained 10x overload the
+admitted requests are answered within their deadline and the rest are told at once to come back.
+Plain Python, mutated on the event loop only.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -47,40 +51,55 @@ class DrainRate:
 
 
 class Admission:
-    """Outstanding tokens of this gateway process, and the rule that admits more."""
+    """Outstanding tokens of this gateway process, per request, and the rule that admits more.
+    `quantum_tokens`: what each other request gets served per turn at least (the chunk size)."""
 
-    def __init__(self, max_queue_wait_s: float) -> None:
+    def __init__(self, max_queue_wait_s: float, quantum_tokens: int = 0) -> None:
         self.max_queue_wait_s = max_queue_wait_s
+        self.quantum_tokens = quantum_tokens
         self.outstanding_tokens = 0
+        self._sizes: Counter[int] = Counter()  # tokens of each request in flight -> how many
         self.rate = DrainRate()
+
+    def ahead(self, num_tokens: int) -> int:
+        """Tokens of the requests in flight served, round robin, before `num_tokens` more are done."""
+        share = max(num_tokens, self.quantum_tokens)
+        return sum(min(size, share) * count for size, count in self._sizes.items())
 
     def refusal(self, num_tokens: int, capacity_tokens: int) -> str | None:
         """Why a request of `num_tokens` must be refused now, or None to admit it. `capacity_tokens`:
         what the serving workers' queues hold together (0: unknown, no cap)."""
         if self.outstanding_tokens == 0:
             return None  # an idle gateway takes anything a worker would (the worker checks the size)
-        held = self.outstanding_tokens + num_tokens
+        held = self.ahead(num_tokens) + num_tokens
         if capacity_tokens and held > capacity_tokens:
             return (
-                f"{self.outstanding_tokens} tokens are in flight; {num_tokens} more would pass the "
-                f"{capacity_tokens} the workers' queues hold"
+                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, "
+                f"{num_tokens} more would pass the {capacity_tokens} the workers' queues hold"
             )
         rate = self.rate.tokens_per_s
         if rate > 0 and held / rate > self.max_queue_wait_s:
             return (
-                f"{self.outstanding_tokens} tokens are in flight, {held / rate:.1f} s of work at the "
-                f"workers' recent {rate:.0f} tokens/s; this request would wait past "
-                f"{self.max_queue_wait_s:g} s"
+                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this "
+                f"request would take {held / rate:.1f} s at the workers' recent {rate:.0f} tokens/s, "
+                f"past {self.max_queue_wait_s:g} s"
             )
         return None
 
     def admit(self, num_tokens: int) -> None:
         self.outstanding_tokens += num_tokens
+        self._sizes[num_tokens] += 1
 
-    def release(self, num_tokens: int, *, is_done: bool, now: float) -> None:
-        """A request ended: answered (`is_done`, its tokens count toward the drain rate) or not."""
+    def drained(self, num_tokens: int, now: float) -> None:
+        """A chunk of `num_tokens` came back answered: the drain rate counts chunks, not requests,
+        so that a large request served in turn with others is credited as it goes."""
+        self.rate.finished(num_tokens, now)
+
+    def release(self, num_tokens: int) -> None:
+        """A request ended, answered or not."""
         self.outstanding_tokens -= num_tokens
-        if is_done:
-            self.rate.finished(num_tokens, now)
+        self._sizes[num_tokens] -= 1
+        if not self._sizes[num_tokens]:
+            del self._sizes[num_tokens]
         if self.outstanding_tokens == 0:
             self.rate.idle()

@@ -5,14 +5,17 @@ A worker's gRPC server spends a fixed ~0.3 ms of CPU per RPC whatever it holds, 
 serves them all, so one RPC per single-query request caps a worker at a few thousand requests a
 second. Under load, queries that would have queued in the worker's scheduler anyway queue here
 instead and share an RPC; when the window has room a chunk goes at once, alone, as before.
-A group never holds more than one chunk may (`max_tokens`, `max_sequences`), and never splits or
-reorders chunks. Mutated only on the event loop.
+A group never holds more than one chunk may (`max_tokens`, `max_sequences`), and never splits
+chunks. Waiting chunks are taken round robin across the requests they belong to (`Part.owner`),
+each request's in order: a request that gave a chunk to a group goes behind the others, so a query
+that arrives behind the 26 chunks of a 2048-text request waits for one of them, not for all.
+Mutated only on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +33,11 @@ class Part:
     deadline: float  # loop.time() by which its request must be answered
     is_alone: bool = False  # sent in an RPC of its own (after a group it was in was refused)
     future: asyncio.Future[np.ndarray] | None = field(default=None)
+    owner: str = ""  # the request this chunk is part of (round robin unit); empty: request_id
+
+    def __post_init__(self) -> None:
+        if not self.owner:
+            self.owner = self.request_id
 
     @property
     def num_sequences(self) -> int:
@@ -59,7 +67,8 @@ class RpcWindow:
         # An error that one part may have caused for all (a worker refusing a batch as invalid): the
         # group's parts are then sent again one by one, so each gets its own answer.
         self._is_refused_for_one = is_refused_for_one
-        self._waiting: deque[Part] = deque()
+        # Waiting parts per owner, owners in turn order (the next group starts with the first).
+        self._waiting: OrderedDict[str, deque[Part]] = OrderedDict()
         self._groups: set[asyncio.Task[None]] = set()
         self.num_inflight = 0
 
@@ -77,7 +86,7 @@ class RpcWindow:
                 self.num_inflight -= 1
                 self._flush()
         part.future = asyncio.get_running_loop().create_future()
-        self._waiting.append(part)
+        self._waiting.setdefault(part.owner, deque()).append(part)
         self._flush()
         return await part.future  # cancelled: the part is skipped when its turn comes
 
@@ -93,24 +102,45 @@ class RpcWindow:
             task.add_done_callback(self._groups.discard)
 
     def _take_group(self) -> list[Part]:
-        """Waiting parts first come, first served while they fit in one chunk's limits."""
+        """Waiting parts round robin across owners, in turn order, while they fit in one chunk's
+        limits: one part of each owner in turn, then a second of each with more, and so on. An owner
+        that gave a part goes to the back; one whose next part did not fit keeps its place in front,
+        so the next group starts with it (nothing waits for ever)."""
         group: list[Part] = []
         num_tokens = num_sequences = 0
-        while self._waiting:
-            part = self._waiting[0]
-            if part.future is not None and part.future.done():  # its request was cancelled
-                self._waiting.popleft()
-                continue
-            if group and (
-                part.is_alone
-                or group[0].is_alone
-                or num_tokens + part.num_tokens > self._max_tokens
-                or num_sequences + part.num_sequences > self._max_sequences
-            ):
+        gave: list[str] = []  # owners that gave a part, in turn order
+        is_full = False
+        while self._waiting and not is_full:
+            took_any = False
+            for owner in list(self._waiting):
+                parts = self._waiting[owner]
+                while parts and parts[0].future is not None and parts[0].future.done():
+                    parts.popleft()  # its request was cancelled
+                if not parts:
+                    del self._waiting[owner]
+                    continue
+                part = parts[0]
+                if group and (
+                    part.is_alone
+                    or group[0].is_alone
+                    or num_tokens + part.num_tokens > self._max_tokens
+                    or num_sequences + part.num_sequences > self._max_sequences
+                ):
+                    is_full = True
+                    continue  # a later owner's smaller part may still fit
+                group.append(parts.popleft())
+                num_tokens += part.num_tokens
+                num_sequences += part.num_sequences
+                took_any = True
+                if owner not in gave:
+                    gave.append(owner)
+                if not parts:
+                    del self._waiting[owner]
+            if not took_any:
                 break
-            group.append(self._waiting.popleft())
-            num_tokens += part.num_tokens
-            num_sequences += part.num_sequences
+        for owner in gave:  # behind those that gave nothing
+            if owner in self._waiting:
+                self._waiting.move_to_end(owner)
         return group
 
     async def _send(self, group: list[Part]) -> None:
@@ -123,9 +153,10 @@ class RpcWindow:
             raise
         except Exception as error:
             if len(group) > 1 and self._is_refused_for_one(error):
-                for part in reversed(group):
+                for part in reversed(group):  # back in front, each to go alone
                     part.is_alone = True
-                    self._waiting.appendleft(part)
+                    self._waiting.setdefault(part.owner, deque()).appendleft(part)
+                    self._waiting.move_to_end(part.owner, last=False)
             else:
                 for part in group:
                     _settle(part, error=error)
@@ -142,9 +173,10 @@ class RpcWindow:
         for task in self._groups:
             task.cancel()
         await asyncio.gather(*self._groups, return_exceptions=True)
-        for part in self._waiting:
-            if part.future is not None:
-                part.future.cancel()
+        for parts in self._waiting.values():
+            for part in parts:
+                if part.future is not None:
+                    part.future.cancel()
         self._waiting.clear()
 
 

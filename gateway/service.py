@@ -66,7 +66,10 @@ class EmbeddingService:
         self.metrics = metrics
         metrics.watch(lambda: self.served_names[0])
         self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
-        self.admission = Admission(min(config.max_queue_wait_s, config.request_timeout_s))
+        self.admission = Admission(
+            min(config.max_queue_wait_s, config.request_timeout_s), quantum_tokens=config.chunk_tokens
+        )
+        pool.on_chunk_served = lambda num_tokens: self.admission.drained(num_tokens, time.monotonic())
         # Request ids for the workers' logs: this process's pid and a counter (a uuid4 per request
         # cost ~3 µs of the gateway's loop and says no more).
         self._request_ids = map(f"{os.getpid():x}-{{:x}}".format, itertools.count(1))
@@ -125,12 +128,10 @@ class EmbeddingService:
         if reason is not None:
             raise Overloaded(f"the workers are at capacity: {reason}; retry later")
         self.admission.admit(num_tokens)
-        is_done = False
         try:
             yield
-            is_done = True
         finally:
-            self.admission.release(num_tokens, is_done=is_done, now=time.monotonic())
+            self.admission.release(num_tokens)
 
     def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
         """Records a request's tokenize time, input and token counts; returns its token count."""

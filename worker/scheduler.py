@@ -1,10 +1,14 @@
 """FCFS token-budget scheduler: plain Python over token counts, no torch, testable without a device.
 
-Sequences are queued in arrival order. A batch takes them first come, first served until the next one
-would pass `max_batch_tokens` (one longer than the budget runs alone); one request's sequences may
-span batches. Up to `max_inflight_batches` batches are launched at once, so while batch N runs the
-loop already packs and launches N+1. Admission is bounded: past `max_queued_tokens` a request is
-refused at once (`Overloaded`), never queued without bound.
+Requests are queued in arrival order. A batch takes their sequences round robin, oldest request
+first: one sequence of each waiting request in turn, then a second of each that has more, until the
+next one would pass `max_batch_tokens` (one longer than the budget runs alone) or the sequence cap;
+each request's sequences go in order and may span batches (`RoundRobin`). A lone request is served
+exactly first come, first served; a one-query request that arrives behind one of thousands of
+sequences gets a place in the next batch instead of waiting for all of them. Up to
+`max_inflight_batches` batches are launched at once, so while batch N runs the loop already packs and
+launches N+1. Admission is bounded: past `max_queued_tokens` a request is refused at once
+(`Overloaded`), never queued without bound.
 
 The device work goes through a `BatchRunner`; waiting for a batch's rows happens on a dedicated
 waiter thread so the event loop never blocks on the device. A batch whose step only replays a
@@ -81,6 +85,11 @@ class _Request:
     num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
     admitted_at: float = 0.0  # time.perf_counter() at admission
     is_started: bool = False  # one of its sequences has been launched
+    num_taken: int = 0  # its first num_taken sequences have been taken into batches
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.offsets) - 1
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,69 @@ class _Sequence:
         return types[offsets[self.index] : offsets[self.index + 1]]
 
 
+class RoundRobin:
+    """The queue of requests with sequences not yet taken, in arrival order, and the rule that
+    takes a batch from it (see the module docstring). Taking costs O(sequences taken)."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[_Request] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def push(self, request: _Request) -> None:
+        self._waiting.append(request)
+
+    def pop_all(self) -> list[_Request]:
+        waiting, self._waiting = list(self._waiting), deque()
+        return waiting
+
+    def take(self, max_tokens: int, max_sequences: int) -> list[_Sequence]:
+        """The next batch; a request finished early (cancelled, failed) is dropped when reached."""
+        batch: list[_Sequence] = []
+        num_tokens = 0
+        taken: list[_Request] = []  # requests that gave a sequence, oldest first
+
+        def fits(request: _Request) -> bool:
+            n = int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
+            return not batch or (num_tokens + n <= max_tokens and len(batch) < max_sequences)
+
+        def take_one(request: _Request) -> None:
+            nonlocal num_tokens
+            seq = _Sequence(request, request.num_taken)
+            request.num_taken += 1
+            batch.append(seq)
+            num_tokens += seq.num_tokens
+
+        is_full = False
+        while self._waiting:  # the first round, over the queue from its oldest request
+            request = self._waiting[0]
+            if request.future.done():
+                self._waiting.popleft()
+                continue
+            if not fits(request):
+                is_full = True
+                break
+            take_one(self._waiting.popleft())
+            taken.append(request)
+        # Every waiting request has given one: later rounds go over them again, oldest first.
+        more = [r for r in taken if r.num_taken < r.num_seqs]
+        while more and not is_full:
+            for request in more:
+                if not fits(request):
+                    is_full = True
+                    break
+                take_one(request)
+            more = [r for r in more if r.num_taken < r.num_seqs]
+        for request in reversed(taken):  # those with sequences left keep their place at the front
+            if request.num_taken < request.num_seqs:
+                self._waiting.appendleft(request)
+        return batch
+
+
 class Scheduler:
     """Admits ragged requests, batches their sequences FCFS under a token budget, runs the batches."""
 
@@ -126,7 +198,7 @@ class Scheduler:
         self.max_batch_sequences = max_batch_sequences
         self.max_queued_tokens = max_queued_tokens
         self._hooks = hooks or SchedulerHooks()
-        self._queue: deque[_Sequence] = deque()
+        self._queue = RoundRobin()
         self._queued_tokens = 0
         self._has_work = asyncio.Event()
         self._inflight = asyncio.Semaphore(max_inflight_batches)
@@ -162,8 +234,8 @@ class Scheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        while self._queue:
-            self._fail(self._queue.popleft().request, Unavailable("worker is shutting down"))
+        for request in self._queue.pop_all():
+            self._fail(request, Unavailable("worker is shutting down"))
         await asyncio.gather(*self._inflight_tasks, return_exceptions=True)
         self._launcher.shutdown(wait=True)
         self._waiter.shutdown(wait=True)
@@ -210,7 +282,7 @@ class Scheduler:
             admitted_at=time.perf_counter(),
         )
         self._queued_tokens += num_tokens
-        self._queue.extend(_Sequence(request, i) for i in range(len(lengths)))
+        self._queue.push(request)
         self._has_work.set()
         try:
             return await request.future
@@ -255,22 +327,7 @@ class Scheduler:
                 log.exception("capturing deferred buckets failed")
 
     def _take_batch(self) -> list[_Sequence]:
-        """Pop sequences first come, first served until the next would pass the token budget (or the
-        sequence cap)."""
-        batch: list[_Sequence] = []
-        num_tokens = 0
-        while self._queue:
-            seq = self._queue[0]
-            if seq.request.future.done():  # cancelled or failed: drop its remaining sequences
-                self._queue.popleft()
-                continue
-            if batch and (
-                num_tokens + seq.num_tokens > self.max_batch_tokens or len(batch) == self.max_batch_sequences
-            ):
-                break
-            batch.append(self._queue.popleft())
-            num_tokens += seq.num_tokens
-        return batch
+        return self._queue.take(self.max_batch_tokens, self.max_batch_sequences)
 
     async def _execute(self, batch: list[_Sequence]) -> None:
         started = time.perf_counter()

@@ -13,7 +13,7 @@ def test_an_idle_gateway_admits_any_request():
 
 
 def test_past_the_workers_queues_a_request_is_refused():
-    admission = Admission(max_queue_wait_s=10.0)
+    admission = Admission(max_queue_wait_s=10.0, quantum_tokens=4096)
     admission.admit(150)
     assert admission.refusal(50, capacity_tokens=200) is None
     reason = admission.refusal(51, capacity_tokens=200)
@@ -22,20 +22,37 @@ def test_past_the_workers_queues_a_request_is_refused():
 
 
 def test_a_request_that_would_wait_past_the_limit_at_the_drain_rate_is_refused():
-    admission = Admission(max_queue_wait_s=2.0)
+    admission = Admission(max_queue_wait_s=2.0, quantum_tokens=4096)
     admission.admit(1000)
     now = 100.0
     for _ in range(10):  # 100 tokens every 0.1 s, with work outstanding all along: 1000 tokens/s
         admission.admit(100)
         now += 0.1
-        admission.release(100, is_done=True, now=now)
+        admission.drained(100, now=now)
+        admission.release(100)
     assert math.isclose(admission.rate.tokens_per_s, 1000, rel_tol=0.25)
     assert admission.refusal(900, capacity_tokens=0) is None  # 1.9 s of work
     reason = admission.refusal(1100, capacity_tokens=0)  # 2.1 s
-    assert reason is not None and "would wait past 2 s" in reason
+    assert reason is not None and "would take 2.1 s" in reason and "past 2 s" in reason
 
 
-def test_failed_requests_do_not_count_as_drained_and_idle_time_does_not_count_against_the_rate():
+def test_a_small_request_is_admitted_behind_a_large_one_that_fills_the_queues():
+    """Served in turn, a query waits for one chunk of a 2048-text request, not all of it; a second
+    large request would wait for all of the first (up to its own size) and is refused."""
+    admission = Admission(max_queue_wait_s=10.0, quantum_tokens=4096)
+    assert admission.refusal(100_000, capacity_tokens=65536) is None  # idle: any size
+    admission.admit(100_000)
+    assert admission.ahead(7) == 4096
+    assert admission.refusal(7, capacity_tokens=65536) is None
+    admission.admit(7)
+    assert admission.ahead(60_000) == 60_007
+    reason = admission.refusal(60_000, capacity_tokens=65536)
+    assert reason is not None and "would pass the 65536" in reason
+    admission.release(100_000)
+    assert admission.ahead(60_000) == 7 and admission.refusal(60_000, capacity_tokens=65536) is None
+
+
+def test_idle_time_does_not_count_against_the_rate_and_a_failed_request_drains_nothing():
     rate = DrainRate(window_s=0.5, alpha=0.5)
     rate.finished(100, now=0.0)  # opens the window
     rate.finished(100, now=0.6)
@@ -46,7 +63,7 @@ def test_failed_requests_do_not_count_as_drained_and_idle_time_does_not_count_ag
     assert math.isclose(rate.tokens_per_s, 0.5 * (100 / 0.5) + 0.5 * (100 / 0.6))
     admission = Admission(max_queue_wait_s=1.0)
     admission.admit(50)
-    admission.release(50, is_done=False, now=1.0)
+    admission.release(50)  # not answered: nothing drained
     assert admission.outstanding_tokens == 0 and math.isnan(admission.rate.tokens_per_s)
 
 

@@ -43,8 +43,10 @@ class GatedRpc:
 
 
 def part(name: str, *first_ids: int, num_tokens: int = 4) -> Part:
+    """A part named `owner/index` belongs to request `owner`; any other name is its own request."""
     sequences = [np.full(num_tokens, first, np.int32) for first in first_ids]
-    return Part(name, sequences, None, num_tokens * len(sequences), deadline=float("inf"))
+    owner = name.partition("/")[0]
+    return Part(name, sequences, None, num_tokens * len(sequences), deadline=float("inf"), owner=owner)
 
 
 def window(
@@ -86,6 +88,32 @@ async def test_a_group_stays_within_one_chunks_limits_and_in_arrival_order():
     await rpc.open_all()
     await asyncio.gather(*tasks)
     assert rpc.calls == [["first"], ["b", "c"], ["d"], ["e"]]
+
+
+async def test_waiting_chunks_are_taken_round_robin_across_requests():
+    """A query that arrives behind five chunks of one large request waits for one of them, not all;
+    each request's chunks still go in order; small parts of different requests still share an RPC."""
+    rpc = GatedRpc()
+    rpcs = window(rpc, max_inflight=1, max_tokens=8)
+    tasks = [asyncio.create_task(rpcs.call(part(f"bulk/{i}", 10 * i, 10 * i + 1))) for i in range(6)]
+    await asyncio.sleep(0.01)
+    tasks.append(asyncio.create_task(rpcs.call(part("query/0", 100))))
+    tasks.append(asyncio.create_task(rpcs.call(part("other/0", 200))))
+    tasks.append(asyncio.create_task(rpcs.call(part("other/1", 201))))
+    await asyncio.sleep(0.01)
+    await rpc.open_all()
+    await asyncio.gather(*tasks)
+    assert rpc.calls == [
+        ["bulk/0"],  # in flight when the others came
+        ["bulk/1"],  # the oldest waiting request's turn (8 tokens: nothing else fits)
+        ["query/0", "other/0"],  # then the others, one chunk each, sharing an RPC
+        ["bulk/2"],
+        ["other/1"],  # after bulk/2: bulk took its turn, "other" takes its second
+        ["bulk/3"],
+        ["bulk/4"],
+        ["bulk/5"],
+    ]
+    assert [(await task)[:, 0].tolist() for task in tasks[:2]] == [[0, 1], [10, 11]]
 
 
 async def test_without_a_window_every_chunk_is_its_own_rpc():

@@ -1,14 +1,18 @@
-"""The FCFS token-budget scheduler, with a recording runner in place of the engine (no torch)."""
+"""The token-budget scheduler (round robin across requests, FCFS within), with a recording runner in
+place of the engine (no torch)."""
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kembed.worker.errors import InvalidInput, Overloaded
-from kembed.worker.scheduler import Scheduler, SchedulerHooks
+from kembed.worker.scheduler import RoundRobin, Scheduler, SchedulerHooks, _Request
 
 
 class _Done:
@@ -239,3 +243,86 @@ async def test_the_batch_stages_split_the_batch_time_where_the_time_is_spent(mak
     # partition the batch time
     assert pack >= 0.02 and launch >= 0.04 and device >= 0.06 and resume >= 0
     assert sum(stages[0]) == pytest.approx(totals[0], abs=1e-6)
+
+
+async def test_a_small_request_behind_a_large_one_gets_a_place_in_the_next_batch(make_scheduler):
+    """Round robin across requests: a one-query request arriving behind 40 sequences of another
+    waits for the batch in flight, not for all 40 (first come, first served would run it 11th)."""
+    runner = RecordingRunner(gated=True)
+    scheduler = make_scheduler(runner, max_batch_tokens=16, max_inflight_batches=1, max_queued_tokens=1000)
+    bulk = asyncio.create_task(scheduler.submit(*ragged(*[4] * 40)))
+    await asyncio.to_thread(runner.launched.wait, 5)  # the first batch of 4 is on the "device"
+    query = asyncio.create_task(scheduler.submit(*ragged(3, first=1000)))
+    await asyncio.sleep(0.01)
+    while not query.done():
+        for gate in list(runner.gates):
+            gate.set()
+        await asyncio.sleep(0.001)
+    assert (await query)[0, 2] == 1  # the query's row came from batch 1, the next one
+    assert runner.batches[1] == [4, 3, 4, 4]  # bulk, query, bulk, bulk: round robin, oldest first
+    for gate in runner.gates:
+        gate.set()
+    while not bulk.done():
+        for gate in list(runner.gates):
+            gate.set()
+        await asyncio.sleep(0.001)
+    assert (await bulk)[:, 0].tolist() == list(range(40))
+
+
+def _queued(lengths: list[int], first: int) -> _Request:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    future: concurrent.futures.Future = concurrent.futures.Future()  # done() and cancel() as asyncio's
+    return _Request(np.zeros(int(offsets[-1]), np.int32), offsets, future, admitted_at=first)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    requests=st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=8), min_size=1, max_size=12),
+    arrivals=st.lists(st.integers(0, 12), min_size=12, max_size=12),
+    cancelled=st.sets(st.integers(0, 11), max_size=3),
+    max_tokens=st.integers(1, 24),
+    max_sequences=st.integers(1, 6),
+)
+def test_round_robin_properties(requests, arrivals, cancelled, max_tokens, max_sequences):
+    """Requests arrive between batches (after `arrivals[i]` batches); some are cancelled. Then:
+    every sequence of a live request is taken exactly once, a request's in order; a batch keeps the
+    budget and the cap (one over-long sequence alone); within a batch, an older request never gets
+    fewer sequences than a younger one unless it has none left, nor more than one more unless the
+    younger has none left; a
+    request waiting at a batch's start is left out only if the batch is full (no starvation: each
+    batch serves the oldest waiting request)."""
+    queue = RoundRobin()
+    made = [_queued(lengths, i) for i, lengths in enumerate(requests)]
+    for i in cancelled & set(range(len(made))):
+        made[i].future.cancel()
+    pending = sorted(range(len(made)), key=lambda i: (arrivals[i], i))
+    taken: dict[int, list[int]] = {i: [] for i in range(len(made))}
+    num_batches = 0
+    while pending or queue:
+        while pending and arrivals[pending[0]] <= num_batches:
+            queue.push(made[pending.pop(0)])
+        waiting = [r for r in queue._waiting if not r.future.done()]  # oldest first, as the queue holds them
+        remaining = {id(r): r.num_seqs - r.num_taken for r in waiting}
+        next_length = {id(r): int(r.offsets[r.num_taken + 1] - r.offsets[r.num_taken]) for r in waiting}
+        batch = queue.take(max_tokens, max_sequences)
+        num_batches += 1
+        if not waiting:
+            assert batch == []
+            continue
+        assert batch, "a batch with requests waiting took nothing"
+        tokens = [seq.num_tokens for seq in batch]
+        assert len(batch) <= max_sequences
+        assert sum(tokens) <= max_tokens or len(batch) == 1
+        counts = [sum(seq.request is r for seq in batch) for r in waiting]
+        assert counts[0] >= 1  # the oldest waiting request is always served
+        if 0 in counts:  # one left out: its next sequence did not fit
+            left_out = waiting[counts.index(0)]
+            assert len(batch) == max_sequences or sum(tokens) + next_length[id(left_out)] > max_tokens
+        for older, younger, r_old, r_young in zip(counts, counts[1:], waiting, waiting[1:], strict=False):
+            assert older <= younger + 1 or younger == remaining[id(r_young)]
+            assert older >= younger or older == remaining[id(r_old)]
+        for seq in batch:
+            taken[made.index(seq.request)].append(seq.index)
+    for i, r in enumerate(made):
+        assert taken[i] == ([] if r.future.cancelled() else list(range(len(requests[i])))), i
