@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import Any
 
 import yaml
 
@@ -120,7 +121,7 @@ def alerts() -> tuple[Alert, ...]:
     )
 
 
-def _rule(alert: Alert, threshold: str) -> dict:
+def _rule(alert: Alert, threshold: str) -> dict[str, Any]:
     return {
         "alert": alert.name,
         "expr": alert.expr(threshold),
@@ -130,7 +131,7 @@ def _rule(alert: Alert, threshold: str) -> dict:
     }
 
 
-def rule_groups(thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
+def rule_groups(thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
     """The alerts as Prometheus rule groups, thresholds in place."""
     rules = [
         _rule(a, "0" if a.threshold is None else f"{getattr(thresholds, a.threshold):g}") for a in alerts()

@@ -136,7 +136,12 @@ def variables() -> list[d.QueryVariable | d.DatasourceVariable]:
     ]
 
 
-def dashboard(uid: str, title: str, description: str, rows: Sequence[tuple[str, Sequence]]) -> d.Dashboard:
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    rows: Sequence[tuple[str, Sequence[timeseries.Panel | stat.Panel]]],
+) -> d.Dashboard:
     """A dashboard of titled rows; panel ids are numbered in order, as Grafana expects them unique."""
     board = (
         d.Dashboard(title)

@@ -56,7 +56,7 @@ class KubeCluster:
         method: str,
         path: str,
         body: Any = None,
-        query: list | None = None,
+        query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -72,14 +72,14 @@ class KubeCluster:
             response = self._api.call_api(
                 method, url, header_params=headers, body=payload, _request_timeout=self._timeout_s
             )
-            response.read()
+            data = response.read()
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise ClusterError(0, f"{method} {path}: {error}") from None
         if response.status == 404:
             return None
         if response.status >= 400:
-            raise ClusterError(response.status, f"{method} {path}: {response.data[:500]!r}")
-        return json.loads(response.data) if response.data else {}
+            raise ClusterError(response.status, f"{method} {path}: {data[:500]!r}")
+        return json.loads(data) if data else {}
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call("GET", _path(kind, namespace, name))

@@ -8,7 +8,7 @@ times and counts the reconciles. A registry of its own per operator, served on `
 from __future__ import annotations
 
 import threading
-from http.server import ThreadingHTTPServer
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
@@ -80,7 +80,7 @@ class OperatorMetrics:
         )
 
 
-def serve_metrics(registry: CollectorRegistry, port: int) -> tuple[ThreadingHTTPServer, int]:
+def serve_metrics(registry: CollectorRegistry, port: int) -> tuple[WSGIServer, int]:
     """prometheus_client's HTTP server for `registry` on all addresses, on a daemon thread."""
     server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
     return server, server.server_port

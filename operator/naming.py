@@ -8,6 +8,7 @@ which only the operator sets; the `app.kubernetes.io/*` ones are the standard, i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kembed.operator.spec import GROUP, KIND, VERSION
 
@@ -26,7 +27,7 @@ class Owner:
     namespace: str
     uid: str
 
-    def reference(self) -> dict:
+    def reference(self) -> dict[str, Any]:
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": KIND,

@@ -106,7 +106,8 @@ def _is_ready(pod: dict[str, Any]) -> bool:
 
 
 def _container_port(deployment: dict[str, Any]) -> int:
-    return deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    port: int = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    return port
 
 
 def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
@@ -126,7 +127,7 @@ def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
 
 
 def _failure_message(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> str:
-    condition = next(
+    condition: dict[str, Any] = next(
         (c for c in job.get("status", {}).get("conditions", []) if c.get("type") == "Failed"), {}
     )
     parts = [f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".strip()]
@@ -141,8 +142,11 @@ def _failure_message(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> str
     return "\n".join(parts)
 
 
-def read_jobs(cluster: Cluster, owner: Owner) -> tuple[dict[tuple[str, str, int], JobState], list[dict]]:
-    found, bodies = {}, []
+def read_jobs(
+    cluster: Cluster, owner: Owner
+) -> tuple[dict[tuple[str, str, int], JobState], list[dict[str, Any]]]:
+    found: dict[tuple[str, str, int], JobState] = {}
+    bodies: list[dict[str, Any]] = []
     for kind in ("prewarm", "smoke"):
         for job in cluster.list("Job", owner.namespace, n.selector(owner, kind)):
             labels = job["metadata"]["labels"]
@@ -171,8 +175,8 @@ def _job_seconds(job: dict[str, Any]) -> float | None:
 
 
 def report_jobs(
-    job_states: dict[tuple[str, str, int], JobState], bodies: Iterable[dict], hooks: ReconcileHooks
-):
+    job_states: dict[tuple[str, str, int], JobState], bodies: Iterable[dict[str, Any]], hooks: ReconcileHooks
+) -> None:
     """Tell `hooks` the duration of every finished Job."""
     for job in bodies:
         labels = job["metadata"]["labels"]

@@ -18,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from kembed.operator.jobs import JobRequest
 from kembed.operator.spec import (
     Condition,
+    ConditionType,
     EmbeddingModelSpec,
     EmbeddingModelStatus,
     RolloutState,
@@ -102,10 +103,10 @@ def _age_s(since: str, now: datetime) -> float:
 
 
 def set_condition(
-    status: EmbeddingModelStatus, type_: str, value: bool, reason: str, message: str, world: World
+    status: EmbeddingModelStatus, type_: ConditionType, value: bool, reason: str, message: str, world: World
 ) -> EmbeddingModelStatus:
     """`status` with one condition set; lastTransitionTime moves only when the value changes."""
-    text = "True" if value else "False"
+    text: Literal["True", "False"] = "True" if value else "False"
     old = next((c for c in status.conditions if c.type == type_), None)
     changed_at = old.last_transition_time if old is not None and old.status == text else timestamp(world.now)
     new = Condition(
@@ -244,11 +245,11 @@ class _Step:
     events: tuple[Event, ...] = ()
 
 
-def _enter(world: World, rollout: RolloutState, stage: str, **changes) -> RolloutState:
+def _enter(world: World, rollout: RolloutState, stage: str, **changes: Any) -> RolloutState:
     return replace_state(rollout, stage=stage, stage_started_at=timestamp(world.now), **changes)
 
 
-def replace_state(rollout: RolloutState, **changes) -> RolloutState:
+def replace_state(rollout: RolloutState, **changes: Any) -> RolloutState:
     return rollout.model_copy(update=changes)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 ENV_PREFIX = "KEMBED_OPERATOR_"
 
@@ -70,6 +70,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> 
             )
             parser.set_defaults(_namespaces_env=default)
         else:
+            assert field.default is not MISSING, field.name  # every setting has a default
             kind = type(field.default)
             parser.add_argument(
                 flag,

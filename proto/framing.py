@@ -30,7 +30,8 @@ class FrameReader:
         from its length, before its bytes are buffered)."""
         buffer = self._buffer
         buffer += data
-        bodies, start = [], 0
+        bodies: list[bytes] = []
+        start = 0
         while len(buffer) - start >= 4 and (max_frames is None or len(bodies) < max_frames):
             (length,) = _LENGTH.unpack_from(buffer, start)
             if length > self.max_frame_bytes:
