@@ -4,6 +4,8 @@ Every flag has an environment fallback (`KEMBED_WORKER_<FLAG>`, e.g. KEMBED_WORK
 operator's pods can be configured either way; flags win.
 """
 
+from __future__ import annotations
+
 import argparse
 import asyncio
 import gc
@@ -13,10 +15,22 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.errors import InvalidInput, StartupError
+
+if TYPE_CHECKING:  # imported in `serve`, so that `--help` and config errors answer at once
+    from kembed.worker.info import EngineStats
+    from kembed.worker.scheduler import BatchRunner
+    from kembed.worker.server import EngineOps
+
+    class ServedEngine(EngineOps, BatchRunner, Protocol):
+        """What `serve` asks of an engine: the loaded model's, or a benchmark's stand-in."""
+
+        def stats(self) -> EngineStats: ...
+
 
 log = logging.getLogger("kembed.worker")
 
@@ -24,7 +38,7 @@ BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> WorkerConfig:
-    def default(name: str, fallback):
+    def default(name: str, fallback: object) -> object:
         return env.get(f"KEMBED_WORKER_{name.upper()}", fallback)
 
     bundled = bundled_model_dir()
@@ -144,7 +158,7 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         parser.error(str(exc))
 
 
-async def serve(config: WorkerConfig, engine=None) -> None:
+async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> None:
     """Serve until SIGINT/SIGTERM. `engine` defaults to the configured model's (`load_engine`); a
     benchmark passes a stand-in to measure the request path alone (tests/bench/standin_worker.py)."""
     # Imported here so `--help` and config errors answer without loading torch.
@@ -263,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
 
-def run(config: WorkerConfig, engine=None) -> None:
+def run(config: WorkerConfig, engine: ServedEngine | None = None) -> None:
     """`serve` on uvloop where it is installed (a cheaper event loop: every RPC is several loop
     wake-ups), else on asyncio's own."""
     try:

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -28,8 +29,11 @@ from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.auth import bearer
 from kembed.worker.buckets import Bucket
 
+Metadata = Sequence[tuple[str, str]]
+GoldenCase = tuple[str, list[list[int]], np.ndarray]
 
-def _stub(address: str, timeout_s: float):
+
+def _stub(address: str, timeout_s: float) -> pb_grpc.EmbedderStub:
     channel = grpc.insecure_channel(address)
     grpc.channel_ready_future(channel).result(timeout=timeout_s)
     return pb_grpc.EmbedderStub(channel)
@@ -51,7 +55,7 @@ def _bucket(message: pb.Bucket) -> Bucket:
     return Bucket(message.num_sequences, message.num_tokens)
 
 
-def hot_buckets(addresses: list[str], count: int, timeout_s: float, metadata=()) -> list[Bucket]:
+def hot_buckets(addresses: list[str], count: int, timeout_s: float, metadata: Metadata = ()) -> list[Bucket]:
     """The `count` buckets with the most hits summed over the serving workers at `addresses`."""
     hits: Counter[Bucket] = Counter()
     for address in addresses:
@@ -61,7 +65,7 @@ def hot_buckets(addresses: list[str], count: int, timeout_s: float, metadata=())
     return [bucket for bucket, n in hits.most_common(count) if n > 0]
 
 
-def run_stats(args) -> int:
+def run_stats(args: argparse.Namespace) -> int:
     stats = _stub(args.target[0], args.timeout).BucketStats(
         pb.BucketStatsRequest(), timeout=args.timeout, metadata=args.metadata
     )
@@ -71,7 +75,7 @@ def run_stats(args) -> int:
     return 0
 
 
-def run_prewarm(args) -> int:
+def run_prewarm(args: argparse.Namespace) -> int:
     hot = [
         b for b in hot_buckets(args.hot_from, args.hot, args.timeout, args.metadata) if b not in args.buckets
     ]
@@ -95,17 +99,17 @@ def run_prewarm(args) -> int:
                 print(f"prewarm {address}: skipped hot bucket {bucket}: {error.details()}")
         captured = ", ".join(str(_bucket(b)) for reply in replies for b in reply.captured) or "none"
         print(f"prewarm {address}: captured {captured}")
-        for error in (error for reply in replies for error in reply.errors):
-            print(f"prewarm {address}: ERROR {error}")
+        for message in (message for reply in replies for message in reply.errors):
+            print(f"prewarm {address}: ERROR {message}")
             failed = True
     return 1 if failed else 0
 
 
-def load_golden(path: Path) -> list[tuple[str, list[list[int]], np.ndarray]]:
+def load_golden(path: Path) -> list[GoldenCase]:
     """Golden cases from a JSON file, or every *.json in a directory (a mounted ConfigMap): each
     `{"token_ids": [[...], ...], "embeddings": [[...], ...]}`, one embedding per sequence."""
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
-    cases = []
+    cases: list[GoldenCase] = []
     for file in files:
         data = json.loads(file.read_text())
         token_ids, embeddings = data["token_ids"], np.asarray(data["embeddings"], dtype=np.float32)
@@ -115,7 +119,13 @@ def load_golden(path: Path) -> list[tuple[str, list[list[int]], np.ndarray]]:
     return cases
 
 
-def check_golden(stub, cases, min_cosine: float, timeout_s: float, metadata=()) -> list[str]:
+def check_golden(
+    stub: pb_grpc.EmbedderStub,
+    cases: list[GoldenCase],
+    min_cosine: float,
+    timeout_s: float,
+    metadata: Metadata = (),
+) -> list[str]:
     """One report line per golden file; lines starting with FAIL are failures."""
     lines = []
     for name, token_ids, expected in cases:
@@ -134,7 +144,7 @@ def check_golden(stub, cases, min_cosine: float, timeout_s: float, metadata=()) 
     return lines
 
 
-def run_smoke(args) -> int:
+def run_smoke(args: argparse.Namespace) -> int:
     failed = False
     golden = load_golden(args.golden) if args.golden else []
     for address in args.target:

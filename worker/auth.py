@@ -11,6 +11,8 @@ constant-time, and a refused call's message is never deserialized.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn
 
 import grpc
 
@@ -31,7 +33,7 @@ class TokenCheck:
     def matches(self, given: str | bytes) -> bool:
         return hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected)
 
-    def matches_bearer(self, metadata) -> bool:
+    def matches_bearer(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
         """Whether gRPC `metadata` ((key, value) pairs) carries `authorization: Bearer <token>`;
         the scheme is case-insensitive (RFC 9110)."""
         for key, value in metadata or ():
@@ -46,7 +48,8 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+# grpc-stubs makes the interceptor generic, grpcio's class is not subscriptable at run time.
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Refuses guarded methods UNAUTHENTICATED unless the call carries the token."""
 
     def __init__(self, token: str, is_data_guarded: bool) -> None:
@@ -60,7 +63,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return False
         return self._is_data_guarded or name not in DATA_METHODS
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(  # type: ignore[override]  # grpc.aio's continuation may answer None
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if (
@@ -72,10 +79,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _refusing(handler, method)
 
 
-def _refusing(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def _refusing(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of `handler`'s shape that answers UNAUTHENTICATED; its request stays raw bytes."""
 
-    async def refuse(request_or_iterator, context):
+    async def refuse(request_or_iterator: object, context: grpc.aio.ServicerContext[Any, Any]) -> NoReturn:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{method}: missing or wrong token: send the metadata `authorization: Bearer <token>`",

@@ -40,7 +40,9 @@ class Bucket:
         return tuple(dict.fromkeys(cls.parse(item) for item in text.split(",") if item.strip()))
 
 
-def token_sizes(max_tokens: int, fine_step: int = 64, fine_limit: int = 1024, coarse_step: int = 256):
+def token_sizes(
+    max_tokens: int, fine_step: int = 64, fine_limit: int = 1024, coarse_step: int = 256
+) -> list[int]:
     """Padded token counts up to (at least) max_tokens."""
     sizes = list(range(fine_step, min(fine_limit, max_tokens) + fine_step, fine_step))
     while sizes[-1] < max_tokens:
@@ -144,7 +146,8 @@ class PadUpTable:
             cell = _floor_cell(table, bucket)
             if cell is not None:
                 i, j = cell
-                if own[i][j] is None or _size_key(bucket) < _size_key(own[i][j]):
+                current = own[i][j]
+                if current is None or _size_key(bucket) < _size_key(current):
                     own[i][j] = bucket
         best: list[list[Bucket | None]] = [[None] * (cols + 1) for _ in range(rows + 1)]
         for i in range(rows - 1, -1, -1):

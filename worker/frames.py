@@ -45,7 +45,7 @@ class FrameConnection(asyncio.Protocol):
         self._reader = FrameReader(MAX_AUTH_FRAME_BYTES if auth is not None else max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
-        self.tasks: dict[int, asyncio.Task] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -80,9 +80,10 @@ class FrameConnection(asyncio.Protocol):
 
     def _accept_token(self, body: bytes) -> bool:
         """The first frame of a connection that must show the token: it is that, or the end."""
-        message = pb.StreamRequest()
+        parsed = pb.StreamRequest()
         try:
-            message.ParseFromString(body)
+            parsed.ParseFromString(body)
+            message: pb.StreamRequest | None = parsed
         except DecodeError:
             message = None
         assert self._auth is not None

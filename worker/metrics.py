@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator, Sequence
-from http.server import ThreadingHTTPServer
 from typing import Protocol
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -135,7 +135,7 @@ class EngineCollector(Collector):
         self._queue = queue
         self._max_pinned_bytes = max_pinned_bytes
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         stats = self._engine_stats()
         queue = self._queue
         yield GaugeMetricFamily(
@@ -214,7 +214,7 @@ def _histogram(name: str, doc: str, observations: Sequence[float]) -> HistogramM
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=sum(observations))
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[ThreadingHTTPServer, int]:
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, int]:
     """prometheus_client's HTTP server for `registry` on a daemon thread; (server, bound port)."""
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port

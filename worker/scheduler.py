@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class SchedulerHooks:
 class _Request:
     token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
     offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
-    future: asyncio.Future
+    future: asyncio.Future[np.ndarray]
     token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
     rows: list[np.ndarray | None] = field(default_factory=list)
     num_pending: int = 0  # sequences not yet answered
@@ -202,18 +202,18 @@ class Scheduler:
         self._queued_tokens = 0
         self._has_work = asyncio.Event()
         self._inflight = asyncio.Semaphore(max_inflight_batches)
-        self._inflight_tasks: set[asyncio.Task] = set()
+        self._inflight_tasks: set[asyncio.Task[None]] = set()
         # One launcher thread keeps device work in launch order; a separate waiter thread means a
         # wait on batch N never delays the launch of batch N+1.
         self._launcher = ThreadPoolExecutor(1, thread_name_prefix="kembed-launch")
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="kembed-wait")
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
         self._num_threaded = 0  # launcher-thread jobs (batches until their rows are back, device calls)
         # Optional `capture_deferred(max_seconds) -> int` of the engine: graphs it could not capture
         # before serving (prewarm's budget ran out; batches no captured bucket held).
         self._capture_deferred = getattr(runner, "capture_deferred", None)
-        self._idle_task: asyncio.Task | None = None
+        self._idle_task: asyncio.Task[None] | None = None
         self._idle_capture_check_s = idle_capture_check_s  # how often an idle worker looks for them
         self._num_batches = 0  # batches launched since start
 
@@ -225,7 +225,9 @@ class Scheduler:
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
         if self._capture_deferred is not None:
-            self._idle_task = asyncio.create_task(self._capture_when_idle(), name="kembed-idle-capture")
+            self._idle_task = asyncio.create_task(
+                self._capture_when_idle(self._capture_deferred), name="kembed-idle-capture"
+            )
 
     async def close(self) -> None:
         """Stop taking work, fail what is queued, let launched batches finish."""
@@ -306,7 +308,7 @@ class Scheduler:
             self._inflight_tasks.add(task)
             task.add_done_callback(self._inflight_tasks.discard)
 
-    async def _capture_when_idle(self) -> None:
+    async def _capture_when_idle(self, capture_deferred: Callable[[float], int]) -> None:
         """Captures what the engine deferred, one short slice at a time and only while the worker is
         idle, so a request that arrives meanwhile waits for at most one capture (~20 ms for a
         BGE-M3-sized model). Asks again only after new batches, which may have found a bucket
@@ -319,7 +321,7 @@ class Scheduler:
                 continue
             batches_seen = self._num_batches
             try:
-                while is_idle and await self.run_on_device(self._capture_deferred, IDLE_CAPTURE_SLICE_S):
+                while is_idle and await self.run_on_device(capture_deferred, IDLE_CAPTURE_SLICE_S):
                     is_idle = not self._queue and not self._inflight_tasks
             except Unavailable:  # closing
                 return
@@ -378,25 +380,30 @@ class Scheduler:
         rows, ready_at = await asyncio.get_running_loop().run_in_executor(self._waiter, wait)
         return rows, launched_at, ready_at
 
-    def _on_device(self, packed: Any) -> asyncio.Future:
+    def _on_device(self, packed: Any) -> asyncio.Future[tuple[np.ndarray, float, float]]:
         """(rows, launched_at, ready_at) of `packed`: launched on the launcher thread, which hands the
         pending result straight to the waiter thread, so the event loop is woken once per batch (when
         its rows are on the host), not once for the launch and once for the rows. The two times
         (perf_counter) are when `step` returned and when the rows were on the host."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[tuple[np.ndarray, float, float]] = loop.create_future()
         self._num_threaded += 1
 
-        def settle(result: tuple | None, error: BaseException | None) -> None:  # on the loop
+        def settle(  # on the loop
+            result: tuple[np.ndarray, float, float] | None, error: BaseException | None
+        ) -> None:
             self._num_threaded -= 1
             if future.done():
                 return
             if error is not None:
                 future.set_exception(error)
             else:
+                assert result is not None
                 future.set_result(result)
 
-        def settle_threadsafe(result: tuple | None, error: BaseException | None) -> None:
+        def settle_threadsafe(
+            result: tuple[np.ndarray, float, float] | None, error: BaseException | None
+        ) -> None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the rows
                 loop.call_soon_threadsafe(settle, result, error)
 
@@ -427,7 +434,8 @@ class Scheduler:
         request.num_queued_tokens -= seq.num_tokens
         self._queued_tokens -= seq.num_tokens
         if request.num_pending == 0:
-            request.future.set_result(np.stack(request.rows))
+            # every row is set once none is pending
+            request.future.set_result(np.stack(cast("list[np.ndarray]", request.rows)))
 
     def _fail(self, request: _Request, exc: BaseException) -> None:
         if not request.future.done():

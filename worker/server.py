@@ -9,16 +9,19 @@ own Health answer from one `Readiness`: NOT_SERVING until `set_serving`, SERVING
 `drain` on.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc as health_grpc
-from grpc_health.v1.health import aio as health_aio
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # not in grpc-stubs
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
@@ -40,30 +43,41 @@ DEFAULT_MIN_COSINE = 0.999  # the seeds' 0.1%: what "graph replay equals eager" 
 
 _MALFORMED = object()  # a request message that did not parse
 
+# A unary RPC's context (a string: grpcio's class is not subscriptable at run time).
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
+
+# grpc-stubs makes the interceptor generic, grpcio's class is not subscriptable at run time.
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Maps `WorkerError`s to their status codes and anything else to INTERNAL, for every RPC."""
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(  # type: ignore[override]  # grpc.aio's continuation may answer None
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
         inner, deserialize = handler.unary_unary, handler.request_deserializer
 
-        def tolerant(data: bytes):
+        def tolerant(data: bytes) -> object:
+            if deserialize is None:  # a handler of raw bytes
+                return data
             try:
                 return deserialize(data)
             except DecodeError:  # answered below, as the caller's error, without a traceback
                 return _MALFORMED
 
-        async def guarded(request, context):
+        async def guarded(request: object, context: Context) -> Any:
             if request is _MALFORMED:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{handler_call_details.method}: malformed request message",
                 )
             try:
-                return await inner(request, context)
+                # grpc-stubs types a handler's context as the synchronous grpc.ServicerContext
+                return await inner(request, context)  # type: ignore[arg-type]
             except WorkerError as exc:
                 await context.abort(grpc.StatusCode[exc.status], str(exc))
             except Exception:
@@ -159,7 +173,8 @@ class EngineOps(Protocol):
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]: ...
 
-    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list: ...
+    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[Any]:
+        """engine.smoke's SmokeResults (the server does not import the engine)."""
 
     # Optional: `buckets` (a BucketTable: admin calls are checked against it) and `captured_buckets()`
     # (what a smoke test of "every captured bucket" runs, one bucket per turn on the device).
@@ -168,9 +183,7 @@ class EngineOps(Protocol):
 class EmbedderService(pb_grpc.EmbedderServicer):
     """kembed.v1.Embedder over one model and its scheduler."""
 
-    def __init__(
-        self, engine: "EngineOps", scheduler: Scheduler, max_batch_tokens: int, revision: str
-    ) -> None:
+    def __init__(self, engine: EngineOps, scheduler: Scheduler, max_batch_tokens: int, revision: str) -> None:
         info = engine.info
         self._engine = engine
         self._info = info
@@ -182,7 +195,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         self._bucket_limits = (
             (f"1..{table.max_seqs}", f"{table.token_sizes[0]}..{table.max_tokens}")
             if table is not None
-            else ()
+            else ("", "")
         )
         self.streams = StreamServer(self._embed, self._score)
         self.readiness = Readiness()
@@ -204,7 +217,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             version=VERSION,
         )
 
-    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
         return await self._embed(request)
 
     async def _embed(self, request: pb.EmbedRequest) -> pb.EmbedResponse:
@@ -218,7 +231,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             dimensions=rows.shape[1],
         )
 
-    async def Stream(self, request_iterator, context) -> None:
+    async def Stream(
+        self,
+        request_iterator: object,
+        context: grpc.aio.ServicerContext[pb.StreamRequest, pb.StreamResponse],
+    ) -> None:
         await self.streams.serve(context)
 
     def advertise_data_port(self, port: int) -> None:
@@ -229,10 +246,10 @@ class EmbedderService(pb_grpc.EmbedderServicer):
     def data_port(self) -> int:
         return self._info_response.data_port
 
-    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
+    async def Info(self, request: pb.InfoRequest, context: Context) -> pb.InfoResponse:
         return self._info_response
 
-    async def Health(self, request: pb.HealthRequest, context) -> pb.HealthResponse:
+    async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
         status = pb.HealthResponse.SERVING if self.readiness.is_serving else pb.HealthResponse.NOT_SERVING
         return pb.HealthResponse(status=status, queued_tokens=self._scheduler.queued_tokens)
 
@@ -246,7 +263,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         await self.readiness.drain()
         await self.streams.drain(timeout_s)
 
-    async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
+    async def Score(self, request: pb.ScoreRequest, context: Context) -> pb.ScoreResponse:
         return await self._score(request)
 
     async def _score(self, request: pb.ScoreRequest) -> pb.ScoreResponse:
@@ -264,7 +281,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             num_labels=logits.shape[1],
         )
 
-    async def BucketStats(self, request: pb.BucketStatsRequest, context) -> pb.BucketStatsResponse:
+    async def BucketStats(self, request: pb.BucketStatsRequest, context: Context) -> pb.BucketStatsResponse:
         stats = await self._scheduler.run_on_device(self._engine.bucket_stats)
         return pb.BucketStatsResponse(
             buckets=[
@@ -272,7 +289,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             ]
         )
 
-    async def Prewarm(self, request: pb.PrewarmRequest, context) -> pb.PrewarmResponse:
+    async def Prewarm(self, request: pb.PrewarmRequest, context: Context) -> pb.PrewarmResponse:
         buckets = self._buckets(request.buckets)
         captured: list[Bucket] = []
         async with self._admin:
@@ -284,7 +301,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             errors=[f"bucket {b} was not captured" for b in missing],
         )
 
-    async def SmokeTest(self, request: pb.SmokeTestRequest, context) -> pb.SmokeTestResponse:
+    async def SmokeTest(self, request: pb.SmokeTestRequest, context: Context) -> pb.SmokeTestResponse:
         min_cosine = request.min_cosine or DEFAULT_MIN_COSINE
         buckets = self._buckets(request.buckets)
         async with self._admin:
@@ -310,7 +327,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             ],
         )  # fmt: skip
 
-    def _buckets(self, buckets) -> list[Bucket]:
+    def _buckets(self, buckets: Iterable[pb.Bucket]) -> list[Bucket]:
         """The request's buckets, each one this worker can form (from its bucket table), so an admin
         call can neither allocate for a shape no batch has nor keep work for shapes past the table."""
         out = [Bucket(b.num_sequences, b.num_tokens) for b in buckets]
@@ -340,7 +357,7 @@ def build_server(
     """A grpc.aio server with the service, the standard health service and the interceptors, bound to
     host:port (port 0 picks one). With `auth_token`, admin RPCs need it, and data RPCs too if
     `is_data_guarded` (auth.py)."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [ErrorInterceptor()]
     if auth_token:  # first: a refused call reaches no handler and is never deserialized
         interceptors.insert(0, AuthInterceptor(auth_token, is_data_guarded))
     server = grpc.aio.server(

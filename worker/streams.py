@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -33,18 +34,19 @@ from kembed.worker.errors import WorkerError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[object], Awaitable[object]]
+Handler = Callable[[Any], Awaitable[Any]]
 """Answers one request message (an EmbedRequest or ScoreRequest) with its response message."""
 
 
 def _code(status: grpc.StatusCode) -> int:
-    return status.value[0]
+    code: int = status.value[0]
+    return code
 
 
 class Connection(Protocol):
     """One caller's multiplexed requests: a gRPC Stream call or a frame connection (frames.py)."""
 
-    tasks: dict[int, asyncio.Task]  # its requests in flight, by id
+    tasks: dict[int, asyncio.Task[None]]  # its requests in flight, by id
 
     async def write(self, response: pb.StreamResponse) -> None: ...
 
@@ -55,10 +57,10 @@ class Connection(Protocol):
 class _GrpcStream:
     """One open Stream call: its handler task, its requests' tasks by id, and its one writer."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[pb.StreamRequest, pb.StreamResponse]) -> None:
         self.context = context
         self.handler = asyncio.current_task()
-        self.tasks: dict[int, asyncio.Task] = {}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
         self._write_lock = asyncio.Lock()
 
     async def write(self, response: pb.StreamResponse) -> None:
@@ -104,16 +106,17 @@ class StreamServer:
             return
         task = asyncio.create_task(self._answer(message, kind, connection))
         tasks[message.id] = task
-        task.add_done_callback(lambda done, key=message.id: _forget(tasks, key, done))
+        task.add_done_callback(functools.partial(_forget, tasks, message.id))
 
-    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+    async def serve(self, context: grpc.aio.ServicerContext[pb.StreamRequest, pb.StreamResponse]) -> None:
         """One gRPC Stream call, until the caller closes or cancels it, or the worker drains."""
         stream = _GrpcStream(context)
         self.open(stream)
         try:
             while True:
                 message = await context.read()
-                if message is grpc.aio.EOF:  # the caller is done sending: answer what is in flight
+                # the caller is done sending: answer what is in flight (grpc-stubs lacks grpc.aio.EOF)
+                if message is grpc.aio.EOF:  # type: ignore[attr-defined]
                     await asyncio.gather(*stream.tasks.values(), return_exceptions=True)
                     return
                 self.dispatch(message, stream)
@@ -158,7 +161,7 @@ class StreamServer:
         await asyncio.gather(*(connection.end() for connection in list(self._connections)))
 
 
-def _forget(tasks: dict[int, asyncio.Task], key: int, done: asyncio.Task) -> None:
+def _forget(tasks: dict[int, asyncio.Task[None]], key: int, done: asyncio.Task[None]) -> None:
     if tasks.get(key) is done:  # an id reused after a cancel must not drop the newer task
         del tasks[key]
 

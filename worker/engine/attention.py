@@ -20,6 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,14 +60,20 @@ class AttentionMetadata:
             return None if t is None else t.to(device, non_blocking=True)
 
         return AttentionMetadata(
-            cu_seqlens=move(self.cu_seqlens),
+            cu_seqlens=self.cu_seqlens.to(device, non_blocking=True),
             max_seqlen=self.max_seqlen,
-            seq_ids=move(self.seq_ids),
+            seq_ids=self.seq_ids.to(device, non_blocking=True),
             pad_index=move(self.pad_index),
             unpad_index=move(self.unpad_index),
             key_mask=move(self.key_mask),
             host_cu_seqlens=self.host_cu_seqlens,
         )
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, bool], torch.Tensor]
+"""An attention backend: (q, k, v, meta, causal) -> out, over the packed tokens of a batch."""
+
+_Shape = tuple[int, int, int, torch.dtype, bool]  # (num_heads, num_kv_heads, head_dim, dtype, causal)
 
 
 def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
@@ -146,7 +153,7 @@ def sdpa_padded_attention(
     return out if meta.unpad_index is None else out[meta.unpad_index]
 
 
-def _torch_varlen():
+def _torch_varlen() -> Attend | None:
     """torch's varlen flash attention, adapted to the running torch's signature, or None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -159,7 +166,7 @@ def _torch_varlen():
     def torch_varlen_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
     ) -> torch.Tensor:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if has_window:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
         else:
@@ -171,12 +178,13 @@ def _torch_varlen():
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         cu = meta.cu_seqlens
-        return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)
+        # a tuple only with return_aux, which is never passed
+        return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)  # type: ignore[return-value]
 
     return torch_varlen_attention
 
 
-def _flash_attn_4():
+def _flash_attn_4() -> Attend | None:
     """FlashAttention 4's varlen forward (package `flash-attn-4`, module flash_attn.cute), or None
     when it is not installed. Importing it takes seconds (CuTe DSL), so only CUDA workers ask."""
     try:
@@ -196,7 +204,8 @@ def _flash_attn_4():
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
             max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
         )  # fmt: skip
-        return out[0] if isinstance(out, tuple) else out
+        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return result
 
     return flash_attn_attention
 
@@ -218,15 +227,19 @@ class FlashInferAttention:
     _INT_WORKSPACE_BYTES = 2 << 20  # the plan's index arrays: ~16 bytes a token and a few KiB
     _FLOAT_WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs; shared (one stream runs them)
 
-    def __init__(self, device: torch.device, *, compile_kernels: bool, wrapper_class=None) -> None:
+    def __init__(
+        self, device: torch.device, *, compile_kernels: bool, wrapper_class: type[Any] | None = None
+    ) -> None:
         if wrapper_class is None:
-            from flashinfer import BatchPrefillWithRaggedKVCacheWrapper as wrapper_class
+            from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
+
+            wrapper_class = BatchPrefillWithRaggedKVCacheWrapper
         self._wrapper_class = wrapper_class
         self.device = device
         self.compile_kernels = compile_kernels  # False: use kernels already built, never run nvcc
         self._float_workspace: torch.Tensor | None = None
-        self._wrappers: dict[tuple[int, int], dict[tuple, _Planned]] = {}
-        self._pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._wrappers: dict[tuple[int, int], dict[_Shape, _Planned]] = {}
+        self._pinned: weakref.WeakKeyDictionary[object, torch.Tensor] = weakref.WeakKeyDictionary()
         self._step = 0
         # the next forward's (token count, sequence slots), offsets and scratch, from plan_batch
         self._pending: tuple[tuple[int, int], torch.Tensor, object | None] | None = None
@@ -245,7 +258,7 @@ class FlashInferAttention:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
     ) -> torch.Tensor:
         key = (q.shape[0], meta.cu_seqlens.shape[0] - 1)
-        shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
+        shape: _Shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
         planned = self._wrappers.setdefault(key, {}).get(shape)
         if planned is None:
             planned = self._wrappers[key][shape] = self._new_wrapper(key, shape)
@@ -257,10 +270,11 @@ class FlashInferAttention:
             if self._pending is None or self._pending[0] != key:
                 raise RuntimeError(f"flashinfer attention on a batch of {key} was not planned (plan_batch)")
             self._plan(planned, *self._pending[1:])
-        return planned.wrapper.run(q, k, v)
+        out: torch.Tensor = planned.wrapper.run(q, k, v)
+        return out
 
     @torch.inference_mode(False)  # plain tensors: planning may run outside inference mode too
-    def _new_wrapper(self, key: tuple[int, int], shape: tuple) -> "_Planned":
+    def _new_wrapper(self, key: tuple[int, int], shape: _Shape) -> "_Planned":
         if self._float_workspace is None:
             size = self._FLOAT_WORKSPACE_BYTES
             self._float_workspace = torch.empty(size, dtype=torch.uint8, device=self.device)
@@ -275,7 +289,11 @@ class FlashInferAttention:
         return _Planned(wrapper, shape)
 
     def _plan(
-        self, planned: "_Planned", cu_seqlens: torch.Tensor, scratch: object | None, offsets: tuple = ()
+        self,
+        planned: "_Planned",
+        cu_seqlens: torch.Tensor,
+        scratch: object | None,
+        offsets: tuple[int, ...] = (),
     ) -> None:
         num_heads, num_kv_heads, head_dim, dtype, causal = planned.shape
         wrapper = planned.wrapper
@@ -325,8 +343,8 @@ class _Planned:
     """One flashinfer wrapper, the step it was last planned for, and the offsets it was planned from
     when a caller outside the engine gave them."""
 
-    wrapper: object
-    shape: tuple  # (num_heads, num_kv_heads, head_dim, dtype, causal)
+    wrapper: Any  # flashinfer's BatchPrefillWithRaggedKVCacheWrapper (untyped)
+    shape: _Shape
     step: int = -1
     offsets: tuple[int, ...] = ()
 
@@ -339,10 +357,10 @@ def _flashinfer(device: torch.device, compile_kernels: bool) -> FlashInferAttent
     return FlashInferAttention(device, compile_kernels=compile_kernels)
 
 
-ATTENTION_BACKENDS: dict[str, Callable] = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
+ATTENTION_BACKENDS: dict[str, Attend] = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
 # Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
 # they need no per-batch gather indices whose size depends on the longest sequence.
-VARLEN_BACKENDS: dict[str, Callable] = {}
+VARLEN_BACKENDS: dict[str, Attend] = {}
 if (_varlen := _torch_varlen()) is not None:
     VARLEN_BACKENDS["torch-varlen"] = _varlen
 ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
@@ -352,7 +370,7 @@ BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
 
 def cuda_backends(
     device: torch.device, shape: AttentionShape | None = None, *, compile_kernels: bool = False
-) -> dict[str, Callable]:
+) -> dict[str, Attend]:
     """Every varlen backend usable on `device` (for `shape`'s heads when given), in order of preference
     before timing. `compile_kernels`: let flashinfer build kernels it lacks (minutes with nvcc)."""
     backends = dict(VARLEN_BACKENDS)

@@ -12,14 +12,13 @@ captured graph bakes in one backend.
 
 import logging
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kembed.worker.buckets import BucketTable
-from kembed.worker.engine.attention import AttentionMetadata, AttentionShape
+from kembed.worker.engine.attention import Attend, AttentionMetadata, AttentionShape
 from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)
@@ -57,10 +56,12 @@ class AttentionPlan:
 class RoutedAttention:
     """`attend` that dispatches by the batch's padded token count, as the plan says."""
 
-    def __init__(self, plan: AttentionPlan, backends: dict[str, Callable]) -> None:
+    def __init__(self, plan: AttentionPlan, backends: dict[str, Attend]) -> None:
         self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
 
-    def __call__(self, q, k, v, meta: AttentionMetadata, causal: bool) -> torch.Tensor:
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
         return self._route(q.shape[0])(q, k, v, meta, causal)
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
@@ -69,7 +70,7 @@ class RoutedAttention:
         if plan is not None:
             plan(cu_seqlens, scratch)
 
-    def _route(self, num_tokens: int) -> Callable:
+    def _route(self, num_tokens: int) -> Attend:
         for limit, attend in self._routes:
             if num_tokens <= limit:
                 return attend
@@ -77,7 +78,7 @@ class RoutedAttention:
 
 
 def choose_attention(
-    backends: dict[str, Callable],
+    backends: dict[str, Attend],
     shape: AttentionShape,
     device: torch.device,
     dtype: torch.dtype,
@@ -106,7 +107,7 @@ def choose_attention(
             timings.append((limit, name, totals[name]))
         if not totals:
             raise RuntimeError(f"no attention backend ran the probes of {shape}")
-        routes.append((limit, min(totals, key=totals.get)))
+        routes.append((limit, min(totals, key=totals.__getitem__)))
     if not routes:
         raise RuntimeError(f"max_tokens {max_tokens} is below every probe")
     routes[-1] = (sys.maxsize, routes[-1][1])  # the last probed range covers every larger bucket
@@ -163,7 +164,9 @@ def probe_inputs(
     return q, k, v, meta
 
 
-def _time_probe(attend: Callable, q, k, v, meta: AttentionMetadata, causal: bool) -> float:
+def _time_probe(
+    attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+) -> float:
     """Microseconds per call of `attend` on one probe, as a graph replay."""
     with torch.inference_mode():
         attend(q, k, v, meta, causal)  # compile / lazy init outside the capture
@@ -179,4 +182,5 @@ def _time_probe(attend: Callable, q, k, v, meta: AttentionMetadata, causal: bool
             graph.replay()
         end.record()
         end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (_REPLAYS * _CALLS_PER_GRAPH)
+    elapsed_ms: float = start.elapsed_time(end)
+    return elapsed_ms * 1e3 / (_REPLAYS * _CALLS_PER_GRAPH)

@@ -7,12 +7,13 @@ sequences are packed into one [num_tokens, hidden] matrix; only attention needs 
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.attention import Attend, AttentionMetadata
 from kembed.worker.engine.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.served import ModelFacts, ServedModel
@@ -43,7 +44,7 @@ class BertShape:
     position_offset: int  # RoBERTa numbers positions from padding_idx + 1; BERT from 0
 
     @classmethod
-    def from_config(cls, config: dict) -> "BertShape":
+    def from_config(cls, config: dict[str, Any]) -> "BertShape":
         model_type = config.get("model_type", "")
         if model_type not in BERT_FAMILY:
             raise InvalidInput(f"model_type {model_type!r} is not a BERT-family encoder {BERT_FAMILY}")
@@ -72,7 +73,7 @@ class BertShape:
 
 
 class BertLayer(nn.Module):
-    def __init__(self, shape: BertShape, attend: Callable) -> None:
+    def __init__(self, shape: BertShape, attend: Attend) -> None:
         super().__init__()
         hidden = shape.hidden_size
         self.qkv = nn.Linear(hidden, 3 * hidden)
@@ -98,7 +99,7 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     """Embeddings + encoder layers; returns the last hidden state of every packed token."""
 
-    def __init__(self, shape: BertShape, attend: Callable) -> None:
+    def __init__(self, shape: BertShape, attend: Attend) -> None:
         super().__init__()
         self.shape = shape
         self.word_embeddings = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -114,7 +115,7 @@ class BertEncoder(nn.Module):
         token_type_ids: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = (
+        x: torch.Tensor = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(position_ids + self.shape.position_offset)
             + self.token_type_embeddings(token_type_ids)
@@ -151,7 +152,7 @@ class BertEncoder(nn.Module):
 class BertEmbedder(ServedModel):
     """BERT-family encoder + sentence-transformers pooling."""
 
-    def __init__(self, shape: BertShape, attend: Callable, pooling: str) -> None:
+    def __init__(self, shape: BertShape, attend: Attend, pooling: str) -> None:
         super().__init__()
         self.encoder = BertEncoder(shape, attend)
         self.pooling = pooling
@@ -159,6 +160,12 @@ class BertEmbedder(ServedModel):
             "embed", shape.hidden_size, shape.max_sequence_length, shape.vocab_size, pooling
         )
 
-    def forward(self, input_ids, position_ids, token_type_ids, meta):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         hidden = self.encoder(input_ids, position_ids, token_type_ids, meta)
         return pool(hidden, meta, self.pooling).float()

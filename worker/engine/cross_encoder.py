@@ -9,11 +9,10 @@ Dropout is the identity at inference. Activations (sigmoid, softmax) are the gat
 the worker answers logits, so `raw_scores` and every API's convention can be served from one output.
 """
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
+from kembed.worker.engine.attention import Attend, AttentionMetadata
 from kembed.worker.engine.bert import BertEncoder, BertShape
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
@@ -31,7 +30,7 @@ CROSS_ENCODER_ARCHITECTURES = {
 class BertCrossEncoder(ServedModel):
     """Encoder + classification head on the first token ([CLS] / <s>); capturable, no host syncs."""
 
-    def __init__(self, shape: BertShape, attend: Callable, num_labels: int) -> None:
+    def __init__(self, shape: BertShape, attend: Attend, num_labels: int) -> None:
         super().__init__()
         hidden = shape.hidden_size
         self.encoder = BertEncoder(shape, attend)
@@ -42,15 +41,22 @@ class BertCrossEncoder(ServedModel):
         self.has_token_types = shape.type_vocab_size > 1
         self.facts = ModelFacts("score", num_labels, shape.max_sequence_length, shape.vocab_size)
 
-    def forward(self, input_ids, position_ids, token_type_ids, meta):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         if not self.has_token_types:
             token_type_ids = torch.zeros_like(token_type_ids)
         hidden = self.encoder(input_ids, position_ids, token_type_ids, meta)
         first = pool(hidden, meta, "cls")  # [num_seqs, hidden]; safe on a bucket's empty slots
-        return self.out_proj(torch.tanh(self.dense(first))).float()  # [num_seqs, num_labels]
+        logits: torch.Tensor = self.out_proj(torch.tanh(self.dense(first)))  # [num_seqs, num_labels]
+        return logits.float()
 
     @classmethod
-    def load(cls, model_dir: ModelDir, attend: Callable) -> "BertCrossEncoder":
+    def load(cls, model_dir: ModelDir, attend: Attend) -> "BertCrossEncoder":
         """Build from a transformers *ForSequenceClassification directory, weights loaded."""
         config = model_dir.config
         architecture = next((a for a in config["architectures"] if a in CROSS_ENCODER_ARCHITECTURES), None)

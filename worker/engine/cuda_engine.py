@@ -16,13 +16,13 @@ one that none holds runs eagerly and waits for `capture_deferred`, called when t
 
 import gc
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from kembed.worker.buckets import Bucket, BucketTable
-from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.attention import Attend, AttentionMetadata
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.served import ServedModel
@@ -107,7 +107,7 @@ class CudaEngine:
         use_graphs: bool,
         inflight: int,
         max_pinned_bytes: int,
-        attention: Callable | None = None,
+        attention: Attend | None = None,
     ) -> None:
         self.model = model
         # a backend that plans each batch on the host (flashinfer) gets the offsets before the forward
@@ -178,7 +178,10 @@ class CudaEngine:
 
     def _forward_static(self, bucket: Bucket) -> torch.Tensor:
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = self.static.views(bucket)
-        return self.model(input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket))
+        out: torch.Tensor = self.model(
+            input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket)
+        )
+        return out
 
     def _step_unbucketed(self, batch: PaddedBatch) -> LazyTensor:
         """A batch larger than every bucket (the scheduler never forms one; direct callers may):

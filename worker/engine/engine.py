@@ -8,7 +8,7 @@ same two calls, `pack` and `step`.
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +18,7 @@ from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import (
     ATTENTION_BACKENDS,
+    Attend,
     AttentionMetadata,
     FlashInferAttention,
     build_metadata,
@@ -27,8 +28,9 @@ from kembed.worker.engine.attention_choice import RoutedAttention, choose_attent
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.engine.graphs import CapturePolicy
 from kembed.worker.engine.lazy import LazyTensor
-from kembed.worker.engine.model_dir import read_model_dir
-from kembed.worker.engine.models import ServedModel, attention_shape, build_model
+from kembed.worker.engine.model_dir import ModelDir, read_model_dir
+from kembed.worker.engine.models import attention_shape, build_model
+from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.staging import pad_batch
 from kembed.worker.errors import StartupError
@@ -68,16 +70,18 @@ class Engine:
         self.policy = CapturePolicy(max_graphs=0, is_enabled=False)
         self._prewarmed: set[Bucket] = set()
 
-    def pack(self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None):
+    def pack(
+        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+    ) -> PackedBatch:
         """Build host tensors for a ragged batch: `token_ids` [num_tokens] int32, `lengths` [num_seqs]."""
-        meta, positions = build_metadata(lengths)
+        meta, host_positions = build_metadata(lengths)
         input_ids = torch.from_numpy(token_ids.astype(np.int64))
         types = (
             torch.zeros_like(input_ids)
             if token_type_ids is None
             else torch.from_numpy(token_type_ids.astype(np.int64))
         )
-        positions = torch.from_numpy(positions)
+        positions = torch.from_numpy(host_positions)
         if self.device.type == "cuda":  # pinned so the copy to the device is truly asynchronous
             input_ids, positions, types = input_ids.pin_memory(), positions.pin_memory(), types.pin_memory()
         bucket = self.buckets.lookup(len(lengths), int(lengths.sum()))
@@ -125,7 +129,9 @@ class Engine:
         self._prewarmed.update(buckets)
         return list(buckets)
 
-    def prewarm_at_start(self, prewarm, hot, max_seconds: float) -> None:
+    def prewarm_at_start(
+        self, prewarm: str | Sequence[Bucket], hot: Sequence[Bucket], max_seconds: float
+    ) -> None:
         """Nothing to capture without CUDA graphs (the CUDA engine's start-up prewarm)."""
         log.info("prewarm: none (no CUDA graphs on the %s eager engine)", self.device)
 
@@ -230,7 +236,9 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     return Engine(model, info, device, buckets)
 
 
-def _resolve_attention(requested, model_dir, device, dtype, max_tokens) -> tuple[str, Callable, bool]:
+def _resolve_attention(
+    requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
+) -> tuple[str, Attend, bool]:
     """(what Info reports, the attend function, whether it is a varlen kernel CUDA graphs replay)."""
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU

@@ -73,10 +73,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# Triton kernels: their parameters are device pointers and tl.constexpr values, which Triton's
+# JIT reads from the annotations it knows; nothing here types them for mypy (triton has no stubs).
 if triton is not None:
 
-    @triton.jit
-    def _rms_norm_kernel(X, R, W, Y, S, hidden, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rms_norm_kernel(X, R, W, Y, S, hidden, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
@@ -88,8 +90,8 @@ if triton is not None:
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + row * hidden + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def _norm_rope_heads(SRC, W, OUT, c, s, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _norm_rope_heads(SRC, W, OUT, c, s, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
         heads = tl.arange(0, BLOCK_H)[:, None]
         dims = tl.arange(0, HALF)[None, :]
         mask = heads < H
@@ -104,8 +106,8 @@ if triton is not None:
         tl.store(out, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask)
         tl.store(out + HALF, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def _qk_norm_rope_kernel(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
         QKV, QW, KW, COS, SIN, Q, K, stride_qkv, eps,
         HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
@@ -122,8 +124,8 @@ if triton is not None:
                 row + HQ * 2 * HALF, KW, K + token * (HKV * 2 * HALF), c, s, eps, HKV, HALF, BLOCK_HKV
             )
 
-    @triton.jit
-    def _silu_mul_kernel(GU, Y, width, inter, BLOCK: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _silu_mul_kernel(GU, Y, width, inter, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter

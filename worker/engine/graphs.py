@@ -211,6 +211,7 @@ class GraphCache:
     def run(self, bucket: Bucket | None, run: Bucket | None = None) -> torch.Tensor:
         """Replay, capture or run eagerly the batch whose own bucket is `bucket`, padded to `run`."""
         run = run or bucket
+        assert run is not None, "a batch runs in its own bucket or a larger one"
         decision = self.policy.decide(bucket, run)
         if decision == CAPTURE:
             self.capture(run)

@@ -19,7 +19,9 @@ class LazyTensor:
     CUDA engine spins for a batch alone in flight and blocks behind another; eager GPU steps block.
     """
 
-    def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple = ()) -> None:
+    def __init__(
+        self, host: torch.Tensor, event: "torch.cuda.Event | None", keepalive: tuple[object, ...] = ()
+    ) -> None:
         self._host = host
         self._event = event
         self._keepalive = keepalive

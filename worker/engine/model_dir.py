@@ -8,6 +8,7 @@ Nothing here downloads anything.
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -29,7 +30,7 @@ class ModelDir:
     """A parsed model directory: what to build and how to pool, not yet the weights."""
 
     path: Path
-    config: dict  # config.json as written
+    config: dict[str, Any]  # config.json as written
     pooling: str | None  # "cls" | "mean" | "last"; None: no sentence-transformers pipeline, family default
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
 
@@ -70,7 +71,7 @@ def _read_pipeline(path: Path) -> tuple[str | None, bool]:
 def _read_pooling(pooling_dir: Path) -> str:
     config = json.loads((pooling_dir / "config.json").read_text())
     if "pooling_mode" in config:  # newer sentence-transformers write the mode by name
-        mode = {"lasttoken": "last"}.get(config["pooling_mode"], config["pooling_mode"])
+        mode: str = {"lasttoken": "last"}.get(config["pooling_mode"], config["pooling_mode"])
         if mode in _POOLING_MODES.values():
             return mode
     for flag, mode in _POOLING_MODES.items():

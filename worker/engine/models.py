@@ -3,9 +3,7 @@
 Every family implements `ServedModel` (served.py); a new family is a module plus a branch here.
 """
 
-from collections.abc import Callable
-
-from kembed.worker.engine.attention import AttentionShape
+from kembed.worker.engine.attention import Attend, AttentionShape
 from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.model_dir import ModelDir, load_weights
@@ -16,7 +14,7 @@ from kembed.worker.errors import InvalidInput
 QWEN3_FAMILY = ("qwen3", "bidirectional_pplx_qwen3")
 
 
-def build_model(model_dir: ModelDir, attend: Callable) -> ServedModel:
+def build_model(model_dir: ModelDir, attend: Attend) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
     config = model_dir.config
     model_type = model_dir.model_type

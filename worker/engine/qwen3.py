@@ -9,14 +9,14 @@ There is no LM head: embedders pool the final hidden states, so `tie_word_embedd
 `lm_head.weight` in the checkpoint are ignored.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.attention import Attend, AttentionMetadata
 from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
@@ -45,7 +45,7 @@ class Qwen3Shape:
     is_causal: bool
 
     @classmethod
-    def from_config(cls, config: dict) -> "Qwen3Shape":
+    def from_config(cls, config: dict[str, Any]) -> "Qwen3Shape":
         model_type = config.get("model_type", "")
         if model_type not in QWEN3_FAMILY:
             raise InvalidInput(f"model_type {model_type!r} is not a Qwen3 decoder {QWEN3_FAMILY}")
@@ -81,7 +81,7 @@ class Qwen3Shape:
         )
 
 
-def is_bidirectional(config: dict) -> bool:
+def is_bidirectional(config: dict[str, Any]) -> bool:
     """Whether the checkpoint was trained with bidirectional attention.
 
     Spellings seen in the wild: pplx-embed-v1 (`model_type: bidirectional_pplx_qwen3`, whose remote
@@ -111,7 +111,7 @@ class RMSNorm(nn.Module):
 
 
 class Qwen3Layer(nn.Module):
-    def __init__(self, shape: Qwen3Shape, attend: Callable) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
         super().__init__()
         hidden, head_dim = shape.hidden_size, shape.head_dim
         q_size, kv_size = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
@@ -144,7 +144,8 @@ class Qwen3Layer(nn.Module):
         attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
         x = x + self.o_proj(attn.reshape(num_tokens, -1))
         gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        out: torch.Tensor = x + self.down(F.silu(gate) * up)
+        return out
 
     def forward_fused(
         self,
@@ -173,7 +174,7 @@ class Qwen3Layer(nn.Module):
 class Qwen3Decoder(nn.Module):
     """Token embeddings + decoder layers + final norm; returns the last hidden state of every token."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Callable) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
         super().__init__()
         self.shape = shape
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -190,13 +191,15 @@ class Qwen3Decoder(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids)
         if can_fuse(x, self.shape.head_dim):
-            delta = None
-            for layer in self.layers:
-                x, delta = layer.forward_fused(x, delta, cos, sin, meta)
+            delta: torch.Tensor | None = None
+            for fused_layer in cast("list[Qwen3Layer]", self.layers):
+                x, delta = fused_layer.forward_fused(x, delta, cos, sin, meta)
+            assert delta is not None, "a model has layers"
             return rms_norm(delta, self.norm.weight, self.norm.eps, residual=x)[0]
         for layer in self.layers:
             x = layer(x, cos, sin, meta)
-        return self.norm(x)  # [num_tokens, hidden]
+        out: torch.Tensor = self.norm(x)  # [num_tokens, hidden]
+        return out
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load a transformers Qwen3Model state dict (prefix-stripped), fusing Q/K/V and gate/up."""
@@ -226,7 +229,7 @@ class Qwen3Decoder(nn.Module):
 class Qwen3Embedder(ServedModel):
     """Qwen3 decoder + sentence-transformers pooling (last token for Qwen3-Embedding, mean for pplx)."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Callable, pooling: str) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attend, pooling: str) -> None:
         super().__init__()
         self.decoder = Qwen3Decoder(shape, attend)
         self.pooling = pooling
@@ -234,12 +237,18 @@ class Qwen3Embedder(ServedModel):
             "embed", shape.hidden_size, shape.max_position_embeddings, shape.vocab_size, pooling
         )
 
-    def forward(self, input_ids, position_ids, token_type_ids, meta):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         hidden = self.decoder(input_ids, position_ids, meta)  # token types: Qwen3 has none
         return pool(hidden, meta, self.pooling).float()
 
 
-def build_qwen3(model_dir: ModelDir, attend: Callable) -> Qwen3Embedder:
+def build_qwen3(model_dir: ModelDir, attend: Attend) -> Qwen3Embedder:
     """A Qwen3 embedder for `model_dir`, weights loaded, on the CPU."""
     shape = Qwen3Shape.from_config(model_dir.config)
     model = Qwen3Embedder(shape, attend, qwen3_pooling(model_dir, shape))

@@ -15,6 +15,9 @@ from torch import nn
 class RotaryEmbedding(nn.Module):
     """Unscaled RoPE in the rotate-half layout (Llama, Qwen): dimension i pairs with i + head_dim/2."""
 
+    cos: torch.Tensor  # buffer, registered in __init__
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
         assert head_dim % 2 == 0, head_dim

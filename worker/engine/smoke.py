@@ -7,10 +7,12 @@ finite values everywhere.
 """
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from kembed.worker.buckets import Bucket
+from kembed.worker.info import ModelInfo
 
 DEFAULT_MIN_COSINE = 0.999
 # Tested when nothing is listed and nothing was captured yet (a first rollout with no prewarm list):
@@ -27,7 +29,21 @@ class SmokeResult:
     note: str = ""
 
 
-def random_batch(rng: np.random.Generator, bucket: Bucket, max_length: int, vocab_size: int):
+class Comparing(Protocol):
+    """What a smoke test asks of an engine."""
+
+    info: ModelInfo
+
+    def captured_buckets(self) -> list[Bucket]: ...
+
+    def compare(
+        self, token_ids: np.ndarray, lengths: np.ndarray
+    ) -> tuple[Bucket, np.ndarray, np.ndarray]: ...
+
+
+def random_batch(
+    rng: np.random.Generator, bucket: Bucket, max_length: int, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(token_ids int32, lengths int32) filling `bucket` exactly, or None if no real batch can."""
     num_seqs, num_tokens = bucket.num_seqs, bucket.num_tokens
     if num_tokens < num_seqs or num_tokens > num_seqs * max_length:
@@ -45,7 +61,7 @@ def random_batch(rng: np.random.Generator, bucket: Bucket, max_length: int, voca
 
 
 def smoke_test(
-    engine, buckets: list[Bucket], min_cosine: float = DEFAULT_MIN_COSINE, seed: int = 0
+    engine: Comparing, buckets: list[Bucket], min_cosine: float = DEFAULT_MIN_COSINE, seed: int = 0
 ) -> list[SmokeResult]:
     """Results per bucket (every captured bucket when `buckets` is empty, DEFAULT_BUCKETS when none
     is captured either), in bucket order.
@@ -53,7 +69,7 @@ def smoke_test(
     graph replay on CUDA, unpadded against padded-to-bucket on the eager engine."""
     rng = np.random.default_rng(seed)
     info = engine.info
-    results = []
+    results: list[SmokeResult] = []
     for bucket in sorted(buckets or engine.captured_buckets() or DEFAULT_BUCKETS):
         batch = random_batch(rng, bucket, info.max_sequence_length, info.vocab_size)
         if batch is None:
