@@ -4,9 +4,11 @@
 
 Every config field has a flag named after it (`chunk_tokens` -> `--chunk-tokens`) and an environment
 variable (`KEMBED_GATEWAY_CHUNK_TOKENS`); a flag wins over the environment, which wins over the default.
-List-valued settings take the flag repeatedly, or a comma-separated environment value. The workers'
-token is the exception: `--worker-auth-token-file FILE` or KEMBED_GATEWAY_WORKER_AUTH_TOKEN, never a
-flag's value (a command line is visible to every process on the machine).
+List-valued settings take the flag repeatedly, or a comma-separated environment value. The secrets
+are the exception: the API key and the workers' token come from a file (`--api-key-file FILE`,
+`--worker-auth-token-file FILE`) or the environment (KEMBED_GATEWAY_API_KEY,
+KEMBED_GATEWAY_WORKER_AUTH_TOKEN), never from a flag's value (a command line is visible to every
+process on the machine).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _FLAG_NAMES = {
     "served_model_names": "--served-model-name",
 }
 _LIST_FIELDS = {"worker_addresses", "served_model_names"}
-_FILE_FIELDS = {"worker_auth_token"}  # secrets: `--<name>-file PATH`, or the environment
+_FILE_FIELDS = {"api_key", "worker_auth_token"}  # secrets: `--<name>-file PATH`, or the environment
 
 
 def bundled_model_dir() -> Path | None:

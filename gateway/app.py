@@ -35,6 +35,7 @@ from kembed.gateway.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    UnsupportedMediaType,
     WorkerFailed,
     reason_of,
     render,
@@ -75,6 +76,22 @@ def _json(body: Any, status_code: int = 200) -> Response:
     )
 
 
+def _check_json(request: Request) -> None:
+    """415 unless the body is declared JSON (`application/json`, or a `+json` type), as TEI does. A
+    web page of another origin can POST `text/plain`, a form or an untyped body without the
+    browser asking the gateway first (CORS preflight), but not `application/json`: this check is
+    what keeps such a page from spending the gateway's capacity on its visitors' behalf."""
+    declared = request.headers.get("content-type", "")
+    media_type = declared.partition(";")[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise UnsupportedMediaType(
+            f"expected a JSON body with `Content-Type: application/json`, got "
+            f"{repr(declared) if declared else 'no Content-Type'}"
+        )
+
+
 async def _read_body(request: Request, max_bytes: int) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (before parsing)."""
     too_large = PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
@@ -101,6 +118,7 @@ class Routes:
         self.created = int(time.time())
 
     async def _body(self, request: Request) -> bytes:
+        _check_json(request)
         return await _read_body(request, self.config.max_request_bytes)
 
     async def openai_embeddings(self, request: Request) -> Response:

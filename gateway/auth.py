@@ -1,5 +1,5 @@
 """API-key check in front of every route but the probes: `Authorization: Bearer <key>`, as the OpenAI
-and TEI clients send it (`api_key=` / `--api-key`).
+and TEI clients send it (the OpenAI SDK's `api_key=`).
 
 A plain ASGI middleware, so a refused request costs no routing or body parsing; the comparison is
 constant-time. /health and /ready stay open for the kubelet's probes, /metrics for Prometheus.

@@ -147,8 +147,9 @@ class GatewayConfig:
     `{"query": "query: "}`), merged over config_sentence_transformers.json's; empty adds none."""
 
     api_key: str = field(default="", repr=False)
-    """API key every request must carry as `Authorization: Bearer <key>` (except /health and /ready);
-    empty: no key required. On Kubernetes it comes from a Secret. Never logged."""
+    """API key every request must carry as `Authorization: Bearer <key>` (except /health, /ready and
+    /metrics); empty: no key required. Read from a file (`--api-key-file`, a mounted Secret) or
+    KEMBED_GATEWAY_API_KEY (on Kubernetes, from a Secret), never from a flag's value; never logged."""
 
     worker_auth_token: str = field(default="", repr=False)
     """The workers' shared token (their `--auth-token-file`), sent with every call to them as gRPC

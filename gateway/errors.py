@@ -32,6 +32,10 @@ class PayloadTooLarge(GatewayError):
     """The body, the input count or one input's token count exceeds a limit (413)."""
 
 
+class UnsupportedMediaType(GatewayError):
+    """A request body that is not declared `application/json` (415)."""
+
+
 class Unauthorized(GatewayError):
     """The gateway requires an API key and the request did not carry the right one (401)."""
 
@@ -83,6 +87,7 @@ class _Mapping:
 _TABLE: dict[type[GatewayError], _Mapping] = {
     InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
     PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
+    UnsupportedMediaType: _Mapping(415, "invalid_request_error", "validation"),
     Unauthorized: _Mapping(401, "invalid_request_error", "unauthorized"),
     NotFound: _Mapping(404, "invalid_request_error", "not_found"),
     MethodNotAllowed: _Mapping(405, "invalid_request_error", "validation"),

@@ -87,6 +87,11 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
     app = create_app(config, metrics_dir=metrics_dir)
     server = uvicorn.Server(uvicorn_config(config, app))
     freeze_startup_objects()
+    # uvicorn drains on SIGTERM/SIGINT, then restores the handlers it found and raises the signal
+    # again; with the default handler the process would die of it (exit -15) after a clean drain.
+    # These handlers take that second delivery, so a drained gateway exits 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     server.run(sockets=None if metrics_dir is None else [_reuseport_socket(config.host, config.port)])
 
 

@@ -1,6 +1,6 @@
 """A gateway serving one port from several processes (`--processes`): every process answers, a scrape
 of any of them reports the sum of all, stopping the parent stops them all and removes their metrics
-files, and one that cannot start stops the gateway."""
+files, and one that cannot start stops the gateway; a lone gateway stopped cleanly exits 0."""
 
 import re
 import socket
@@ -66,6 +66,19 @@ def test_stopping_the_parent_stops_every_process_and_removes_the_metrics_files(m
     assert parent.wait(20) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in servers)
     assert not metrics_dir.exists()
+
+
+def test_a_lone_gateway_stopped_by_sigterm_drains_and_exits_0(stack, log_dir):
+    """uvicorn raises the signal again after its drain; the gateway must not die of it (exit -15)."""
+    lone = start_stack(log_dir, num_workers=0, worker_addresses=stack.workers)
+    gateway = lone.processes[-1].popen
+    try:
+        assert httpx.post(f"{lone.url}/embed", json={"inputs": "one"}, timeout=30).status_code == 200
+        gateway.terminate()
+        assert gateway.wait(20) == 0
+    finally:
+        for proc in lone.processes:
+            proc.stop()
 
 
 def test_a_process_that_cannot_start_stops_the_gateway_with_an_error():

@@ -15,6 +15,7 @@ from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
 
 from kembed.gateway.app import create_app
 from kembed.gateway.config import GatewayConfig
+from kembed.proto import embedder_pb2 as pb
 
 
 @pytest.fixture
@@ -30,6 +31,16 @@ async def running_gateway(config: GatewayConfig) -> AsyncIterator[httpx.AsyncCli
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
             yield client
+
+
+async def until_ready(client: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
+    """Waits for /ready: the gateway probes its workers once at start, with a 1 s deadline that a
+    loaded CI machine can miss; the next probe comes one health interval later. A test then meets
+    the gateway as a load balancer would, once ready, not racing its first probe."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await client.get("/ready")).status_code != 200:
+        assert asyncio.get_running_loop().time() < deadline, "the gateway never became ready"
+        await asyncio.sleep(0.02)
 
 
 GatewayFactory = Callable[..., contextlib.AbstractAsyncContextManager[httpx.AsyncClient]]
@@ -48,7 +59,10 @@ def gateway_with() -> GatewayFactory:
             ]
             config = GatewayConfig(model_dir=BUNDLED_MODEL_DIR, worker_addresses=tuple(addresses))
             config = dataclasses.replace(config, **overrides)
-            yield await stack.enter_async_context(running_gateway(config))
+            client = await stack.enter_async_context(running_gateway(config))
+            if all(not isinstance(fake, str) and fake.status == pb.HealthResponse.SERVING for fake in fakes):
+                await until_ready(client)
+            yield client
 
     return start
 

@@ -129,7 +129,10 @@ async def test_a_head_sent_a_byte_at_a_time_gets_408_and_is_closed():
 async def test_a_body_that_trickles_gets_408_within_the_body_timeout():
     async with edge(body_timeout_s=0.5) as (port, app):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /embed HTTP/1.1\r\nHost: g\r\nContent-Length: 100\r\n\r\n" + b'{"inputs"')
+        writer.write(
+            b"POST /embed HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + b'{"inputs"'
+        )
         data, waited = await closed_after(reader, 5)
         writer.close()
         assert data.startswith(b"HTTP/1.1 408 ")

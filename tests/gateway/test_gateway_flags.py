@@ -133,14 +133,16 @@ def test_bad_prompt_overrides_are_refused_at_start(model_dir, prompts):
         GatewayConfig(model_dir=model_dir, prompts=prompts)
 
 
-def test_worker_token_comes_from_its_file_or_the_environment_never_a_flag_value(tmp_path: Path):
-    token_file = tmp_path / "token"
-    token_file.write_text("from-file\n")
-    env = {"KEMBED_GATEWAY_WORKER_AUTH_TOKEN": "from-env"}
-    config = parse_config(["--worker-auth-token-file", str(token_file)], env)
-    assert config.worker_auth_token == "from-file" and "from-file" not in repr(config)
-    assert parse_config([], env).worker_auth_token == "from-env"
+@pytest.mark.parametrize("name", ["worker_auth_token", "api_key"])
+def test_secrets_come_from_a_file_or_the_environment_never_a_flag_value(tmp_path: Path, name: str):
+    flag = "--" + name.replace("_", "-")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("from-file\n")
+    env = {f"KEMBED_GATEWAY_{name.upper()}": "from-env"}
+    config = parse_config([f"{flag}-file", str(secret_file)], env)
+    assert getattr(config, name) == "from-file" and "from-file" not in repr(config)
+    assert getattr(parse_config([], env), name) == "from-env"
     with pytest.raises(SystemExit):
-        parse_config(["--worker-auth-token", "visible-to-ps"], {})
-    with pytest.raises(SystemExit, match="cannot read --worker-auth-token-file"):
-        parse_config(["--worker-auth-token-file", str(tmp_path / "none")], {})
+        parse_config([flag, "visible-to-ps"], {})
+    with pytest.raises(SystemExit, match=f"cannot read {flag}-file"):
+        parse_config([f"{flag}-file", str(tmp_path / "none")], {})

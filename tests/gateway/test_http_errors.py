@@ -124,6 +124,32 @@ async def test_bad_request_status_and_body(gateway_with, route, body, status, fr
         assert fragment in payload["error"]
 
 
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        (None, 415),  # an untyped body: a page of any origin can send one without a CORS preflight
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),  # curl -d without -H
+        ("multipart/form-data; boundary=x", 415),
+        ("application/json; charset=utf-8", 200),
+        ("Application/JSON", 200),
+        ("application/vnd.kembed+json", 200),
+    ],
+)
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/embed"])
+async def test_a_body_not_declared_json_is_refused_415(gateway_with, route, content_type, status):
+    body = b'{"input": "hello", "inputs": "hello"}' if route == "/embed" else b'{"input": "hello"}'
+    headers = {} if content_type is None else {"content-type": content_type}
+    async with gateway_with(FakeEmbedder()) as client:
+        response = await client.post(route, content=body, headers=headers)
+    assert response.status_code == status, response.text
+    if status == 415:
+        message = (
+            response.json()["error"]["message"] if route.startswith("/v1/") else response.json()["error"]
+        )
+        assert "Content-Type: application/json" in message
+
+
 async def test_declared_oversize_body_is_refused_before_reading(gateway_with):
     async with gateway_with(FakeEmbedder(), max_request_bytes=100) as client:
         response = await client.post(
@@ -143,6 +169,7 @@ async def test_unimplemented_score_on_a_scoring_worker_is_501(gateway_with):
 TABLE = [
     (errors.InvalidInput, 422),
     (errors.PayloadTooLarge, 413),
+    (errors.UnsupportedMediaType, 415),
     (errors.NotFound, 404),
     (errors.Overloaded, 429),
     (errors.Unavailable, 503),
