@@ -59,7 +59,7 @@ def _field_docs() -> dict[str, str]:
     for node, following in itertools.pairwise(body):
         is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
         if is_field and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(following.value.value).split())  # type: ignore[union-attr]
+            docs[node.target.id] = " ".join(str(following.value.value).split())
     return docs
 
 
@@ -83,7 +83,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
             )
         elif field.name in _LIST_FIELDS:
             metavar = "ADDR" if field.name == "worker_addresses" else "NAME"
-            help_text = help_text.replace("%(default)s", ",".join(field.default) or "none")
+            assert default is not dataclasses.MISSING, field.name
+            help_text = help_text.replace("%(default)s", ",".join(default) or "none")
             parser.add_argument(
                 flag, dest=field.name, action="append", metavar=metavar, default=None, help=help_text
             )
@@ -101,6 +102,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                 flag, dest=field.name, action=argparse.BooleanOptionalAction, default=is_set, help=help_text
             )
         else:
+            assert default is not dataclasses.MISSING, field.name  # only model_dir has none
             kind = type(default)
             parser.add_argument(
                 flag,

@@ -7,6 +7,8 @@ constant-time. /health and /ready stay open for the kubelet's probes, /metrics f
 
 import hmac
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from kembed.gateway.errors import Flavour, Unauthorized, reason_of, render
 from kembed.gateway.metrics import GatewayMetrics
 
@@ -16,12 +18,12 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 class BearerAuth:
     """Refuses with 401 (in the route's OpenAI or TEI error shape) unless the bearer token matches."""
 
-    def __init__(self, app, api_key: str, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, metrics: GatewayMetrics) -> None:
         self.app = app
         self._metrics = metrics
         self._expected = api_key.encode()
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return

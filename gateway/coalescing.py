@@ -188,4 +188,5 @@ def _settle(part: Part, *, rows: np.ndarray | None = None, error: BaseException 
     if error is not None:
         future.set_exception(error)
     else:
+        assert rows is not None, "a part settles with its rows or an error"
         future.set_result(rows)

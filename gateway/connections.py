@@ -123,7 +123,7 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             self.url = b""
 
         # -- lifecycle --------------------------------------------------------------------------
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections and not self._evict_one():
                 self._is_refused = True
                 transport.write(
@@ -137,8 +137,10 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             self._arm(header_timeout_s, "header_timeout")  # the first request's head must come
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self.transport is None:  # refused in connection_made: never counted or registered
-                return
+            # refused in connection_made: never counted or registered (uvicorn types the transport as
+            # always set; it is None until its connection_made)
+            if self.transport is None:
+                return  # type: ignore[unreachable]
             if self in self.connections:
                 open_gauge.dec()
             self._disarm()

@@ -14,17 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 CLIENT_CLOSED = 499
 
 
 class CancelOnDisconnect:
     """ASGI middleware; place it inside the request metrics so they record the 499."""
 
-    def __init__(self, app, watch_after_s: float = 0.05) -> None:
+    def __init__(self, app: ASGIApp, watch_after_s: float = 0.05) -> None:
         self.app = app
         self._watch_after_s = watch_after_s
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -32,7 +34,7 @@ class CancelOnDisconnect:
         request_task = asyncio.current_task()
         assert request_task is not None
         timer: asyncio.TimerHandle | None = None
-        watcher: asyncio.Task | None = None
+        watcher: asyncio.Task[None] | None = None
         is_answered = has_left = False
 
         async def watch() -> None:
@@ -46,14 +48,14 @@ class CancelOnDisconnect:
             nonlocal watcher
             watcher = loop.create_task(watch(), name="kembed-gateway-disconnect")
 
-        async def receive_body():
+        async def receive_body() -> Message:
             nonlocal timer
             message = await receive()
             if message["type"] == "http.request" and not message.get("more_body") and timer is None:
                 timer = loop.call_later(self._watch_after_s, start_watching)
             return message
 
-        async def send_answer(message) -> None:
+        async def send_answer(message: Message) -> None:
             nonlocal is_answered
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 is_answered = True

@@ -25,6 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Latency buckets a quarter octave apart: 2**(k/4) s from 2**-16 s (15 µs, a tokenize call of tens
 # of microseconds) to 2**6 s (64 s, past the 60 s request timeout), 89 bounds. histogram_quantile
@@ -153,12 +154,12 @@ class RequestMetrics:
     """ASGI middleware, outermost: counts a request in flight and times it to its response's status,
     labelled by route. Requests refused by the API key check inside it are counted too."""
 
-    def __init__(self, app, metrics: GatewayMetrics, routes: Collection[str]) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, routes: Collection[str]) -> None:
         self.app = app
         self._metrics = metrics
         self._routes = frozenset(routes)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == METRICS_PATH:
             await self.app(scope, receive, send)
             return
@@ -166,7 +167,7 @@ class RequestMetrics:
         code = 500  # if the app fails before it starts a response
         started = time.perf_counter()
 
-        async def send_status(message) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal code
             if message["type"] == "http.response.start":
                 code = message["status"]

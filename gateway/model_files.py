@@ -61,7 +61,8 @@ def _transformer_dir(model_dir: Path) -> Path:
         modules = json.loads(modules_file.read_text(encoding="utf-8"))
         for module in modules:
             if str(module.get("type", "")).endswith("Transformer"):
-                return model_dir / module.get("path", "")
+                path: str = module.get("path", "")
+                return model_dir / path
     return model_dir
 
 

@@ -103,7 +103,7 @@ def uvicorn_config(config: GatewayConfig, app: Any, **overrides: Any) -> Any:
     from kembed.gateway.connections import connection_cap, guarded_protocol, raise_fd_limit
 
     cap = connection_cap(config, raise_fd_limit())
-    options = {
+    options: dict[str, Any] = {
         "host": config.host,
         "port": config.port,
         "loop": "uvloop",

@@ -24,6 +24,8 @@ import contextlib
 import itertools
 import logging
 import socket
+from collections.abc import Coroutine
+from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -47,14 +49,15 @@ class DataPortUnreachable(Exception):
 
 def rpc_error(status: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     """The error a unary call would raise with this status."""
-    return grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+    # grpc-stubs makes debug_error_string required; grpcio's default is None
+    return grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details)  # type: ignore[call-arg]
 
 
 class _Link:
     """One open connection: its requests awaiting an answer, and how to send on it."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, asyncio.Future[pb.EmbedResponse | pb.ScoreResponse]] = {}
         self.is_broken = False
 
     async def send(self, message: pb.StreamRequest) -> None:
@@ -72,7 +75,7 @@ class Multiplexed:
         self._current: _Link | None = None
         self._opening: asyncio.Future[_Link] | None = None
         self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task] = set()  # readers and cancel messages
+        self._tasks: set[asyncio.Task[None]] = set()  # readers and cancel messages
 
     async def _connect(self) -> _Link:
         raise NotImplementedError
@@ -100,7 +103,7 @@ class Multiplexed:
         if not opening.cancelled() and opening.exception() is None:
             self._current = opening.result()
 
-    def _spawn(self, coro, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -112,11 +115,12 @@ class Multiplexed:
         AioRpcError, StreamUnsupported or DataPortUnreachable."""
         link = await self._link()
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        link.pending[request_id] = future
-        outgoing = pb.StreamRequest(
-            id=request_id, timeout_ms=max(1, int(timeout_s * 1000)), **{kind: message}
+        future: asyncio.Future[pb.EmbedResponse | pb.ScoreResponse] = (
+            asyncio.get_running_loop().create_future()
         )
+        link.pending[request_id] = future
+        payload: dict[str, Any] = {kind: message}
+        outgoing = pb.StreamRequest(id=request_id, timeout_ms=max(1, int(timeout_s * 1000)), **payload)
         try:
             try:
                 await link.send(outgoing)
@@ -190,7 +194,7 @@ class Multiplexed:
 
 
 class _GrpcLink(_Link):
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall[pb.StreamRequest, pb.StreamResponse]) -> None:
         super().__init__()
         self.call = call
         self._write_lock = asyncio.Lock()  # grpc.aio: one write in flight per call
@@ -219,8 +223,9 @@ class WorkerStream(Multiplexed):
     async def _read(self, link: _GrpcLink) -> None:
         error: BaseException | None = None
         try:
-            while (response := await link.call.read()) is not grpc.aio.EOF:
-                self._deliver(link, response)
+            # grpc-stubs lacks grpc.aio.EOF, and so types read() as returning object
+            while (response := await link.call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                self._deliver(link, cast(pb.StreamResponse, response))
         except grpc.aio.AioRpcError as failure:
             error = failure
         except asyncio.CancelledError:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer, normalizers
@@ -23,6 +23,8 @@ from kembed.gateway.model_files import Direction, ModelSpec
 
 Input = str | list[int]
 """One request input: a text, or an already tokenized sequence taken as-is (no special tokens added)."""
+
+_T = TypeVar("_T")
 
 
 def _load_base(spec: ModelSpec) -> Tokenizer:
@@ -34,7 +36,8 @@ def _load_base(spec: ModelSpec) -> Tokenizer:
         current = tokenizer.normalizer
         has_lowercase = isinstance(current, normalizers.Lowercase) or (
             isinstance(current, normalizers.Sequence)
-            and any(isinstance(n, normalizers.Lowercase) for n in current)
+            # iterable at run time; tokenizers' stub for Sequence lacks its item access
+            and any(isinstance(n, normalizers.Lowercase) for n in current)  # type: ignore[attr-defined]
         )
         if not has_lowercase:
             steps = [normalizers.Lowercase()] if current is None else [normalizers.Lowercase(), current]
@@ -86,7 +89,7 @@ class Tokenization:
             return self._untruncated
         return self._truncated[direction or self.spec.truncation_side]
 
-    async def _run(self, num_chars: int, fn: Any, *args: Any) -> Any:
+    async def _run(self, num_chars: int, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)`: at once if it tokenizes at most `max_inline_chars` characters, else on a thread."""
         if num_chars <= self._max_inline_chars:
             return fn(*args)
@@ -140,9 +143,9 @@ class Tokenization:
             (position, _window(self._untruncated, text, num_chars, "right"), text)
             for position, text in zip(positions, texts, strict=True)
         ]
-        cut = [(position, window) for position, window, text in cut if len(window) < len(text)]
-        counts = [len(e.ids) for e in _encode(self._untruncated, [window for _, window in cut])]
-        for (position, _), count in zip(cut, counts, strict=True):
+        shortened = [(position, window) for position, window, text in cut if len(window) < len(text)]
+        counts = [len(e.ids) for e in _encode(self._untruncated, [window for _, window in shortened])]
+        for (position, _), count in zip(shortened, counts, strict=True):
             if count > limit + MARGIN_TOKENS:
                 raise PayloadTooLarge(
                     f"input {position} has more than {limit} tokens (at least {count - MARGIN_TOKENS}), "
@@ -261,7 +264,7 @@ def _encode(
     return [
         tokenizer.encode(item, add_special_tokens=add_special_tokens)
         if isinstance(item, str)
-        else tokenizer.encode(*item, add_special_tokens=add_special_tokens)
+        else tokenizer.encode(item[0], item[1], add_special_tokens=add_special_tokens)
         for item in items
     ]
 
@@ -537,12 +540,14 @@ def _encode_pairs(
     return ids, type_ids
 
 
-def _describe_tokens(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-    described = []
+def _describe_tokens(
+    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool
+) -> list[list[dict[str, Any]]]:
+    described: list[list[dict[str, Any]]] = []
     for text, encoding in zip(
         texts, _encode(tokenizer, texts, add_special_tokens=add_special_tokens, offsets=True), strict=True
     ):
-        tokens = []
+        tokens: list[dict[str, Any]] = []
         for token_id, token, (start, stop), special in zip(
             encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
         ):

@@ -44,7 +44,8 @@ def relevance(logits: np.ndarray, *, raw: bool) -> np.ndarray:
 
 def rank(scores: np.ndarray, top_n: int | None = None) -> list[int]:
     """Indices of `scores` best first (ties keep input order), the first `top_n` if given."""
-    return np.argsort(-scores, kind="stable")[:top_n].tolist()
+    order: list[int] = np.argsort(-scores, kind="stable")[:top_n].tolist()
+    return order
 
 
 def finish(matrix: np.ndarray, *, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -58,7 +59,8 @@ def finish(matrix: np.ndarray, *, dimensions: int | None, normalize: bool) -> np
     if not normalize:
         return np.ascontiguousarray(matrix, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return (matrix / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    normalized: np.ndarray = (matrix / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    return normalized
 
 
 def to_base64(row: np.ndarray) -> str:

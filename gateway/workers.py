@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -221,7 +221,8 @@ class WorkerPool:
         await asyncio.gather(*(w.close() for r in self.replicas for w in r.windows.values()))
         await asyncio.gather(*(r.stream.close() for r in self.replicas if r.stream is not None))
         await asyncio.gather(*(r.frames.close() for r in self.replicas if r.frames is not None))
-        await asyncio.gather(*(r.channel.close() for r in self.replicas))
+        # grpc-stubs makes grace required; grpcio's default is None (cancel every call at once)
+        await asyncio.gather(*(r.channel.close() for r in self.replicas))  # type: ignore[call-arg]
 
     def _is_available(self, replica: Replica, now: float) -> bool:
         return replica.is_serving and now - replica.last_serving_at < self._config.max_health_age_s
@@ -391,15 +392,15 @@ class WorkerPool:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-async def gather_all(coros: Sequence[Awaitable[T]]) -> list[T]:
+async def gather_all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
     """Results of `coros` in order. The first failure cancels the rest and is raised as itself (not
     as an ExceptionGroup), so no chunk outlives its request; a cancelled request cancels them all."""
     if len(coros) == 1:
         return [await coros[0]]
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(coro) for coro in coros]  # type: ignore[arg-type]
+            tasks = [group.create_task(coro) for coro in coros]
     except BaseExceptionGroup as failures:
-        known = [e for e in failures.exceptions if isinstance(e, GatewayError)]
+        known: list[BaseException] = [e for e in failures.exceptions if isinstance(e, GatewayError)]
         raise (known or list(failures.exceptions))[0] from None
     return [task.result() for task in tasks]
