@@ -1,9 +1,9 @@
 """The gateway's error hierarchy and its one translation to HTTP.
 
 Code below the HTTP edge raises these; `render` is the only place that picks a status code and a body.
-OpenAI-shaped routes (`/v1/...`) get `{"error": {"message", "type", "param", "code"}}` (the openai SDK
-reads `error.message`); TEI-shaped routes get `{"error": ..., "error_type": ...}` like
-text-embeddings-inference.
+OpenAI-shaped routes (`/v1/...`) get `{"error": {"message", "type", "param", "code"}}` with a string
+`code` and 400 where the others say 422 (the openai SDK reads `error.message`); TEI-shaped routes
+get `{"error": ..., "error_type": ...}` like text-embeddings-inference.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ class NotFound(GatewayError):
 
 
 class MethodNotAllowed(GatewayError):
-    """The route exists but not with this HTTP method (405)."""
+    """The route exists but not with this HTTP method (405, with the methods it takes in `Allow`)."""
+
+    def __init__(self, message: str, *, allow: str = "") -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class Overloaded(GatewayError):
@@ -104,26 +108,38 @@ def reason_of(error: GatewayError) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in type(error).__name__).lstrip("_")
 
 
-def status_of(error: GatewayError) -> int:
-    """The HTTP status `error` is answered with."""
-    return _TABLE[type(error)].status
+def openai_code(error: GatewayError) -> str:
+    """The `code` of an OpenAI-shaped error: OpenAI's own where it has one for the case, else the
+    error class in snake case (as in the metrics' `reason`); a string, as OpenAI's clients type it."""
+    if isinstance(error, NotFound) and error.param == "model":
+        return "model_not_found"
+    return _OPENAI_CODES.get(type(error)) or reason_of(error)
+
+
+_OPENAI_CODES: dict[type[GatewayError], str] = {
+    Unauthorized: "invalid_api_key",
+    Overloaded: "rate_limit_exceeded",
+}
 
 
 def render(error: GatewayError, flavour: Flavour, *, retry_after_s: int) -> Response:
-    """The HTTP response for `error` in the body shape of `flavour`."""
+    """The HTTP response for `error` in the body shape of `flavour`. OpenAI answers an invalid
+    request with 400, not 422, and its SDK raises `BadRequestError` only for that status."""
     mapping = _TABLE[type(error)]
+    status = mapping.status
     if flavour is Flavour.OPENAI:
+        status = 400 if status == 422 else status
         body: dict[str, object] = {
             "error": {
                 "message": error.message,
                 "type": mapping.openai_type,
                 "param": error.param,
-                "code": mapping.status,
+                "code": openai_code(error),
             }
         }
     else:
         body = {"error": error.message, "error_type": mapping.tei_type}
     headers = {"Retry-After": str(retry_after_s)} if isinstance(error, Overloaded) else None
-    return Response(
-        orjson.dumps(body), status_code=mapping.status, headers=headers, media_type="application/json"
-    )
+    if isinstance(error, MethodNotAllowed) and error.allow:
+        headers = {"Allow": error.allow}
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")

@@ -153,11 +153,11 @@ async def test_large_reranks_are_chunked_over_replicas_and_reassembled_in_order(
 
 REFUSALS = [
     # (worker, route, body, status, fragment)
-    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": []}, 422, "`documents` must not be empty"),
-    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": [5]}, 422, "documents must be a list"),
-    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": [{}]}, 422, "documents.0"),
-    (RecordingScorer(), "/v1/rerank", {"documents": ["a"]}, 422, "query: Field required"),
-    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "top_n"),
+    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": []}, 400, "`documents` must not be empty"),
+    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": [5]}, 400, "documents must be a list"),
+    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": [{}]}, 400, "documents.0"),
+    (RecordingScorer(), "/v1/rerank", {"documents": ["a"]}, 400, "query: Field required"),
+    (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 400, "top_n"),
     (RecordingScorer(), "/v1/rerank", {"query": "q", "documents": ["a"], "model": "x"}, 404, "`x` does not"),
     (RecordingScorer(), "/rerank", {"query": "q", "texts": "a"}, 422, "texts: Input should be a valid array"),
     (
@@ -187,7 +187,7 @@ REFUSALS = [
         RecordingScorer(fail_with=grpc.StatusCode.INVALID_ARGUMENT),
         "/v1/rerank",
         {"query": "q", "documents": ["a"]},
-        422,
+        400,
         "worker rejected the batch",
     ),
 ]
