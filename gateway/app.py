@@ -55,7 +55,7 @@ from kembed.gateway.schemas import (
 )
 from kembed.gateway.service import EmbeddingService
 from kembed.gateway.tokenization import Tokenization
-from kembed.gateway.vectors import rank, to_base64
+from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,9 @@ class Routes:
             dimensions=body.dimensions,
             normalize=None,
         )
-        is_base64 = body.encoding_format == "base64"
         data = [
-            {"object": "embedding", "index": i, "embedding": to_base64(row) if is_base64 else row}
-            for i, row in enumerate(embedded.vectors)
+            {"object": "embedding", "index": i, "embedding": row}
+            for i, row in enumerate(encode(embedded.vectors, body.encoding_format))
         ]
         usage = {"prompt_tokens": embedded.num_tokens, "total_tokens": embedded.num_tokens}
         return _json({"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage})
@@ -286,8 +285,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
             method, path = request.method, request.url.path
             if error.status_code == 405:
-                allow = (error.headers or {}).get("Allow", "")
-                error = MethodNotAllowed(f"{method} is not allowed on {path}; it takes {allow}", allow=allow)
+                error = MethodNotAllowed(f"{method} is not allowed on {path}")
             else:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kembed.gateway.errors import InvalidInput
 from kembed.gateway.model_files import Direction
 from kembed.gateway.tokenization import Input
+from kembed.gateway.vectors import EncodingFormat
 
 # A text, a list of texts, one pre-tokenized sequence (ints), or a list mixing texts and sequences.
 Inputs = str | list[int] | list[str | list[int]]
@@ -29,12 +30,13 @@ _INPUT_FIELDS = {
 
 
 class EmbeddingRequest(BaseModel):
-    """`POST /v1/embeddings`, OpenAI's shape plus `prompt_name`."""
+    """`POST /v1/embeddings`, OpenAI's shape plus `prompt_name`, and Perplexity's `encoding_format`s
+    `base64_int8` and `base64_binary`."""
 
     model_config = _STRICT
     input: Inputs
     model: str | None = None
-    encoding_format: Literal["float", "base64"] | None = None
+    encoding_format: EncodingFormat | None = None
     dimensions: int | None = None
     user: str | None = None
     prompt_name: str | None = None
