@@ -285,7 +285,8 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
             method, path = request.method, request.url.path
             if error.status_code == 405:
-                error = MethodNotAllowed(f"{method} is not allowed on {path}")
+                allow = (error.headers or {}).get("Allow", "")
+                error = MethodNotAllowed(f"{method} is not allowed on {path}; it takes {allow}", allow=allow)
             else:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
