@@ -2,7 +2,8 @@
 
 Each route reads its body under the size cap, parses it, calls the shared `EmbeddingService` and
 renders the answer with orjson. Errors are raised, never rendered here: the one handler below turns a
-`GatewayError` into the body shape of the route's API (`/v1/...` is OpenAI, the rest TEI).
+`GatewayError` into the body shape of the route's API (`/v1/...` is OpenAI, `/v2/...` Cohere, the
+rest TEI).
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kembed.gateway.auth import BearerAuth
+from kembed.gateway.cohere import CohereRoutes
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.disconnect import CancelOnDisconnect
 from kembed.gateway.errors import (
-    Flavour,
     GatewayError,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     UnsupportedMediaType,
     WorkerFailed,
+    flavour_of,
     reason_of,
     render,
 )
@@ -271,6 +273,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
+    cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -292,8 +295,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
             error = WorkerFailed("internal error in the gateway (see its log)")
         metrics.errors.labels(reason_of(error)).inc()
-        flavour = Flavour.OPENAI if request.url.path.startswith("/v1/") else Flavour.TEI
-        return render(error, flavour, retry_after_s=config.retry_after_s)
+        return render(error, flavour_of(request.url.path), retry_after_s=config.retry_after_s)
 
     http_routes = [
         Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
@@ -302,6 +304,8 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
         Route("/rerank", routes.tei_rerank, methods=["POST"]),
         Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
+        Route("/v2/embed", cohere.embed, methods=["POST"]),
+        Route("/v2/rerank", cohere.rerank, methods=["POST"]),
         Route("/info", routes.info, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/ready", routes.ready, methods=["GET"]),

@@ -9,14 +9,15 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kembed.gateway.errors import Flavour, Unauthorized, reason_of, render
+from kembed.gateway.errors import Unauthorized, flavour_of, reason_of, render
 from kembed.gateway.metrics import GatewayMetrics
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class BearerAuth:
-    """Refuses with 401 (in the route's OpenAI or TEI error shape) unless the bearer token matches."""
+    """Refuses with 401 (in the route's OpenAI, Cohere or TEI error shape) unless the bearer token
+    matches."""
 
     def __init__(self, app: ASGIApp, api_key: str, metrics: GatewayMetrics) -> None:
         self.app = app
@@ -35,7 +36,6 @@ class BearerAuth:
             return
         error = Unauthorized("missing or wrong API key: send the header `Authorization: Bearer <key>`")
         self._metrics.errors.labels(reason_of(error)).inc()
-        flavour = Flavour.OPENAI if scope["path"].startswith("/v1/") else Flavour.TEI
-        response = render(error, flavour, retry_after_s=0)
+        response = render(error, flavour_of(scope["path"]), retry_after_s=0)
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)

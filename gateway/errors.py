@@ -3,7 +3,8 @@
 Code below the HTTP edge raises these; `render` is the only place that picks a status code and a body.
 OpenAI-shaped routes (`/v1/...`) get `{"error": {"message", "type", "param", "code"}}` with a string
 `code` and 400 where the others say 422 (the openai SDK reads `error.message`); TEI-shaped routes
-get `{"error": ..., "error_type": ...}` like text-embeddings-inference.
+get `{"error": ..., "error_type": ...}` like text-embeddings-inference; Cohere-shaped routes
+(`/v2/...`) get `{"message": ...}`, with 400 for 422 as Cohere answers.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class Flavour(Enum):
 
     OPENAI = "openai"
     TEI = "tei"
+    COHERE = "cohere"
+
+
+def flavour_of(path: str) -> Flavour:
+    """The error body a route answers in: Cohere's under `/v2/`, OpenAI's under `/v1/`, else TEI's."""
+    if path.startswith("/v2/"):
+        return Flavour.COHERE
+    return Flavour.OPENAI if path.startswith("/v1/") else Flavour.TEI
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +146,9 @@ def render(error: GatewayError, flavour: Flavour, *, retry_after_s: int) -> Resp
                 "code": openai_code(error),
             }
         }
+    elif flavour is Flavour.COHERE:  # Cohere's `{"message"}`; it answers an invalid request with 400
+        status = 400 if status == 422 else status
+        body = {"message": error.message}
     else:
         body = {"error": error.message, "error_type": mapping.tei_type}
     headers = {"Retry-After": str(retry_after_s)} if isinstance(error, Overloaded) else None

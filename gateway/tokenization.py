@@ -232,6 +232,14 @@ class Tokenization:
                 )
         return ids, type_ids
 
+    async def cut(self, texts: Sequence[str], max_tokens: int, direction: Direction) -> list[str]:
+        """Each text cut to its first (`right`) or last (`left`) `max_tokens` tokens, special tokens
+        not counted, at that token's character offset; a text no longer comes back as it is. For
+        per-request limits below the model's (Cohere's `max_tokens`, `max_tokens_per_doc`); only a
+        window of a long text is tokenized (_windows)."""
+        num_chars = sum(min(len(text), _most_chars(max_tokens)) for text in texts)
+        return await self._run(num_chars, _cut, self._untruncated, list(texts), max_tokens, direction)
+
     async def tokenize(
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
     ) -> list[list[dict[str, Any]]]:
@@ -392,6 +400,21 @@ def _encode_ids_truncated(
 ) -> list[np.ndarray]:
     """`_encode_ids(truncating, texts)`, tokenizing only a window of each long text (see above)."""
     return _encode_ids(truncating, _windows(untruncated, texts, max_length, side))
+
+
+def _cut(untruncated: Tokenizer, texts: list[str], max_tokens: int, side: Direction) -> list[str]:
+    windows = _windows(untruncated, texts, max_tokens, side)
+    encodings = _encode(untruncated, windows, add_special_tokens=False, offsets=True)
+    cut = []
+    for window, encoding in zip(windows, encodings, strict=True):
+        offsets = encoding.offsets
+        if len(offsets) <= max_tokens:
+            cut.append(window)
+        elif side == "right":
+            cut.append(window[: offsets[max_tokens - 1][1]])
+        else:
+            cut.append(window[offsets[len(offsets) - max_tokens][0] :])
+    return cut
 
 
 def _kept(ids: list[int], num_tokens: int, side: Direction) -> list[int]:
