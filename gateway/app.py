@@ -47,15 +47,13 @@ from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.schemas import (
     EmbeddingRequest,
-    EmbedRequest,
-    RerankRequest,
     TokenizeRequest,
     V1RerankRequest,
-    as_direction,
     as_input_list,
     parse,
 )
 from kembed.gateway.service import EmbeddingService
+from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import WorkerPool
@@ -142,19 +140,6 @@ class Routes:
         usage = {"prompt_tokens": embedded.num_tokens, "total_tokens": embedded.num_tokens}
         return _json({"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage})
 
-    async def tei_embed(self, request: Request) -> Response:
-        body = parse(EmbedRequest, await self._body(request))
-        embedded = await self.service.embed(
-            as_input_list(body.inputs),
-            truncate=body.truncate,
-            direction=as_direction(body.truncation_direction),
-            prompt_name=body.prompt_name,
-            dimensions=body.dimensions,
-            normalize=body.normalize,
-            param="inputs",
-        )
-        return _json(embedded.vectors)
-
     async def tei_tokenize(self, request: Request) -> Response:
         body = parse(TokenizeRequest, await self._body(request))
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
@@ -162,23 +147,6 @@ class Routes:
             texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
         )
         return _json(tokens)
-
-    async def tei_rerank(self, request: Request) -> Response:
-        body = parse(RerankRequest, await self._body(request))
-        scored = await self.service.rerank(
-            body.query,
-            body.texts,
-            truncate=body.truncate,
-            direction=as_direction(body.truncation_direction),
-            raw=body.raw_scores,
-        )
-        return _json(
-            [
-                {"index": i, "score": float(scored.scores[i])}
-                | ({"text": body.texts[i]} if body.return_text else {})
-                for i in rank(scored.scores)
-            ]
-        )
 
     async def v1_rerank(self, request: Request) -> Response:
         body = parse(V1RerankRequest, await self._body(request))
@@ -204,13 +172,25 @@ class Routes:
     async def info(self, request: Request) -> Response:
         worker = self.service.pool.info
         spec = self.service.tokenization.spec
-        task = "reranker" if worker is not None and worker.task == "score" else "embedding"
+        if worker is not None and worker.task == "score":  # TEI's reranker (sequence classifier) shape
+            labels = spec.id2label or {0: "LABEL_0"}
+            model_type: dict[str, Any] = {
+                "reranker": {
+                    "id2label": {str(i): label for i, label in labels.items()},
+                    "label2id": {label: i for i, label in labels.items()},
+                }
+            }
+        else:
+            model_type = {"embedding": {"pooling": worker.pooling if worker else None}}
         return _json(
             {
                 "model_id": self.service.served_names[0],
+                "served_model_name": self.service.served_names[0],
                 "served_model_names": list(self.service.served_names),
+                "model_sha": None,
                 "model_dtype": worker.dtype if worker else None,
-                "model_type": {task: {"pooling": worker.pooling if worker else None}},
+                "model_type": model_type,
+                "auto_truncate": self.config.auto_truncate,
                 "max_input_length": spec.max_seq_length or (worker.max_sequence_length if worker else None),
                 "max_batch_tokens": worker.max_batch_tokens if worker else None,
                 "max_client_batch_size": self.config.max_client_batch_size,
@@ -273,6 +253,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
+    tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)
 
     @contextlib.asynccontextmanager
@@ -300,9 +281,13 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     http_routes = [
         Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
-        Route("/embed", routes.tei_embed, methods=["POST"]),
+        Route("/", tei.root, methods=["POST"]),
+        Route("/", routes.info, methods=["GET"]),
+        Route("/embed", tei.embed, methods=["POST"]),
+        Route("/similarity", tei.similarity, methods=["POST"]),
+        Route("/decode", tei.decode, methods=["POST"]),
         Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
-        Route("/rerank", routes.tei_rerank, methods=["POST"]),
+        Route("/rerank", tei.rerank, methods=["POST"]),
         Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
         Route("/v2/embed", cohere.embed, methods=["POST"]),
         Route("/v2/rerank", cohere.rerank, methods=["POST"]),
@@ -321,7 +306,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
         middleware=middleware,
-        hot_routes={"/v1/embeddings": routes.openai_embeddings, "/embed": routes.tei_embed},
+        hot_routes={"/v1/embeddings": routes.openai_embeddings, "/embed": tei.embed},
         on_error=on_error,
     )
     app.state.metrics = metrics  # the connection edge (connections.py) counts into the same registry

@@ -38,6 +38,8 @@ class ModelSpec:
     truncation_side: Direction = "right"
     vocab_size: int | None = None
     """config.json vocab_size; the worker's Info is authoritative once it has answered."""
+    id2label: dict[int, str] = field(default_factory=dict)
+    """config.json id2label: a sequence classifier's (reranker's) label names, for /info."""
 
     def resolve_prompt(self, prompt_name: str | None) -> str:
         """The prompt text for `prompt_name` (default prompt when None); KeyError if unknown."""
@@ -109,4 +111,15 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
         default_prompt_name=default_prompt_name,
         truncation_side="left" if side == "left" else "right",
         vocab_size=config.get("vocab_size"),
+        id2label=_id2label(config),
     )
+
+
+def _id2label(config: dict[str, Any]) -> dict[int, str]:
+    labels = config.get("id2label")
+    if not isinstance(labels, dict):
+        return {}
+    try:
+        return {int(i): str(label) for i, label in sorted(labels.items(), key=lambda kv: int(kv[0]))}
+    except ValueError:
+        return {}

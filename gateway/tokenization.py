@@ -243,11 +243,21 @@ class Tokenization:
     async def tokenize(
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
     ) -> list[list[dict[str, Any]]]:
-        """TEI's /tokenize answer: per text, its tokens with char offsets into the prompted text."""
+        """TEI's /tokenize answer: per text, its tokens with UTF-8 byte offsets into the prompted
+        text, as TEI gives them (`text` is the span itself)."""
         prompt = self.prompt(prompt_name)
         prompted = [prompt + text for text in texts]
         num_chars = sum(len(text) for text in prompted)
         return await self._run(num_chars, _describe_tokens, self._untruncated, prompted, add_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer knows, added tokens included."""
+        return int(self._untruncated.get_vocab_size(with_added_tokens=True))
+
+    def decode(self, sequences: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: the text of each id sequence (ids checked by the caller)."""
+        return list(self._untruncated.decode_batch(sequences, skip_special_tokens=skip_special_tokens))
 
 
 # The functions below run on the tokenization threads (or inline for small requests); the Rust calls
@@ -571,6 +581,7 @@ def _describe_tokens(
         texts, _encode(tokenizer, texts, add_special_tokens=add_special_tokens, offsets=True), strict=True
     ):
         tokens: list[dict[str, Any]] = []
+        at_byte = _byte_offsets(text)
         for token_id, token, (start, stop), special in zip(
             encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
         ):
@@ -578,8 +589,27 @@ def _describe_tokens(
                 # Like TEI: a special token has no span in the input.
                 tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
             else:
+                byte_start, byte_stop = (start, stop) if at_byte is None else (at_byte[start], at_byte[stop])
                 tokens.append(
-                    {"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                    {
+                        "id": token_id,
+                        "text": text[start:stop],
+                        "special": False,
+                        "start": int(byte_start),
+                        "stop": int(byte_stop),
+                    }
                 )
         described.append(tokens)
     return described
+
+
+def _byte_offsets(text: str) -> np.ndarray | None:
+    """Where each character of `text` starts in its UTF-8 encoding (one more entry: the end); None
+    for ASCII, whose character and byte offsets agree."""
+    if text.isascii():
+        return None
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    widths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
+    offsets = np.zeros(len(code_points) + 1, dtype=np.int64)
+    np.cumsum(widths, out=offsets[1:])
+    return offsets

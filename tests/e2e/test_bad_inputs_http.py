@@ -128,12 +128,22 @@ def test_a_worker_that_dies_is_routed_around(log_dir):
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("GET", "/v1/embeddings", 405), ("POST", "/v2/embeddings", 404), ("GET", "/nope", 404)],
-    ids=["wrong-method", "unknown-openai-path", "unknown-path"],
+    [
+        ("GET", "/v1/embeddings", 405),
+        ("POST", "/v1/embed", 404),
+        ("POST", "/v2/embeddings", 404),
+        ("GET", "/nope", 404),
+    ],
+    ids=["wrong-method", "unknown-openai-path", "unknown-cohere-path", "unknown-path"],
 )
 def test_unknown_routes_and_methods_answer_json_too(client, method, path, status):
     response = client.request(method, path)
     assert response.status_code == status
     body = response.json()
-    message = body["error"]["message"] if path.startswith("/v1/") else body["error"]
+    if path.startswith("/v1/"):
+        message = body["error"]["message"]
+    elif path.startswith("/v2/"):  # Cohere's shape
+        message = body["message"]
+    else:
+        message = body["error"]
     assert path in message

@@ -209,11 +209,17 @@ async def test_untruncated_overlong_token_ids_are_too_large(tokenization: Tokeni
         )
 
 
-async def test_tokenize_reports_offsets_into_the_text(tokenization: Tokenization):
-    (tokens,) = await tokenization.tokenize(["Hello wörld 😀"], add_special_tokens=True, prompt_name=None)
+async def test_tokenize_reports_utf8_byte_offsets_into_the_text_as_tei_does(tokenization: Tokenization):
+    text = "Hello wörld 😀"
+    (tokens,) = await tokenization.tokenize([text], add_special_tokens=True, prompt_name=None)
     assert [t["text"] for t in tokens] == ["[CLS]", "Hello", "wörld", "😀", "[SEP]"]
     assert [t["special"] for t in tokens] == [True, False, False, False, True]
-    assert tokens[2] == {"id": 2088, "text": "wörld", "special": False, "start": 6, "stop": 11}
+    # ö is 2 bytes, 😀 4: characters 6-11 are bytes 6-12, character 12 byte 13.
+    assert tokens[2] == {"id": 2088, "text": "wörld", "special": False, "start": 6, "stop": 12}
+    assert (tokens[3]["start"], tokens[3]["stop"]) == (13, 17)
+    encoded = text.encode()
+    for token in tokens[1:-1]:
+        assert encoded[token["start"] : token["stop"]].decode() == token["text"]
     assert tokens[0]["start"] is None
 
 
@@ -239,6 +245,6 @@ async def test_both_encoding_paths_give_the_reference_ids_pairs_and_offsets(
     (tokens,) = await tokenization.tokenize(["Hello wörld 😀"], add_special_tokens=False, prompt_name=None)
     assert [(t["text"], t["start"], t["stop"]) for t in tokens] == [
         ("Hello", 0, 5),
-        ("wörld", 6, 11),
-        ("😀", 12, 13),
+        ("wörld", 6, 12),  # UTF-8 bytes
+        ("😀", 13, 17),
     ]
