@@ -28,6 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from kembed.gateway import openapi
 from kembed.gateway.auth import BearerAuth
 from kembed.gateway.cohere import CohereRoutes
 from kembed.gateway.config import GatewayConfig
@@ -116,6 +117,7 @@ class Routes:
         self.config = config
         self.service = service
         self.version = _version()
+        self._openapi: bytes | None = None
         self.created = int(time.time())
 
     async def _body(self, request: Request) -> bytes:
@@ -217,6 +219,17 @@ class Routes:
         ]
         return _json({"object": "list", "data": data})
 
+    async def openapi(self, request: Request) -> Response:
+        if self._openapi is not None:
+            return Response(self._openapi, media_type="application/json")
+        # Built once the workers' task is known (~50 ms of pydantic schema generation): the document
+        # then lists only the routes the served model answers.
+        task = self.service.pool.info.task if self.service.pool.info is not None else None
+        document = orjson.dumps(openapi.build(self.version, has_api_key=bool(self.config.api_key), task=task))
+        if task is not None:
+            self._openapi = document
+        return Response(document, media_type="application/json")
+
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok"})
 
@@ -292,6 +305,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         Route("/v2/embed", cohere.embed, methods=["POST"]),
         Route("/v2/rerank", cohere.rerank, methods=["POST"]),
         Route("/info", routes.info, methods=["GET"]),
+        Route("/openapi.json", routes.openapi, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/ready", routes.ready, methods=["GET"]),
         Route(METRICS_PATH, routes.metrics, methods=["GET"]),
