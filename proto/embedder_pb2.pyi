@@ -8,14 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TokenBatch(_message.Message):
-    __slots__ = ("token_ids", "lengths", "token_type_ids")
+    __slots__ = ("token_ids", "lengths", "token_type_ids", "num_spans", "span_bounds")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPANS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: bytes
     lengths: _containers.RepeatedScalarFieldContainer[int]
     token_type_ids: bytes
-    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ...) -> None: ...
+    num_spans: _containers.RepeatedScalarFieldContainer[int]
+    span_bounds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[_Iterable[int]] = ..., span_bounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("batch", "request_id")

@@ -15,6 +15,10 @@ waiter thread so the event loop never blocks on the device. A batch whose step o
 captured graph (`can_launch_inline`) is launched from the event loop while the launcher thread is
 idle, saving the hand-off to that thread (a wake-up: 60-130 µs on a GPU host); other batches, and
 every call that captures or runs eagerly, go through the launcher thread.
+
+Span pooling (a sequence pooled once per span of its tokens) rides along per sequence: a batch holding
+any span sequence passes every sequence's spans (None for the others) to `pack`, and its rows, one
+per span of a span sequence and one per other sequence, are split back per sequence.
 """
 
 import asyncio
@@ -46,7 +50,11 @@ class BatchRunner(Protocol):
     """What the scheduler needs of an engine."""
 
     def pack(
-        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+        self,
+        token_ids: np.ndarray,
+        lengths: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+        spans: list[np.ndarray | None] | None = None,
     ) -> Any: ...
 
     def step(self, batch: Any) -> Pending: ...
@@ -80,7 +88,8 @@ class _Request:
     offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
     future: asyncio.Future[np.ndarray]
     token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
-    rows: list[np.ndarray | None] = field(default_factory=list)
+    spans: list[np.ndarray | None] | None = None  # per sequence: its span boundaries, or None
+    rows: list[np.ndarray | None] = field(default_factory=list)  # [dim], or [num_spans, dim]
     num_pending: int = 0  # sequences not yet answered
     num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
     admitted_at: float = 0.0  # time.perf_counter() at admission
@@ -105,6 +114,10 @@ class _Sequence:
     def token_ids(self) -> np.ndarray:
         offsets = self.request.offsets
         return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
+
+    def spans(self) -> np.ndarray | None:
+        spans = self.request.spans
+        return None if spans is None else spans[self.index]
 
     def token_type_ids(self) -> np.ndarray:
         offsets = self.request.offsets
@@ -254,10 +267,15 @@ class Scheduler:
             self._num_threaded -= 1
 
     async def submit(
-        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+        self,
+        token_ids: np.ndarray,
+        lengths: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+        spans: list[np.ndarray | None] | None = None,
     ) -> np.ndarray:
         """Queue a request's sequences; return their rows [num_seqs, dim] in order once all ran.
-        `token_type_ids` (cross-encoder pairs) ride along with the ids; absent means all zeros."""
+        `token_type_ids` (cross-encoder pairs) ride along with the ids; absent means all zeros.
+        `spans`: per sequence None or its k + 1 span boundaries (k rows instead of one, in order)."""
         if self._closed:
             raise Unavailable("worker is shutting down")
         num_tokens = int(lengths.sum())
@@ -278,6 +296,7 @@ class Scheduler:
             offsets=offsets,
             future=asyncio.get_running_loop().create_future(),
             token_type_ids=token_type_ids,
+            spans=spans,
             rows=[None] * len(lengths),
             num_pending=len(lengths),
             num_queued_tokens=num_tokens,
@@ -340,8 +359,15 @@ class Scheduler:
         try:
             lengths = np.fromiter((s.num_tokens for s in batch), dtype=np.int32, count=len(batch))
             token_ids = np.concatenate([s.token_ids() for s in batch])
-            if any(s.request.token_type_ids is not None for s in batch):
-                token_type_ids = np.concatenate([s.token_type_ids() for s in batch])
+            token_type_ids = (
+                np.concatenate([s.token_type_ids() for s in batch])
+                if any(s.request.token_type_ids is not None for s in batch)
+                else None
+            )
+            spans = [s.spans() for s in batch] if any(s.request.spans is not None for s in batch) else None
+            if spans is not None:
+                packed = self._runner.pack(token_ids, lengths, token_type_ids, spans)
+            elif token_type_ids is not None:
                 packed = self._runner.pack(token_ids, lengths, token_type_ids)
             else:
                 packed = self._runner.pack(token_ids, lengths)
@@ -350,6 +376,7 @@ class Scheduler:
                 rows, launched_at, ready_at = await self._inline(packed)
             else:
                 rows, launched_at, ready_at = await self._on_device(packed)
+            per_sequence = rows if spans is None else _rows_per_sequence(rows, spans)
             finished = time.perf_counter()
             self._hooks.batch_launched(len(batch), int(lengths.sum()))
             self._hooks.batch_finished(finished - started)
@@ -361,7 +388,7 @@ class Scheduler:
             for seq in batch:
                 self._fail(seq.request, exc)
         else:
-            for seq, row in zip(batch, rows, strict=True):
+            for seq, row in zip(batch, per_sequence, strict=True):
                 self._deliver(seq, row)
         finally:
             self._inflight.release()
@@ -435,7 +462,11 @@ class Scheduler:
         self._queued_tokens -= seq.num_tokens
         if request.num_pending == 0:
             # every row is set once none is pending
-            request.future.set_result(np.stack(cast("list[np.ndarray]", request.rows)))
+            rows = cast("list[np.ndarray]", request.rows)
+            if request.spans is None:
+                request.future.set_result(np.stack(rows))
+            else:  # a span sequence's rows are [num_spans, dim]
+                request.future.set_result(np.concatenate([r.reshape(-1, r.shape[-1]) for r in rows]))
 
     def _fail(self, request: _Request, exc: BaseException) -> None:
         if not request.future.done():
@@ -446,3 +477,19 @@ class Scheduler:
         """Return a finished-early request's remaining tokens to the admission budget."""
         self._queued_tokens -= request.num_queued_tokens
         request.num_queued_tokens = 0
+
+
+def _rows_per_sequence(rows: np.ndarray, spans: list[np.ndarray | None]) -> list[np.ndarray]:
+    """A span batch's rows split per sequence: [dim] for a sequence without spans, [k, dim] for one
+    with k spans."""
+    out: list[np.ndarray] = []
+    start = 0
+    for bounds in spans:
+        if bounds is None:
+            out.append(rows[start])
+            start += 1
+        else:
+            out.append(rows[start : start + len(bounds) - 1])
+            start += len(bounds) - 1
+    assert start == len(rows), "the engine answers one row per span and per other sequence"
+    return out

@@ -115,6 +115,39 @@ def decode_batch(batch: pb.TokenBatch, info: ModelInfo) -> tuple[np.ndarray, np.
     return token_ids, lengths.astype(np.int32)
 
 
+def decode_spans(batch: pb.TokenBatch, lengths: np.ndarray) -> list[np.ndarray | None] | None:
+    """Per sequence, None (pooled as usual) or its span boundaries (int64 [k + 1]); None for the whole
+    batch when it asks for no span pooling. Checked: one count per sequence, as many boundaries as
+    the counts say, each sequence's strictly increasing and within it."""
+    if not batch.num_spans and not batch.span_bounds:
+        return None
+    counts = np.asarray(batch.num_spans, dtype=np.int64)
+    if len(counts) != len(lengths):
+        raise InvalidInput(f"num_spans has {len(counts)} values for {len(lengths)} sequences")
+    if not counts.any():  # every sequence pooled as usual
+        return None
+    bounds = np.asarray(batch.span_bounds, dtype=np.int64)
+    expected = int((counts + 1)[counts > 0].sum())
+    if len(bounds) != expected:
+        raise InvalidInput(f"span_bounds has {len(bounds)} values; num_spans asks for {expected}")
+    spans: list[np.ndarray | None] = []
+    start = 0
+    for i, (count, length) in enumerate(zip(counts.tolist(), lengths.tolist(), strict=True)):
+        if count == 0:
+            spans.append(None)
+            continue
+        own = bounds[start : start + count + 1]
+        start += count + 1
+        if (np.diff(own) <= 0).any():
+            raise InvalidInput(f"the span bounds of sequence {i} are not strictly increasing: {own.tolist()}")
+        if own[-1] > length:
+            raise InvalidInput(
+                f"sequence {i} has {length} tokens, its last span ends at {int(own[-1])}: out of range"
+            )
+        spans.append(own)
+    return spans
+
+
 def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | None:
     """The batch's token_type_ids (int32 [num_tokens]), or None when absent (all zeros).
 
@@ -224,7 +257,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         if self._info.task != "embed":
             raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
         token_ids, lengths = decode_batch(request.batch, self._info)
-        rows = await self._scheduler.submit(token_ids, lengths)
+        spans = decode_spans(request.batch, lengths)
+        if spans is None:
+            rows = await self._scheduler.submit(token_ids, lengths)
+        else:
+            rows = await self._scheduler.submit(token_ids, lengths, None, spans)
         return pb.EmbedResponse(
             embeddings=rows.astype("<f4", copy=False).tobytes(),
             num_sequences=rows.shape[0],
@@ -273,6 +310,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
                 "it cannot score pairs"
             )
         token_ids, lengths = decode_batch(request.batch, self._info)
+        if request.batch.num_spans or request.batch.span_bounds:
+            raise InvalidInput("span pooling (num_spans, span_bounds) is for Embed, not Score")
         token_type_ids = decode_token_types(request.batch, len(token_ids))
         logits = await self._scheduler.submit(token_ids, lengths, token_type_ids)
         return pb.ScoreResponse(

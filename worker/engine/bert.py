@@ -167,5 +167,15 @@ class BertEmbedder(ServedModel):
         token_type_ids: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        hidden = self.encoder(input_ids, position_ids, token_type_ids, meta)
+        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
         return pool(hidden, meta, self.pooling).float()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.encoder(input_ids, position_ids, token_type_ids, meta)
+        return hidden

@@ -14,6 +14,7 @@ the serving path never captures: a batch pads up to the smallest captured bucket
 one that none holds runs eagerly and waits for `capture_deferred`, called when the worker is idle.
 """
 
+import dataclasses
 import gc
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
+from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
     InputLayout,
     PaddedBatch,
@@ -123,10 +125,19 @@ class CudaEngine:
         self.graphs = GraphCache(self._forward_static, policy)
 
     def pack(
-        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+        self,
+        token_ids: np.ndarray,
+        lengths: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+        spans: Sequence[np.ndarray | None] | None = None,
     ) -> PaddedBatch:
         """The batch laid out in the bucket it runs in: its own, or once prewarmed the smallest
-        captured one that holds it (host arrays only; called on the event loop)."""
+        captured one that holds it (host arrays only; called on the event loop). A batch with
+        `spans` (span pooling, spans.py) is laid out unbucketed: it runs eagerly in its exact shape,
+        as the graphs pool inside the captured forward."""
+        if spans is not None:
+            batch = pad_batch(token_ids, lengths, token_type_ids, None)
+            return dataclasses.replace(batch, spans=SpanIndex.build(lengths, spans))
         num_seqs, num_tokens = len(lengths), int(lengths.sum())
         own = self.buckets.lookup(num_seqs, num_tokens)
         bucket = self.graphs.policy.serving_bucket(own, num_seqs, num_tokens)
@@ -184,8 +195,9 @@ class CudaEngine:
         return out
 
     def _step_unbucketed(self, batch: PaddedBatch) -> LazyTensor:
-        """A batch larger than every bucket (the scheduler never forms one; direct callers may):
-        eager, on an input block and an output buffer of its own rather than the ring's fixed slots."""
+        """A batch larger than every bucket (the scheduler never forms one; direct callers may), or
+        a span batch: eager, on an input block and an output buffer of its own rather than the ring's
+        fixed slots."""
         self.graphs.policy.decide(None)  # counted as an uncapturable eager step
         layout = InputLayout.of(batch.bucket)
         host = torch.from_numpy(batch.block).pin_memory()  # [num_bytes] uint8
@@ -194,7 +206,10 @@ class CudaEngine:
             self._plan_attention(layout.host_cu_seqlens(host), None)
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
         meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
-        output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
+        if batch.spans is None:
+            output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
+        else:
+            output = forward_spans(self.model, input_ids, position_ids, token_type_ids, meta, batch.spans)
         rows = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
         rows.copy_(output, non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)

@@ -32,6 +32,7 @@ from kembed.worker.engine.model_dir import ModelDir, read_model_dir
 from kembed.worker.engine.models import attention_shape, build_model
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
+from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import pad_batch
 from kembed.worker.errors import StartupError
 from kembed.worker.info import EngineStats, ModelInfo
@@ -50,6 +51,7 @@ class PackedBatch:
     token_type_ids: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     bucket: Bucket | None  # the bucket the batch would pad to (hit counts), None if beyond all
+    spans: SpanIndex | None = None  # span pooling (spans.py): rows per span; None: one per sequence
 
 
 class Engine:
@@ -71,9 +73,15 @@ class Engine:
         self._prewarmed: set[Bucket] = set()
 
     def pack(
-        self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None
+        self,
+        token_ids: np.ndarray,
+        lengths: np.ndarray,
+        token_type_ids: np.ndarray | None = None,
+        spans: Sequence[np.ndarray | None] | None = None,
     ) -> PackedBatch:
-        """Build host tensors for a ragged batch: `token_ids` [num_tokens] int32, `lengths` [num_seqs]."""
+        """Build host tensors for a ragged batch: `token_ids` [num_tokens] int32, `lengths` [num_seqs];
+        `spans`: per sequence, None or its span boundaries (spans.py)."""
+        span_index = None if spans is None else SpanIndex.build(lengths, spans)
         meta, host_positions = build_metadata(lengths)
         input_ids = torch.from_numpy(token_ids.astype(np.int64))
         types = (
@@ -85,7 +93,7 @@ class Engine:
         if self.device.type == "cuda":  # pinned so the copy to the device is truly asynchronous
             input_ids, positions, types = input_ids.pin_memory(), positions.pin_memory(), types.pin_memory()
         bucket = self.buckets.lookup(len(lengths), int(lengths.sum()))
-        return PackedBatch(input_ids, positions, types, meta, bucket)
+        return PackedBatch(input_ids, positions, types, meta, bucket, span_index)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -96,12 +104,16 @@ class Engine:
     def _launch(self, batch: PackedBatch) -> LazyTensor:
         device = self.device
         meta = batch.meta.to(device)
-        pooled = self.model(
+        inputs = (
             batch.input_ids.to(device, non_blocking=True),
             batch.position_ids.to(device, non_blocking=True),
             batch.token_type_ids.to(device, non_blocking=True),
             meta,
         )
+        if batch.spans is None:
+            pooled = self.model(*inputs)
+        else:  # the same eager forward, pooled per span (spans.py)
+            pooled = forward_spans(self.model, *inputs, batch.spans)
         if device.type != "cuda":
             return LazyTensor(pooled, None)
         host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)

@@ -244,8 +244,18 @@ class Qwen3Embedder(ServedModel):
         token_type_ids: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        hidden = self.decoder(input_ids, position_ids, meta)  # token types: Qwen3 has none
+        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
         return pool(hidden, meta, self.pooling).float()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.decoder(input_ids, position_ids, meta)  # token types: Qwen3 has none
+        return hidden
 
 
 def build_qwen3(model_dir: ModelDir, attend: Attend) -> Qwen3Embedder:

@@ -37,3 +37,14 @@ class ServedModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_seqs, output_size] float32
         raise NotImplementedError
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        position_ids: torch.Tensor,  # [num_tokens] int64
+        token_type_ids: torch.Tensor,  # [num_tokens] int64
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden], the model's dtype
+        """The last hidden state of every token, before pooling (span pooling, spans.py). Embedders
+        implement it; a scorer has no use for it."""
+        raise NotImplementedError(f"{type(self).__name__} does not give hidden states")

@@ -14,11 +14,15 @@ growth.
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kembed.worker.buckets import Bucket
+
+if TYPE_CHECKING:
+    from kembed.worker.engine.spans import SpanIndex
 
 _TOKEN_ARRAYS = 4  # input ids, position ids, token type ids, sequence ids: int64 each
 _ALIGN = 64  # bytes; where a slot's output rows start after its inputs
@@ -83,6 +87,7 @@ class PaddedBatch:
     token_type_ids: np.ndarray  # [bucket.num_tokens] int64
     seq_ids: np.ndarray  # [bucket.num_tokens] int64
     cu_seqlens: np.ndarray  # [bucket.num_seqs + 2] int32
+    spans: "SpanIndex | None" = None  # span pooling (spans.py): unbucketed, eager; None: one row a sequence
 
 
 def pad_batch(
