@@ -46,6 +46,7 @@ from kembed.gateway.errors import (
 )
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
+from kembed.gateway.perplexity import PerplexityRoutes
 from kembed.gateway.schemas import (
     EmbeddingRequest,
     TokenizeRequest,
@@ -268,6 +269,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
     tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)
+    perplexity = PerplexityRoutes(routes.service, routes._body)  # late chunking (perplexity.py)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -294,6 +296,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
     http_routes = [
         Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/contextualizedembeddings", perplexity.contextualized_embeddings, methods=["POST"]),
         Route("/", tei.root, methods=["POST"]),
         Route("/", routes.info, methods=["GET"]),
         Route("/embed", tei.embed, methods=["POST"]),

@@ -43,13 +43,24 @@ def split_into_chunks(lengths: Sequence[int], *, max_tokens: int, max_sequences:
 
 
 def pack(
-    token_ids: Sequence[np.ndarray], token_type_ids: Sequence[np.ndarray] | None = None
+    token_ids: Sequence[np.ndarray],
+    token_type_ids: Sequence[np.ndarray] | None = None,
+    spans: Sequence[np.ndarray | None] | None = None,
 ) -> pb.TokenBatch:
-    """A ragged TokenBatch: ids concatenated as int32 little-endian bytes plus one length each."""
+    """A ragged TokenBatch: ids concatenated as int32 little-endian bytes plus one length each;
+    `spans` (per sequence None, or its k + 1 span bounds) asks for span pooling, k rows for it."""
     batch = pb.TokenBatch(
         token_ids=np.concatenate(token_ids).astype("<i4", copy=False).tobytes(),
         lengths=[len(ids) for ids in token_ids],
     )
     if token_type_ids is not None:
         batch.token_type_ids = np.concatenate(token_type_ids).astype("<i4", copy=False).tobytes()
+    if spans is not None:
+        batch.num_spans.extend(0 if bounds is None else len(bounds) - 1 for bounds in spans)
+        batch.span_bounds.extend(int(b) for bounds in spans if bounds is not None for b in bounds)
     return batch
+
+
+def num_rows(spans: Sequence[np.ndarray | None]) -> int:
+    """Rows a worker answers for sequences with these spans: one per span, one per sequence without."""
+    return sum(1 if bounds is None else len(bounds) - 1 for bounds in spans)

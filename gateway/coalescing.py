@@ -34,10 +34,14 @@ class Part:
     is_alone: bool = False  # sent in an RPC of its own (after a group it was in was refused)
     future: asyncio.Future[np.ndarray] | None = field(default=None)
     owner: str = ""  # the request this chunk is part of (round robin unit); empty: request_id
+    spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
+    num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence
 
     def __post_init__(self) -> None:
         if not self.owner:
             self.owner = self.request_id
+        if not self.num_rows:
+            self.num_rows = len(self.token_ids)
 
     @property
     def num_sequences(self) -> int:
@@ -163,8 +167,8 @@ class RpcWindow:
         else:
             start = 0
             for part in group:
-                _settle(part, rows=rows[start : start + part.num_sequences])
-                start += part.num_sequences
+                _settle(part, rows=rows[start : start + part.num_rows])
+                start += part.num_rows
         finally:
             self.num_inflight -= 1
             self._flush()

@@ -49,6 +49,20 @@ class GatewayConfig:
     with every token (no truncation), ~70 B of JSON and ~1 KB of memory each while it is built:
     262,144 characters are ~67,000 tokens, ~0.2 s, ~70 MB and a 4.5 MB answer."""
 
+    max_context_documents: int = 512
+    """Most documents in one `/v1/contextualizedembeddings` request (413 above). 512 is Perplexity's
+    own limit for the route."""
+
+    max_context_chunks: int = 16_000
+    """Most chunks in one `/v1/contextualizedembeddings` request, all documents together (413 above):
+    Perplexity's limit. A document's own chunk count is bounded by it and by its tokens (each chunk
+    has one at least)."""
+
+    max_document_tokens: int = 0
+    """Most tokens of one document of `/v1/contextualizedembeddings`, special tokens and prompt
+    included (413 above, never truncated: its last chunks would be lost). 0: the model's
+    max_seq_length, the most one sequence can hold; a lower value bounds a document's step below it."""
+
     max_concurrent_requests: int = 512
     """Requests handled at once; one more is refused with 429 at once rather than queued without
     bound in front of the tokenizer threads. 512 is TEI's default."""
@@ -185,6 +199,8 @@ class GatewayConfig:
             "max_request_bytes": self.max_request_bytes,
             "max_client_batch_size": self.max_client_batch_size,
             "max_tokenize_chars": self.max_tokenize_chars,
+            "max_context_documents": self.max_context_documents,
+            "max_context_chunks": self.max_context_chunks,
             "max_concurrent_requests": self.max_concurrent_requests,
             "chunk_tokens": self.chunk_tokens,
             "max_chunk_sequences": self.max_chunk_sequences,
@@ -208,7 +224,12 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be positive, got {value}")
         if self.processes > 1 and self.port == 0:
             raise ValueError("several gateway processes need a fixed port, not 0")
-        for name in ("max_seq_length", "max_inline_tokenize_chars", "max_inflight_rpcs"):
+        for name in (
+            "max_seq_length",
+            "max_inline_tokenize_chars",
+            "max_inflight_rpcs",
+            "max_document_tokens",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.prompts:

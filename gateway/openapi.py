@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
 from kembed.gateway.cohere import V2EmbedRequest, V2RerankRequest
+from kembed.gateway.perplexity import ContextualizedEmbeddingRequest
 from kembed.gateway.schemas import (
     EmbeddingRequest,
     EmbedRequest,
@@ -42,6 +43,19 @@ class EmbeddingObject(BaseModel):
 class EmbeddingList(BaseModel):
     object: Literal["list"]
     data: list[EmbeddingObject]
+    model: str
+    usage: Usage
+
+
+class ContextualizedDocument(BaseModel):
+    object: Literal["list"]
+    index: int
+    data: list[EmbeddingObject]
+
+
+class ContextualizedEmbeddingList(BaseModel):
+    object: Literal["list"]
+    data: list[ContextualizedDocument]
     model: str
     usage: Usage
 
@@ -169,7 +183,13 @@ class Operation:
     @property
     def task(self) -> str | None:
         """The worker task the route needs ("embed", "score"), or None for any."""
-        if self.path in ("/v1/embeddings", "/embed", "/v2/embed", "/similarity"):
+        if self.path in (
+            "/v1/embeddings",
+            "/v1/contextualizedembeddings",
+            "/embed",
+            "/v2/embed",
+            "/similarity",
+        ):
             return "embed"
         if self.path in ("/rerank", "/v1/rerank", "/v2/rerank"):
             return "score"
@@ -190,6 +210,8 @@ ROUTES: tuple[Operation, ...] = (
     Operation("post", "/v1/embeddings", "Embeddings (OpenAI; Perplexity's formats)", EmbeddingRequest,
               EmbeddingList, OpenAIError),
     Operation("get", "/v1/models", "Served model names (OpenAI)", None, ModelList, OpenAIError),
+    Operation("post", "/v1/contextualizedembeddings", "Chunk embeddings in their document's context "
+              "(Perplexity)", ContextualizedEmbeddingRequest, ContextualizedEmbeddingList, OpenAIError),
     Operation("post", "/v1/rerank", "Rerank (Cohere v1 / Jina)", V1RerankRequest, V1RerankResponse,
               OpenAIError),
     Operation("post", "/v2/embed", "Embeddings by type (Cohere v2)", V2EmbedRequest, V2EmbedResponse,
@@ -243,6 +265,7 @@ def build(version: str, *, has_api_key: bool, task: str | None = None) -> dict[s
         EmbeddingRequest, EmbedRequest, TokenizeRequest, RerankRequest, V1RerankRequest, V2EmbedRequest,
         V2RerankRequest, SimilarityRequest, DecodeRequest, EmbeddingList, ModelList, Token, TeiRank,
         V1RerankResponse, V2EmbedResponse, V2RerankResponse, Info, Status, OpenAIError, TeiError, CohereError,
+        ContextualizedEmbeddingRequest, ContextualizedEmbeddingList,
     ]  # fmt: skip
     _, defs = models_json_schema(
         [(model, "validation") for model in models], ref_template="#/components/schemas/{model}"

@@ -183,6 +183,51 @@ class EmbeddingService:
         is_normalized = info.normalize if normalize is None else normalize
         return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
 
+    async def embed_documents(
+        self, documents: Sequence[Sequence[str]], *, dimensions: int | None
+    ) -> Embedded:
+        """Late chunking: each document run as one sequence (its chunks' tokens joined, special tokens
+        once), each chunk's vector the mean of its own tokens' hidden states (the worker's span
+        pooling), normalised as the model does. Vectors [total chunks, dims], document by document."""
+        self._check_count(len(documents), "input")
+        config = self.config
+        if len(documents) > config.max_context_documents:
+            raise PayloadTooLarge(
+                f"{len(documents)} documents is more than the limit of {config.max_context_documents} "
+                "per request",
+                param="input",
+            )
+        num_chunks = sum(len(chunks) for chunks in documents)
+        if num_chunks > config.max_context_chunks:
+            raise PayloadTooLarge(
+                f"{num_chunks} chunks is more than the limit of {config.max_context_chunks} per request, "
+                "all documents together",
+                param="input",
+            )
+        info = self.worker_info()
+        if info.task and info.task != "embed":
+            raise Unsupported(f"the served model `{self.served_names[0]}` is not an embedding model")
+        if dimensions is not None and not 1 <= dimensions <= info.dimensions:
+            raise InvalidInput(
+                f"dimensions must be between 1 and {info.dimensions}, got {dimensions}", param="dimensions"
+            )
+        # a document is one sequence: at most what the model takes, and the configured cap if lower
+        model_limit = self.tokenization.spec.max_seq_length or info.max_sequence_length
+        limits = [n for n in (model_limit, config.max_document_tokens) if n]
+        max_tokens = min(limits) if limits else 2**31 - 1
+        deadline = self._deadline()
+
+        async def run() -> tuple[np.ndarray, int]:
+            started = time.perf_counter()
+            sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
+            num_tokens = self._observe_tokenized(started, num_chunks, sequences)
+            with self._admitted(num_tokens):
+                raw = await self.pool.embed(sequences, next(self._request_ids), deadline, list(spans))
+            return raw, num_tokens
+
+        raw, num_tokens = await self._run(run)
+        return Embedded(finish(raw, dimensions=dimensions, normalize=info.normalize), num_tokens)
+
     async def tokenize(
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
     ) -> list[list[dict[str, Any]]]:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 from tokenizers import Tokenizer, normalizers
 
+from kembed.gateway.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction, ModelSpec
 
@@ -67,6 +68,7 @@ class Tokenization:
             for direction in ("right", "left"):
                 self._truncated[direction] = _truncating(self._untruncated, spec.max_seq_length, direction)
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kembed-tokenize")
+        self._single = SingleTemplate.of(self._untruncated)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -231,6 +233,28 @@ class Tokenization:
                     param=param,
                 )
         return ids, type_ids
+
+    async def encode_documents(
+        self, documents: Sequence[Sequence[str]], max_tokens: int, param: str = "input"
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Late chunking (documents.py): per document, its chunks' ids joined into one sequence with
+        the model's default prompt and special tokens once, and the k + 1 bounds of its chunks' spans.
+        A document over `max_tokens` is refused (413): cutting it would drop chunks."""
+        num_chars = sum(len(chunk) for chunks in documents for chunk in chunks)
+        args = (self._untruncated, self._single, documents, self.prompt(None), max_tokens)
+        try:
+            return await self._run(num_chars, encode_documents, *args, _most_chars(max_tokens))
+        except OverLongDocument as error:
+            counted = "" if error.num_tokens is None else f" ({error.num_tokens})"
+            raise PayloadTooLarge(
+                f"{param}[{error.index}] has more tokens{counted} than the limit of {max_tokens} per "
+                "document; a document is never truncated (its last chunks would be lost): split it",
+                param=param,
+            ) from None
+        except EmptyChunk as error:
+            raise InvalidInput(
+                f"{param}[{error.document}][{error.chunk}] has no tokens; send chunks with text", param=param
+            ) from None
 
     async def cut(self, texts: Sequence[str], max_tokens: int, direction: Direction) -> list[str]:
         """Each text cut to its first (`right`) or last (`left`) `max_tokens` tokens, special tokens

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from kembed.gateway.batches import pack, split_into_chunks
+from kembed.gateway.batches import num_rows, pack, split_into_chunks
 from kembed.gateway.coalescing import Part, RpcWindow
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
@@ -137,6 +137,9 @@ class WorkerPool:
     def _window(self, replica: Replica, method: str) -> RpcWindow:
         async def rpc(parts: list[Part]) -> np.ndarray:
             """One RPC of `parts`' sequences; their rows [sequences, width] in order."""
+            spans: list[np.ndarray | None] | None = None
+            if any(part.spans is not None for part in parts):  # span pooling: sequences without get None
+                spans = [b for p in parts for b in (p.spans or [None] * p.num_sequences)]
             if len(parts) == 1:
                 token_ids, token_type_ids = parts[0].token_ids, parts[0].token_type_ids
                 request_id = parts[0].request_id
@@ -151,12 +154,13 @@ class WorkerPool:
             timeout = max(part.deadline for part in parts) - asyncio.get_running_loop().time()
             if timeout <= 0:
                 raise Timeout("the request did not complete within its deadline")
-            batch = pack(token_ids, token_type_ids)
+            batch = pack(token_ids, token_type_ids, spans)
             if method == "Embed":
                 response = await self._call(
                     replica, "embed", pb.EmbedRequest(batch=batch, request_id=request_id), timeout
                 )
-                return decode_embeddings(response, len(token_ids))
+                # a worker without span pooling answers one row per sequence: refused here
+                return decode_embeddings(response, len(token_ids) if spans is None else num_rows(spans))
             response = await self._call(
                 replica, "score", pb.ScoreRequest(batch=batch, request_id=request_id), timeout
             )
@@ -342,8 +346,16 @@ class WorkerPool:
             raise Overloaded("every worker replica tried has a full queue; retry later")
         raise Unavailable("no worker replica is serving; retry later")
 
-    async def embed(self, sequences: Sequence[np.ndarray], request_id: str, deadline: float) -> np.ndarray:
-        """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order."""
+    async def embed(
+        self,
+        sequences: Sequence[np.ndarray],
+        request_id: str,
+        deadline: float,
+        spans: Sequence[np.ndarray | None] | None = None,
+    ) -> np.ndarray:
+        """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order; with `spans`
+        (per sequence None or its span bounds), one row per span instead, in order. A sequence is
+        never split across chunks, so its spans travel with it."""
         chunks = split_into_chunks(
             [len(s) for s in sequences],
             max_tokens=self._config.chunk_tokens,
@@ -353,10 +365,11 @@ class WorkerPool:
         async def run(index: int) -> np.ndarray:
             chunk = chunks[index]
             ids = sequences[chunk.start : chunk.stop]
-            return await self._send(
-                "Embed",
-                Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline, owner=request_id),
-            )
+            part = Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline, owner=request_id)
+            if spans is not None:
+                part.spans = spans[chunk.start : chunk.stop]
+                part.num_rows = num_rows(part.spans)
+            return await self._send("Embed", part)
 
         parts = await gather_all([run(i) for i in range(len(chunks))])
         if len({part.shape[1] for part in parts}) > 1:
