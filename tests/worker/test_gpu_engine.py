@@ -5,6 +5,7 @@ buckets captured in any order, overlapping batches, and no host sync anywhere in
 """
 
 import asyncio
+import itertools
 import random
 
 import numpy as np
@@ -251,3 +252,42 @@ def test_engine_stats_follow_captures_replays_and_the_pinned_ring(minilm):
     assert after.num_graphs_resident == before.num_graphs_resident + 1
     assert after.pinned_in_use_bytes == 0 < after.pinned_reserved_bytes  # every slot given back
     assert after.gpu_memory_bytes > 0
+
+
+@pytest.mark.parametrize("backend", ["torch-varlen", "flash-attn", "flashinfer"])
+@pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
+def test_span_batches_run_eagerly_and_match_transformers_per_span(
+    model, backend, minilm_dir, xlmr_dir, qwen3_dir
+):
+    """Late chunking on the GPU: a batch holding a document with spans runs unbucketed, never in a
+    graph; each span row is the mean of its tokens' last hidden states (transformers, fp32, the
+    whole document run once), and the plain sequences sharing the batch get the rows they get alone
+    (from a replayed graph)."""
+    if backend in ("flash-attn", "flashinfer") and not installed(backend):
+        pytest.skip(f"{backend} is not installed (or not for this GPU)")
+    if backend == "flashinfer" and model == "minilm":
+        pytest.skip("flashinfer has no kernels for MiniLM's head size (32)")
+    rng = np.random.default_rng(1)
+    path = {"minilm": minilm_dir, "xlmr": xlmr_dir, "qwen3": qwen3_dir}[model]
+    engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16", attention_backend=backend))
+    reference = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
+    document = rng.integers(5, engine.info.vocab_size, 300).astype(np.int32)
+    bounds = np.array([1, 40, 41, 180, 299], dtype=np.int64)  # a one-token span, a long one
+    plain_seqs, plain_ids, plain_lens = ragged(rng, [17, 64], engine.info.vocab_size)
+    for _ in range(3):  # the plain batch alone: eager, capture, replay
+        alone = run(engine, plain_ids, plain_lens)
+    ids = np.concatenate([plain_seqs[0], document, plain_seqs[1]])
+    lengths = np.array([17, 300, 64], dtype=np.int32)
+    rows = engine.step(engine.pack(ids, lengths, None, [None, bounds, None])).wait()
+    assert rows.shape == (2 + len(bounds) - 1, engine.info.dimensions)
+    with torch.no_grad():
+        hidden = reference(input_ids=torch.from_numpy(document.astype(np.int64))[None].cuda())
+        hidden = hidden.last_hidden_state[0].float().cpu().numpy()
+    expected = np.stack([hidden[a:b].mean(0) for a, b in itertools.pairwise(bounds)])
+    spans = rows[1:-1]
+
+    def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    assert cosines(spans, expected).min() >= 0.999, cosines(spans, expected)
+    assert cosines(rows[[0, -1]], alone).min() >= 0.999
