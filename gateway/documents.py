@@ -69,7 +69,7 @@ def encode_documents(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(int32 ids, int64 span bounds [num_chunks + 1]) of each document. A document of more than
     `max_chars` characters is refused before it is tokenized (no text of `max_tokens` tokens is
-    that long here: `_most_chars`), one of more than `max_tokens` tokens once counted."""
+    that long here: `windows.most_chars`), one of more than `max_tokens` tokens once counted."""
     for i, chunks in enumerate(documents):
         if sum(len(chunk) for chunk in chunks) > max_chars:
             raise OverLongDocument(i, None)

@@ -9,7 +9,6 @@ truncation at 128) is cleared first, so the ids equal sentence-transformers' `en
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +20,14 @@ from tokenizers import Tokenizer, normalizers
 from kembed.gateway.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction, ModelSpec
+from kembed.gateway.windows import (
+    MARGIN_TOKENS,
+    WINDOW_CHARS_PER_TOKEN,
+    count_tokens,
+    cut_window,
+    cut_windows,
+    most_chars,
+)
 
 Input = str | list[int]
 """One request input: a text, or an already tokenized sequence taken as-is (no special tokens added)."""
@@ -139,10 +146,10 @@ class Tokenization:
         tokens (a window cut between words yields a prefix of the text's tokens; one cut inside a
         word, a few tokens more or less: hence the margin), or that is longer than any text of
         `limit` tokens is taken to be, so that no text
-        longer than that is ever tokenized whole (_most_chars)."""
+        longer than that is ever tokenized whole (most_chars)."""
         num_chars = limit * WINDOW_CHARS_PER_TOKEN
         cut = [
-            (position, _window(self._untruncated, text, num_chars, "right"), text)
+            (position, cut_window(self._untruncated, text, num_chars, "right"), text)
             for position, text in zip(positions, texts, strict=True)
         ]
         shortened = [(position, window) for position, window, text in cut if len(window) < len(text)]
@@ -154,7 +161,7 @@ class Tokenization:
                     f"the model's limit; send truncate=true or shorten it",
                     param="input",
                 )
-        most = _most_chars(limit)
+        most = most_chars(limit)
         for position, text in zip(positions, texts, strict=True):
             if len(text) > most:
                 raise PayloadTooLarge(
@@ -243,7 +250,7 @@ class Tokenization:
         num_chars = sum(len(chunk) for chunks in documents for chunk in chunks)
         args = (self._untruncated, self._single, documents, self.prompt(None), max_tokens)
         try:
-            return await self._run(num_chars, encode_documents, *args, _most_chars(max_tokens))
+            return await self._run(num_chars, encode_documents, *args, most_chars(max_tokens))
         except OverLongDocument as error:
             counted = "" if error.num_tokens is None else f" ({error.num_tokens})"
             raise PayloadTooLarge(
@@ -260,8 +267,8 @@ class Tokenization:
         """Each text cut to its first (`right`) or last (`left`) `max_tokens` tokens, special tokens
         not counted, at that token's character offset; a text no longer comes back as it is. For
         per-request limits below the model's (Cohere's `max_tokens`, `max_tokens_per_doc`); only a
-        window of a long text is tokenized (_windows)."""
-        num_chars = sum(min(len(text), _most_chars(max_tokens)) for text in texts)
+        window of a long text is tokenized (windows.py)."""
+        num_chars = sum(min(len(text), most_chars(max_tokens)) for text in texts)
         return await self._run(num_chars, _cut, self._untruncated, list(texts), max_tokens, direction)
 
     async def tokenize(
@@ -315,129 +322,15 @@ def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray(e.ids, dtype=np.int32) for e in _encode(tokenizer, texts)]
 
 
-# Truncation keeps at most max_length tokens, so a text is first cut to a window of its first (or,
-# truncating on the left, last) characters and only the window is tokenized: an 8 MB text then costs
-# what its kept part costs. The cut must leave the words on the kept side whole, so that their tokens
-# are those of the whole text: every tokenizer family served splits its input into words (the
-# pre-tokenizer's pieces: at whitespace, and for WordPiece and byte-level BPE also between letters,
-# digits, punctuation and CJK characters) before its model sees them, each word tokenized alone.
-# The cut is made, in order of preference:
-# 1. at a whitespace (see _CUT);
-# 2. where there is none (a CJK run, a blob), between two of the words the tokenizer itself finds in
-#    the span, both edges non-whitespace, away from the span's own cut edge;
-# 3. where the span is one word, inside it: a word of thousands of characters (a CJK paragraph to a
-#    SentencePiece tokenizer, a hostile run of letters) is cut there; WordPiece makes one [UNK] of
-#    any word over 100 characters, cut or not; a BPE or Unigram model's tokens are found locally, so
-#    those far from the cut are the whole text's (the tests hold them to it).
-# The window must still yield more tokens than are kept, with a margin, else it grows 4x, up to
-# _most_chars: past that a text is never tokenized further, whatever it holds (tokens longer than
-# that on average are cut there).
-WINDOW_CHARS_PER_TOKEN = 8
-MAX_WINDOW_CHARS_PER_TOKEN = 64
-MIN_MAX_WINDOW_CHARS = 1 << 16
-MARGIN_TOKENS = 16
-
-
-def _most_chars(max_length: int) -> int:
-    """The most characters of one text tokenized when at most `max_length` tokens are kept."""
-    return max(max_length * MAX_WINDOW_CHARS_PER_TOKEN, MIN_MAX_WINDOW_CHARS)
-
-
-# A whitespace cut is made only at a space that starts a run of whitespace: a Metaspace
-# pre-tokenizer splits words at spaces only (a newline is part of a word unless the normalizer maps
-# it to a space), and a byte-level one takes a run of whitespace but its last character as one
-# token, so a cut inside a run, or at a newline, could change the tokens next to it.
-_CUT = re.compile(r"(?<=\S) ")
-
-
-def _last_cut(text: str, start: int, stop: int) -> int:
-    """Index of the last cut point in text[start:stop], or -1."""
-    found = -1
-    for match in _CUT.finditer(text, start, stop):
-        found = match.start()
-    return found
-
-
-def _first_cut(text: str, start: int, stop: int) -> int:
-    match = _CUT.search(text, start, stop)
-    return -1 if match is None else match.start()
-
-
-def _word_starts(untruncated: Tokenizer, span: str) -> list[int]:
-    """Where the tokenizer's words start in `span` (char offsets, ascending), keeping only starts
-    with a non-whitespace character on both sides (so no whitespace run is split)."""
-    encoding = untruncated.encode(span, add_special_tokens=False)
-    starts, previous = [], None
-    for word, (start, _) in zip(encoding.word_ids, encoding.offsets, strict=True):
-        if word is not None and word != previous:
-            if 0 < start < len(span) and not span[start - 1].isspace() and not span[start].isspace():
-                starts.append(start)
-            previous = word
-    return starts
-
-
-def _prefix_end(untruncated: Tokenizer, text: str, num_chars: int) -> int:
-    """Where a kept prefix of at most `num_chars` characters of `text` ends (see above)."""
-    cut = _last_cut(text, 1, num_chars)
-    if cut >= num_chars // 2:
-        return cut
-    starts = _word_starts(untruncated, text[:num_chars])  # the span's last word may be cut: its start is not
-    cut = max(cut, starts[-1] if starts else -1)
-    return cut if cut > 0 else num_chars
-
-
-def _suffix_start(untruncated: Tokenizer, text: str, num_chars: int) -> int:
-    """Where a kept suffix of at most `num_chars` characters of `text` starts (see above)."""
-    start = len(text) - num_chars
-    cut = _first_cut(text, start, len(text) - 1)
-    if 0 <= cut - start <= num_chars // 2:
-        return cut
-    starts = _word_starts(untruncated, text[start:])[1:]  # the span's first word may be cut, so its end too
-    if starts and (cut < 0 or start + starts[0] < cut):
-        cut = start + starts[0]
-    return cut if cut >= 0 else start
-
-
-def _window(untruncated: Tokenizer, text: str, num_chars: int, side: Direction) -> str:
-    """The first (`right`) or last (`left`) `num_chars` or fewer characters of `text`, cut as above;
-    the whole text if it is no longer."""
-    if len(text) <= num_chars:
-        return text
-    if side == "right":
-        return text[: _prefix_end(untruncated, text, num_chars)]
-    return text[_suffix_start(untruncated, text, num_chars) :]
-
-
-def _windows(untruncated: Tokenizer, texts: Sequence[str], max_length: int, side: Direction) -> list[str]:
-    """Each text cut to a window that still yields max_length tokens and the margin, or to the
-    most characters a window may have, cut there (see above)."""
-    num_chars = max_length * WINDOW_CHARS_PER_TOKEN
-    most = _most_chars(max_length)
-    windows = [_window(untruncated, text, num_chars, side) for text in texts]
-    unsure = [i for i, text in enumerate(texts) if len(windows[i]) < len(text)]
-    while unsure:  # is each cut window long enough?
-        counts = [len(e.ids) for e in _encode(untruncated, [windows[i] for i in unsure])]
-        unsure = [i for i, count in zip(unsure, counts, strict=True) if count < max_length + MARGIN_TOKENS]
-        if num_chars == most:
-            for i in unsure:
-                windows[i] = texts[i][:most] if side == "right" else texts[i][len(texts[i]) - most :]
-            break
-        num_chars = min(num_chars * 4, most)
-        for i in unsure:
-            windows[i] = _window(untruncated, texts[i], num_chars, side)
-        unsure = [i for i in unsure if len(windows[i]) < len(texts[i])]
-    return windows
-
-
 def _encode_ids_truncated(
     truncating: Tokenizer, untruncated: Tokenizer, texts: list[str], max_length: int, side: Direction
 ) -> list[np.ndarray]:
-    """`_encode_ids(truncating, texts)`, tokenizing only a window of each long text (see above)."""
-    return _encode_ids(truncating, _windows(untruncated, texts, max_length, side))
+    """`_encode_ids(truncating, texts)`, tokenizing only a window of each long text (windows.py)."""
+    return _encode_ids(truncating, cut_windows(untruncated, texts, max_length, side))
 
 
 def _cut(untruncated: Tokenizer, texts: list[str], max_tokens: int, side: Direction) -> list[str]:
-    windows = _windows(untruncated, texts, max_tokens, side)
+    windows = cut_windows(untruncated, texts, max_tokens, side)
     encodings = _encode(untruncated, windows, add_special_tokens=False, offsets=True)
     cut = []
     for window, encoding in zip(windows, encodings, strict=True):
@@ -525,25 +418,6 @@ def _pair_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     return (n2, n1) if is_swapped else (n1, n2)
 
 
-COUNT_CHUNK_CHARS = 1 << 16
-
-
-def _count_tokens(untruncated: Tokenizer, text: str) -> int:
-    """Tokens of `text` without special tokens, counted in pieces of at most COUNT_CHUNK_CHARS
-    characters cut as a window is (exact for the same reason, but for a word longer than a piece,
-    whose count may be off by a token or so at each cut), so a text of megabytes never has all its
-    tokens in memory at once."""
-    total, start = 0, 0
-    while start < len(text):
-        stop = len(text)
-        if stop - start > COUNT_CHUNK_CHARS:
-            piece = text[start : start + COUNT_CHUNK_CHARS + 1]
-            stop = start + _prefix_end(untruncated, piece, COUNT_CHUNK_CHARS)
-        total += len(untruncated.encode(text[start:stop], add_special_tokens=False).ids)
-        start = stop
-    return total
-
-
 def _encode_pairs(
     tokenizer: Tokenizer,
     untruncated: Tokenizer,
@@ -559,13 +433,13 @@ def _encode_pairs(
     the query once and each text once: a long query repeated for every document is not paid again
     per document, and no truncated Encoding is made (_PairTemplate). With truncation, each side is
     tokenized only in a window that yields more tokens
-    than can be kept (`_windows`); the whole length of a cut side is counted, in pieces, only when
+    than can be kept (`cut_windows`); the whole length of a cut side is counted, in pieces, only when
     which side is longer is not clear from the windows, which is all the rule needs of it."""
     items = [query, *texts]
     if max_length is None:
         windows, is_cut = items, [False] * len(items)
     else:
-        windows = _windows(untruncated, items, max_length, side)
+        windows = cut_windows(untruncated, items, max_length, side)
         is_cut = [len(w) < len(t) for w, t in zip(windows, items, strict=True)]
         if not truncate and any(is_cut):  # that side alone holds more than max_length tokens
             raise _OverLongPair(max(is_cut.index(True) - 1, 0))
@@ -580,7 +454,7 @@ def _encode_pairs(
         if not is_cut[i] or (not is_cut[other] and lengths[i] > lengths[other]):
             return lengths[i]
         if i not in whole:
-            whole[i] = _count_tokens(untruncated, items[i])
+            whole[i] = count_tokens(untruncated, items[i])
         return whole[i]
 
     template = _PairTemplate.of(tokenizer, untruncated)

@@ -18,11 +18,11 @@ from kembed.gateway.tokenization import (
     _encode_ids_truncated,
     _encode_pairs,
     _load_base,
-    _most_chars,
     _OverLongPair,
     _pair_lengths,
     _truncating,
 )
+from kembed.gateway.windows import most_chars
 
 WORDS = [
     "search",
@@ -238,7 +238,7 @@ def test_a_text_without_whitespace_is_cut_between_the_tokenizers_words_or_at_the
             counting = CountingTokenizer(base)
             windowed = _encode_ids_truncated(truncating, counting, [text], max_length, side)
             assert windowed[0].tolist() == truncating.encode(text).ids, (style, max_length)
-            assert counting.num_chars < 4 * _most_chars(max_length), (style, counting.num_chars)
+            assert counting.num_chars < 4 * most_chars(max_length), (style, counting.num_chars)
 
 
 def special_mask(tokenizer: Tokenizer, row) -> list[bool]:
