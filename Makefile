@@ -17,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench bench-cpu bench-path test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
+.PHONY: install run test lint proto bench bench-cpu bench-path soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
@@ -109,6 +109,12 @@ bench-cpu: $(STAMP)
 # 1-16 concurrent single-query clients; BENCH_PATH_ARGS adds flags, e.g. --step-ms 1.5.
 bench-path: $(STAMP)
 	$(PY) tests/bench/bench_gateway_path.py $(BENCH_PATH_ARGS)
+
+# Minutes, not part of `make test`: a real gateway and worker under steady mixed load, their RSS sampled
+# every 10 s; fails unless it levels off after the warm-up (docs/reliability.md). SOAK_ARGS adds flags,
+# e.g. --duration-s 300 --warmup-s 60, --probe-dir DIR (glibc heap accounting), --rerank.
+soak: $(STAMP)
+	$(PY) tests/soak/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
