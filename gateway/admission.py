@@ -10,7 +10,10 @@ at once (429, `Overloaded`) when that work would
 - take longer than `max_queue_wait_s` at the rate the workers have been finishing tokens lately: it
   would time out, and take capacity from requests that will not.
 A query behind a 2048-text request is thus admitted (one chunk of it is ahead), a second such
-request is not. Work already admitted is never refused, so under a sustained 10x overload the
+request is not. A request is admitted on an estimate of its tokens from its characters, before it is
+tokenized, and the estimate is then replaced by the count: under overload the gateway refuses at once
+instead of first tokenizing what it will refuse (its CPU is then the workers' to use, or the next
+admitted request's). Work already admitted is never refused, so under a sustained 10x overload the
 admitted requests are answered within their deadline and the rest are told at once to come back.
 Plain Python, mutated on the event loop only.
 """
@@ -90,6 +93,14 @@ class Admission:
         self.outstanding_tokens += num_tokens
         self._sizes[num_tokens] += 1
 
+    def resize(self, old: int, new: int) -> None:
+        """An admitted request's estimate (see `estimate_tokens`) replaced by its real token count."""
+        self.outstanding_tokens += new - old
+        self._sizes[old] -= 1
+        if not self._sizes[old]:
+            del self._sizes[old]
+        self._sizes[new] += 1
+
     def drained(self, num_tokens: int, now: float) -> None:
         """A chunk of `num_tokens` came back answered: the drain rate counts chunks, not requests,
         so that a large request served in turn with others is credited as it goes."""
@@ -103,3 +114,15 @@ class Admission:
             del self._sizes[num_tokens]
         if self.outstanding_tokens == 0:
             self.rate.idle()
+
+
+# Characters per token of the estimate: ~4 for English with the tokenizers served (BERT WordPiece,
+# XLM-R SentencePiece, Qwen's byte-level BPE); CJK text has fewer, long words more.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(lengths: list[int], max_length: int | None, *, specials: int = 2) -> int:
+    """Tokens a request of texts of `lengths` characters likely holds: each ~len / CHARS_PER_TOKEN
+    plus its special tokens, at most `max_length` (truncation) where one applies."""
+    cap = max_length or 2**31 - 1
+    return sum(min(n // CHARS_PER_TOKEN + specials, cap) for n in lengths)

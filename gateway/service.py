@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kembed.gateway.admission import Admission
+from kembed.gateway.admission import Admission, estimate_tokens
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     InvalidInput,
@@ -52,6 +52,19 @@ class Scored:
 
     scores: np.ndarray
     num_tokens: int
+
+
+class Admitted:
+    """A request's hold on the admission: its estimate until `settle` gives its token count."""
+
+    def __init__(self, admission: Admission, estimate: int) -> None:
+        self._admission = admission
+        self.num_tokens = estimate
+
+    def settle(self, num_tokens: int) -> int:
+        self._admission.resize(self.num_tokens, num_tokens)
+        self.num_tokens = num_tokens
+        return num_tokens
 
 
 class EmbeddingService:
@@ -121,17 +134,24 @@ class EmbeddingService:
             self._num_in_flight -= 1
 
     @contextlib.contextmanager
-    def _admitted(self, num_tokens: int) -> Iterator[None]:
-        """The request's tokens held as outstanding while it runs, or Overloaded (429) at once if the
-        workers cannot take them in time (admission.py)."""
-        reason = self.admission.refusal(num_tokens, self.pool.capacity_tokens)
+    def _admitted(self, estimate: int) -> Iterator[Admitted]:
+        """The request held as outstanding while it runs, first at its `estimate` (estimate_tokens),
+        then at its token count once tokenized (`Admitted.settle`); or Overloaded (429) at once, before
+        any tokenizing, if the workers cannot take it in time (admission.py)."""
+        reason = self.admission.refusal(estimate, self.pool.capacity_tokens)
         if reason is not None:
             raise Overloaded(f"the workers are at capacity: {reason}; retry later")
-        self.admission.admit(num_tokens)
+        self.admission.admit(estimate)
+        admitted = Admitted(self.admission, estimate)
         try:
-            yield
+            yield admitted
         finally:
-            self.admission.release(num_tokens)
+            self.admission.release(admitted.num_tokens)
+
+    def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
+        texts = [len(item) for item in inputs if isinstance(item, str)]
+        ids = sum(len(item) for item in inputs if not isinstance(item, str))
+        return estimate_tokens(texts, self.tokenization.spec.max_seq_length if truncate else None) + ids
 
     def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
         """Records a request's tokenize time, input and token counts; returns its token count."""
@@ -165,17 +185,19 @@ class EmbeddingService:
         vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
         deadline = self._deadline()
 
+        is_truncating = self.config.auto_truncate if truncate is None else truncate
+
         async def run() -> tuple[np.ndarray, int]:
-            started = time.perf_counter()
-            sequences = await self.tokenization.encode(
-                inputs,
-                truncate=self.config.auto_truncate if truncate is None else truncate,
-                direction=direction,
-                prompt_name=prompt_name,
-                vocab_size=vocab_size,
-            )
-            num_tokens = self._observe_tokenized(started, len(inputs), sequences)
-            with self._admitted(num_tokens):
+            with self._admitted(self._estimate(inputs, is_truncating)) as admitted:
+                started = time.perf_counter()
+                sequences = await self.tokenization.encode(
+                    inputs,
+                    truncate=is_truncating,
+                    direction=direction,
+                    prompt_name=prompt_name,
+                    vocab_size=vocab_size,
+                )
+                num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
                 raw = await self.pool.embed(sequences, next(self._request_ids), deadline)
             return raw, num_tokens
 
@@ -217,11 +239,13 @@ class EmbeddingService:
         max_tokens = min(limits) if limits else 2**31 - 1
         deadline = self._deadline()
 
+        lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
+
         async def run() -> tuple[np.ndarray, int]:
-            started = time.perf_counter()
-            sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
-            num_tokens = self._observe_tokenized(started, num_chunks, sequences)
-            with self._admitted(num_tokens):
+            with self._admitted(estimate_tokens(lengths, max_tokens)) as admitted:
+                started = time.perf_counter()
+                sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
+                num_tokens = admitted.settle(self._observe_tokenized(started, num_chunks, sequences))
                 raw = await self.pool.embed(sequences, next(self._request_ids), deadline, list(spans))
             return raw, num_tokens
 
@@ -275,17 +299,17 @@ class EmbeddingService:
             )
         deadline = self._deadline()
 
+        is_truncating = self.config.auto_truncate if truncate is None else truncate
+        limit = self.tokenization.spec.max_seq_length if is_truncating else None
+        estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
+
         async def run() -> tuple[np.ndarray, int]:
-            started = time.perf_counter()
-            ids, type_ids = await self.tokenization.encode_pairs(
-                query,
-                texts,
-                truncate=self.config.auto_truncate if truncate is None else truncate,
-                direction=direction,
-                param=param,
-            )
-            num_tokens = self._observe_tokenized(started, len(texts), ids)
-            with self._admitted(num_tokens):
+            with self._admitted(estimate) as admitted:
+                started = time.perf_counter()
+                ids, type_ids = await self.tokenization.encode_pairs(
+                    query, texts, truncate=is_truncating, direction=direction, param=param
+                )
+                num_tokens = admitted.settle(self._observe_tokenized(started, len(texts), ids))
                 logits = await self.pool.score(ids, type_ids, next(self._request_ids), deadline)
             return logits, num_tokens
 

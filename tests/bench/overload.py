@@ -99,18 +99,49 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--capacity-clients", type=int, default=2)
     parser.add_argument("--capacity-seconds", type=float, default=30)
+    parser.add_argument(
+        "--separate-cores",
+        action="store_true",
+        help="pin the worker to the first half of the cores and the gateway to the rest (taskset), as "
+        "separate pods would run; without it they share every core and the gateway's tokenizing of "
+        "requests it then refuses takes CPU from the worker",
+    )
     args = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    pin = {
+        "worker": ["taskset", "-c", ",".join(map(str, cores[:half]))] if args.separate_cores else [],
+        "gateway": ["taskset", "-c", ",".join(map(str, cores[half:] or cores))]
+        if args.separate_cores
+        else [],
+    }
     worker_port, metrics_port, gateway_port = free_port(), free_port(), free_port()
     python = [sys.executable, "-P", "-m"]
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
     procs = [
         subprocess.Popen(
-            [*python, "kembed.worker", "--port", str(worker_port), "--metrics-port", str(metrics_port)],
+            [
+                *pin["worker"],
+                *python,
+                "kembed.worker",
+                "--port",
+                str(worker_port),
+                "--metrics-port",
+                str(metrics_port),
+            ],
             stdout=(logs / "overload-worker.log").open("w"),
             stderr=subprocess.STDOUT,
         ),
         subprocess.Popen(
-            [*python, "kembed.gateway", "--port", str(gateway_port), "--worker", f"127.0.0.1:{worker_port}"],
+            [
+                *pin["gateway"],
+                *python,
+                "kembed.gateway",
+                "--port",
+                str(gateway_port),
+                "--worker",
+                f"127.0.0.1:{worker_port}",
+            ],
             stdout=(logs / "overload-gateway.log").open("w"),
             stderr=subprocess.STDOUT,
         ),

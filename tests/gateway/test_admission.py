@@ -5,7 +5,8 @@ import math
 
 from gateway_fakes import FakeEmbedder
 
-from kembed.gateway.admission import Admission, DrainRate
+from kembed.gateway.admission import Admission, DrainRate, estimate_tokens
+from kembed.gateway.tokenization import Tokenization
 
 
 def test_an_idle_gateway_admits_any_request():
@@ -86,3 +87,38 @@ async def test_overload_is_refused_at_once_and_what_was_admitted_completes(gatew
     assert set(statuses) == {200, 429}
     assert finished.index(200) == statuses.count(429)  # every refusal came before the first answer
     assert statuses.count(200) == len(fake.sequences)  # admitted ones all reached the worker
+
+
+def test_an_estimate_is_replaced_by_the_count_and_truncation_caps_it():
+    assert estimate_tokens([400, 40], max_length=None) == (100 + 2) + (10 + 2)
+    assert estimate_tokens([8_000_000], max_length=256) == 256  # a megabyte text truncated
+    admission = Admission(max_queue_wait_s=10.0, quantum_tokens=4096)
+    admission.admit(500)
+    admission.resize(500, 120)
+    assert admission.outstanding_tokens == 120 and admission.ahead(10**6) == 120
+    admission.release(120)
+    assert admission.outstanding_tokens == 0 and admission.ahead(10**6) == 0
+
+
+async def test_a_refused_request_is_never_tokenized(gateway_with, monkeypatch):
+    """Admission comes first, on an estimate from the characters: under overload the gateway
+    refuses without spending CPU on tokenizing what it refuses."""
+    tokenized: list[int] = []
+    encode = Tokenization.encode
+
+    async def counting(self, inputs, **kwargs):
+        tokenized.append(len(inputs))
+        return await encode(self, inputs, **kwargs)
+
+    monkeypatch.setattr(Tokenization, "encode", counting)
+    fake = FakeEmbedder(delay_s=0.5, max_queued_tokens=64)
+    async with gateway_with(fake, max_inflight_rpcs=0) as client:
+        statuses = await asyncio.gather(
+            *(
+                client.post("/v1/embeddings", json={"input": f"query number {i} about things"})
+                for i in range(24)
+            )
+        )
+    codes = [response.status_code for response in statuses]
+    assert codes.count(429) > 0 and codes.count(200) > 0
+    assert len(tokenized) == codes.count(200)
