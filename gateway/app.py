@@ -25,8 +25,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
+from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
 
 from kembed.gateway import openapi
 from kembed.gateway.auth import BearerAuth
@@ -68,6 +70,16 @@ def _version() -> str:
         return metadata.version("kembed")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+_SWAGGER_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>kembed gateway API</title>
+<link rel="stylesheet" href="/docs/static/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="/docs/static/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui"});</script>
+</body></html>
+"""
 
 
 def _json(body: Any, status_code: int = 200) -> Response:
@@ -220,6 +232,10 @@ class Routes:
         ]
         return _json({"object": "list", "data": data})
 
+    async def docs(self, request: Request) -> Response:
+        """Swagger UI over /openapi.json, its assets from the swagger-ui-bundle package (no CDN)."""
+        return Response(_SWAGGER_PAGE, media_type="text/html")
+
     async def openapi(self, request: Request) -> Response:
         if self._openapi is not None:
             return Response(self._openapi, media_type="application/json")
@@ -309,6 +325,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         Route("/v2/rerank", cohere.rerank, methods=["POST"]),
         Route("/info", routes.info, methods=["GET"]),
         Route("/openapi.json", routes.openapi, methods=["GET"]),
+        Route("/docs", routes.docs, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/ready", routes.ready, methods=["GET"]),
         Route(METRICS_PATH, routes.metrics, methods=["GET"]),
@@ -319,7 +336,7 @@ def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gatewa
         middleware.append(Middleware(BearerAuth, api_key=config.api_key, metrics=metrics))
     middleware.append(Middleware(CancelOnDisconnect))  # inside the metrics: they record its 499
     app = Gateway(
-        routes=http_routes,
+        routes=[*http_routes, Mount("/docs/static", StaticFiles(directory=swagger_ui_path))],
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
         middleware=middleware,

@@ -12,7 +12,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kembed.gateway.errors import Unauthorized, flavour_of, reason_of, render
 from kembed.gateway.metrics import GatewayMetrics
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# The probes, Prometheus, and the API's description (it holds no data): a browser opening /docs cannot
+# send the key, and Swagger UI fetches /openapi.json and its own assets under /docs/.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/docs"})
+OPEN_PREFIX = "/docs/"
 
 
 class BearerAuth:
@@ -25,7 +28,7 @@ class BearerAuth:
         self._expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIX):
             await self.app(scope, receive, send)
             return
         given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")

@@ -233,6 +233,8 @@ ROUTES: tuple[Operation, ...] = (
     Operation("get", "/metrics", "Prometheus text exposition", None, {"type": "string"}, TeiError,
               "text/plain"),
     Operation("get", "/openapi.json", "This document", None, {"type": "object"}),
+    Operation("get", "/docs", "Swagger UI over this document", None, {"type": "string"}, TeiError,
+              "text/html"),
 )  # fmt: skip
 
 
@@ -293,7 +295,7 @@ def build(version: str, *, has_api_key: bool, task: str | None = None) -> dict[s
             }
             for status, description in _ERRORS.items():
                 operation["responses"][status] = {"description": description, **error}
-        if has_api_key and op.path not in ("/health", "/ready", "/metrics"):
+        if has_api_key and op.path not in ("/health", "/ready", "/metrics", "/openapi.json", "/docs"):
             operation["security"] = [{"bearer": []}]
             operation["responses"]["401"] = {
                 "description": "Missing or wrong API key",

@@ -57,6 +57,11 @@ def test_the_document_is_served_and_marks_the_key_where_one_is_needed(stack):
     assert "/v1/embeddings" in document["paths"] and "security" not in document["paths"]["/embed"]["post"]
     assert "/rerank" not in document["paths"]  # an embedding model: its rerank routes answer 501
     assert "/rerank" in openapi.build("x", has_api_key=False, task="score")["paths"]
+    page = httpx.get(f"{stack.url}/docs", timeout=30)
+    assert page.status_code == 200 and "/openapi.json" in page.text
+    script = httpx.get(f"{stack.url}/docs/static/swagger-ui-bundle.js", timeout=30)
+    assert script.status_code == 200 and "SwaggerUIBundle" in script.text
     keyed = openapi.build("x", has_api_key=True)
     assert keyed["paths"]["/embed"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in keyed["paths"]["/health"]["get"]
+    assert "security" not in keyed["paths"]["/docs"]["get"]

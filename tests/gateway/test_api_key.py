@@ -37,12 +37,17 @@ async def test_embedding_routes_need_the_key(gateway_with, headers, status):
         assert openai_shape.headers["WWW-Authenticate"] == "Bearer"
 
 
-async def test_probes_and_metrics_stay_open_for_the_kubelet_and_prometheus(gateway_with):
+async def test_probes_metrics_and_the_api_description_stay_open(gateway_with):
+    """The kubelet's probes, Prometheus, and /docs with what it loads (a browser cannot send the key)."""
     async with gateway_with(FakeEmbedder(), api_key=KEY) as client:
         assert (await client.get("/health")).status_code == 200
         assert (await client.get("/ready")).status_code == 200
         assert (await client.get("/metrics")).status_code == 200
+        assert (await client.get("/openapi.json")).status_code == 200
+        assert (await client.get("/docs")).status_code == 200
+        assert (await client.get("/docs/static/swagger-ui.css")).status_code == 200
         assert (await client.get("/info")).status_code == 401
+        assert (await client.get("/docsx")).status_code == 401
 
 
 @pytest.mark.slow
