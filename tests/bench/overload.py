@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -50,11 +51,14 @@ def quantile(values: list[float], q: float) -> float:
 async def closed_loop(
     client: httpx.AsyncClient, url: str, texts: list[str], until: float, log: list[tuple[int, float, float]]
 ) -> None:
-    """Posts until `until`; logs (status, started, seconds) per request; honours Retry-After."""
+    """Posts until `until`; logs (status, started, seconds) per request; honours Retry-After. The
+    body is encoded once: the client's own CPU per request is then little more than the socket's."""
+    body = json.dumps({"input": texts}).encode()
+    headers = {"content-type": "application/json"}
     while time.perf_counter() < until:
         started = time.perf_counter()
         try:
-            response = await client.post(url, json={"input": texts})
+            response = await client.post(url, content=body, headers=headers)
             status, retry_after = response.status_code, response.headers.get("retry-after")
         except httpx.HTTPError:
             status, retry_after = -1, None

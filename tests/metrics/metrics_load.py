@@ -1,6 +1,6 @@
 """A short, bounded load on a local gateway, in phases of rising and falling concurrency, with a mix
 of what users send: OpenAI and TEI embeddings of 1 to 16 texts, /tokenize, a /rerank the embedding
-model refuses (501), an empty input (422). Only 127.0.0.1 is ever addressed."""
+model refuses (501), an empty input (400, as OpenAI answers). Only 127.0.0.1 is ever addressed."""
 
 from __future__ import annotations
 
