@@ -93,6 +93,13 @@ def report(name: str, log: list[tuple[int, float, float]], seconds: float, num_t
             f"  refused (429): p50 {statistics.median(refused) * 1000:.1f} ms, "
             f"p99 {quantile(refused, 0.99) * 1000:.1f} ms, max {max(refused) * 1000:.1f} ms"
         )
+        first = min(started for _, started, _ in log)
+        later = [took for status, started, took in log if status == 429 and started > first + 5]
+        if later:  # without the first burst, when every client's first request arrives at once
+            print(
+                f"  refused after the first 5 s: p50 {statistics.median(later) * 1000:.1f} ms, "
+                f"p99 {quantile(later, 0.99) * 1000:.1f} ms, max {max(later) * 1000:.1f} ms"
+            )
     return goodput
 
 
