@@ -49,6 +49,7 @@ from kembed.gateway.errors import (
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.perplexity import PerplexityRoutes
+from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import (
     EmbeddingRequest,
     TokenizeRequest,
@@ -80,15 +81,6 @@ _SWAGGER_PAGE = """<!doctype html>
 <script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui"});</script>
 </body></html>
 """
-
-
-def _json(body: Any, status_code: int = 200) -> Response:
-    # OPT_SERIALIZE_NUMPY writes float32 rows straight from the array, no per-float Python objects.
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
-        status_code=status_code,
-        media_type="application/json",
-    )
 
 
 def _check_json(request: Request) -> None:
@@ -153,7 +145,9 @@ class Routes:
             for i, row in enumerate(encode(embedded.vectors, body.encoding_format))
         ]
         usage = {"prompt_tokens": embedded.num_tokens, "total_tokens": embedded.num_tokens}
-        return _json({"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage})
+        return json_response(
+            {"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage}
+        )
 
     async def tei_tokenize(self, request: Request) -> Response:
         body = parse(TokenizeRequest, await self._body(request))
@@ -161,7 +155,7 @@ class Routes:
         tokens = await self.service.tokenize(
             texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
         )
-        return _json(tokens)
+        return json_response(tokens)
 
     async def v1_rerank(self, request: Request) -> Response:
         body = parse(V1RerankRequest, await self._body(request))
@@ -175,7 +169,7 @@ class Routes:
             | ({"document": {"text": texts[i]}} if body.return_documents else {})
             for i in rank(scored.scores, body.top_n)
         ]
-        return _json(
+        return json_response(
             {
                 "id": uuid.uuid4().hex,
                 "model": self.service.served_names[0],
@@ -197,7 +191,7 @@ class Routes:
             }
         else:
             model_type = {"embedding": {"pooling": worker.pooling if worker else None}}
-        return _json(
+        return json_response(
             {
                 "model_id": self.service.served_names[0],
                 "served_model_name": self.service.served_names[0],
@@ -230,7 +224,7 @@ class Routes:
             {"id": name, "object": "model", "created": self.created, "owned_by": "kembed", "root": names[0]}
             for name in names
         ]
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     async def docs(self, request: Request) -> Response:
         """Swagger UI over /openapi.json, its assets from the swagger-ui-bundle package (no CDN)."""
@@ -248,7 +242,7 @@ class Routes:
         return Response(document, media_type="application/json")
 
     async def health(self, request: Request) -> Response:
-        return _json({"status": "ok"})
+        return json_response({"status": "ok"})
 
     async def metrics(self, request: Request) -> Response:
         text, content_type = self.service.metrics.render()
@@ -256,10 +250,10 @@ class Routes:
 
     async def ready(self, request: Request) -> Response:
         if self.service.pool.is_ready():
-            return _json({"status": "ready"})
+            return json_response({"status": "ready"})
         # Open to anyone (the kubelet's probe): counts only; /info (behind the API key) has details.
         pool = self.service.pool
-        return _json(
+        return json_response(
             {"status": "not ready", "serving_workers": 0, "workers": len(pool.replicas)}, status_code=503
         )
 

@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction
+from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
 from kembed.gateway.service import EmbeddingService
 from kembed.gateway.vectors import pack_bits, quantize_int8, rank, to_base64
@@ -86,10 +86,6 @@ class V2RerankRequest(BaseModel):
                     "(send the text itself, or use /v1/rerank for {'text': ...} objects)"
                 )
         return documents
-
-
-def _json(body: Any) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 def encode_types(vectors: np.ndarray, types: list[EmbeddingType]) -> dict[str, Any]:
@@ -207,7 +203,7 @@ class CohereRoutes:
         except PayloadTooLarge as error:  # say it in this API's words
             message = error.message.replace("send truncate=true", 'send truncate "END" or "START"')
             raise PayloadTooLarge(message, param=error.param) from None
-        return _json(
+        return json_response(
             {
                 "id": uuid.uuid4().hex,
                 "embeddings": encode_types(embedded.vectors, types),
@@ -231,7 +227,7 @@ class CohereRoutes:
         results = [
             {"index": i, "relevance_score": float(scored.scores[i])} for i in rank(scored.scores, body.top_n)
         ]
-        return _json(
+        return json_response(
             {
                 "id": uuid.uuid4().hex,
                 "results": results,

@@ -10,14 +10,13 @@ Errors are OpenAI's shape, as on every `/v1/` route (errors.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
-import orjson
 from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
 from kembed.gateway.service import EmbeddingService
 from kembed.gateway.vectors import EncodingFormat, encode
@@ -47,10 +46,6 @@ class ContextualizedEmbeddingRequest(BaseModel):
         return documents
 
 
-def _json(body: Any) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
-
-
 class PerplexityRoutes:
     """The handler of `/v1/contextualizedembeddings` over the shared service."""
 
@@ -73,4 +68,6 @@ class PerplexityRoutes:
             data.append({"object": "list", "index": i, "data": chunks})
             start = end
         usage = {"prompt_tokens": embedded.num_tokens, "total_tokens": embedded.num_tokens}
-        return _json({"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage})
+        return json_response(
+            {"object": "list", "data": data, "model": self.service.served_names[0], "usage": usage}
+        )

@@ -9,7 +9,6 @@ and `/info` are in app.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 import orjson
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kembed.gateway.errors import InvalidInput
+from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import (
     _STRICT,
     EmbedRequest,
@@ -55,10 +55,6 @@ class DecodeRequest(BaseModel):
     model_config = _STRICT
     ids: list[int] | list[list[int]]
     skip_special_tokens: bool = True
-
-
-def _json(body: Any) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 class TeiRoutes:
@@ -100,7 +96,7 @@ class TeiRoutes:
             normalize=request.normalize,
             param="inputs",
         )
-        return _json(embedded.vectors)
+        return json_response(embedded.vectors)
 
     async def rerank_body(self, body: bytes) -> Response:
         request = parse(RerankRequest, body)
@@ -111,7 +107,7 @@ class TeiRoutes:
             direction=as_direction(request.truncation_direction),
             raw=request.raw_scores,
         )
-        return _json(
+        return json_response(
             [
                 {"index": i, "score": float(scored.scores[i])}
                 | ({"text": request.texts[i]} if request.return_text else {})
@@ -138,7 +134,7 @@ class TeiRoutes:
         vectors = embedded.vectors.astype(np.float64)
         norms = np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)
         similarities = vectors[1:] @ vectors[0] / (norms[1:] * norms[0])
-        return _json([float(s) for s in similarities])
+        return json_response([float(s) for s in similarities])
 
     async def decode(self, request: Request) -> Response:
         """The texts of token id sequences, as the tokenizer decodes them; ids outside the vocabulary
@@ -153,4 +149,4 @@ class TeiRoutes:
             if bad is not None:
                 raise InvalidInput(f"ids {i} has token id {bad} outside [0, {vocab_size})", param="ids")
         texts = self.service.tokenization.decode(sequences, skip_special_tokens=body.skip_special_tokens)
-        return _json(texts)
+        return json_response(texts)
