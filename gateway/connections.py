@@ -31,10 +31,17 @@ from asyncio import TimerHandle
 from typing import Any
 
 import httptools
-import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.errors import (
+    GatewayError,
+    HeadersTooLarge,
+    RequestTimeout,
+    Unavailable,
+    flavour_of,
+    render,
+)
 from kembed.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -74,22 +81,19 @@ def connection_cap(config: GatewayConfig, fd_limit: int) -> int:
 
 
 def _raw_response(status: int, message: str, url: bytes) -> bytes:
-    """A whole HTTP/1.1 error response that closes the connection, in the body shape of the route
-    (OpenAI's for /v1/ paths, TEI's otherwise, as errors.render does)."""
-    phrase = http.HTTPStatus(status).phrase
-    if url.startswith(b"/v1/"):
-        kind = "timeout_error" if status == 408 else "invalid_request_error"
-        if status == 503:
-            kind = "service_unavailable_error"
-        body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
-    else:
-        kind = {408: "timeout", 431: "validation", 503: "overloaded"}[status]
-        body = orjson.dumps({"error": message, "error_type": kind})
+    """A whole HTTP/1.1 error response that closes the connection, rendered as every error is
+    (errors.render: the body shape of the route's API)."""
+    error = _ERRORS[status](message)
+    response = render(error, flavour_of(url.decode("latin-1")), retry_after_s=0)
+    body = bytes(response.body)
     head = (
-        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+_ERRORS: dict[int, type[GatewayError]] = {408: RequestTimeout, 431: HeadersTooLarge, 503: Unavailable}
 
 
 class _Refusal(Exception):

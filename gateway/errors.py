@@ -37,6 +37,14 @@ class UnsupportedMediaType(GatewayError):
     """A request body that is not declared `application/json` (415)."""
 
 
+class RequestTimeout(GatewayError):
+    """A client too slow to send its request's head or body (408; the connection is closed)."""
+
+
+class HeadersTooLarge(GatewayError):
+    """A request head over the size or field-count limit (431; the connection is closed)."""
+
+
 class Unauthorized(GatewayError):
     """The gateway requires an API key and the request did not carry the right one (401)."""
 
@@ -101,6 +109,8 @@ _TABLE: dict[type[GatewayError], _Mapping] = {
     InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
     PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
     UnsupportedMediaType: _Mapping(415, "invalid_request_error", "validation"),
+    RequestTimeout: _Mapping(408, "timeout_error", "timeout"),
+    HeadersTooLarge: _Mapping(431, "invalid_request_error", "validation"),
     Unauthorized: _Mapping(401, "invalid_request_error", "unauthorized"),
     NotFound: _Mapping(404, "invalid_request_error", "not_found"),
     MethodNotAllowed: _Mapping(405, "invalid_request_error", "validation"),
