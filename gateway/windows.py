@@ -23,10 +23,12 @@ from kembed.gateway.model_files import Direction
 # 1. at a whitespace (see _CUT);
 # 2. where there is none (a CJK run, a blob), between two of the words the tokenizer itself finds in
 #    the span, both edges non-whitespace, away from the span's own cut edge;
-# 3. where the span is one word, inside it: a word of thousands of characters (a CJK paragraph to a
-#    SentencePiece tokenizer, a hostile run of letters) is cut there; WordPiece makes one [UNK] of
-#    any word over 100 characters, cut or not; a BPE or Unigram model's tokens are found locally, so
-#    those far from the cut are the whole text's (the tests hold them to it).
+# 3. where even the largest window (most_chars) is one word, inside it: a word of more than 65,536
+#    characters (a CJK book to a SentencePiece tokenizer, a hostile run of letters) is cut there.
+#    WordPiece makes one [UNK] of any word over 100 characters, cut or not; a BPE or Unigram model
+#    may then tokenize the word differently from the whole text, even far from the cut (a
+#    repetitive word's best segmentation can shift with its end): the price of the bound. A
+#    smaller window that is one word is not cut but grown.
 # The window must still yield more tokens than are kept, with a margin, else it grows 4x, up to
 # most_chars: past that a text is never tokenized further, whatever it holds (tokens longer than
 # that on average are cut there).
@@ -74,14 +76,15 @@ def _word_starts(untruncated: Tokenizer, span: str) -> list[int]:
     return starts
 
 
-def prefix_end(untruncated: Tokenizer, text: str, num_chars: int) -> int:
-    """Where a kept prefix of at most `num_chars` characters of `text` ends (see above)."""
+def prefix_end(untruncated: Tokenizer, text: str, num_chars: int, *, hard: bool = True) -> int:
+    """Where a kept prefix of at most `num_chars` characters of `text` ends (see above); where the
+    span is one word, `num_chars` itself if `hard`, else 0 (an empty window: grow it)."""
     cut = _last_cut(text, 1, num_chars)
     if cut >= num_chars // 2:
         return cut
     starts = _word_starts(untruncated, text[:num_chars])  # the span's last word may be cut: its start is not
     cut = max(cut, starts[-1] if starts else -1)
-    return cut if cut > 0 else num_chars
+    return cut if cut > 0 else num_chars if hard else 0
 
 
 def _suffix_start(untruncated: Tokenizer, text: str, num_chars: int) -> int:
@@ -93,16 +96,17 @@ def _suffix_start(untruncated: Tokenizer, text: str, num_chars: int) -> int:
     starts = _word_starts(untruncated, text[start:])[1:]  # the span's first word may be cut, so its end too
     if starts and (cut < 0 or start + starts[0] < cut):
         cut = start + starts[0]
-    return cut if cut >= 0 else start
+    return cut if cut >= 0 else len(text)  # one word: an empty window, to grow
 
 
 def cut_window(untruncated: Tokenizer, text: str, num_chars: int, side: Direction) -> str:
-    """The first (`right`) or last (`left`) `num_chars` or fewer characters of `text`, cut as above;
-    the whole text if it is no longer."""
+    """The first (`right`) or last (`left`) `num_chars` or fewer characters of `text`, cut as above
+    (empty where the span is one word: only `cut_windows` cuts inside a word, at its bound); the
+    whole text if it is no longer."""
     if len(text) <= num_chars:
         return text
     if side == "right":
-        return text[: prefix_end(untruncated, text, num_chars)]
+        return text[: prefix_end(untruncated, text, num_chars, hard=False)]
     return text[_suffix_start(untruncated, text, num_chars) :]
 
 

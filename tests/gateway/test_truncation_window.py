@@ -226,9 +226,10 @@ def unbroken(rng: random.Random, num_chars: int, style: str) -> str:
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_a_text_without_whitespace_is_cut_between_the_tokenizers_words_or_at_the_most(family, side):
     """No space to cut at: the window is cut between two of the words the tokenizer finds (WordPiece
-    and byte-level BPE split letters, digits, punctuation and CJK apart), or, inside one word of
-    200,000 characters, at the most characters a window may have; the kept ids are still those of
-    the whole text, and the characters tokenized stay within a few windows, not the text."""
+    and byte-level BPE split letters, digits, punctuation and CJK apart), and the kept ids are those
+    of the whole text; inside one word of 200,000 characters only at the most characters a window
+    may have (WordPiece's [UNK] is the same; a BPE or Unigram model may segment the cut word
+    differently). The characters tokenized stay within a few windows, not the text."""
     base = bert() if family == "wordpiece" else trained(family)
     rng = random.Random(f"unbroken-{family}-{side}")
     for max_length in (128, 512):
@@ -237,8 +238,14 @@ def test_a_text_without_whitespace_is_cut_between_the_tokenizers_words_or_at_the
             text = unbroken(rng, 200_000, style)
             counting = CountingTokenizer(base)
             windowed = _encode_ids_truncated(truncating, counting, [text], max_length, side)
-            assert windowed[0].tolist() == truncating.encode(text).ids, (style, max_length)
+            whole = truncating.encode(text).ids
             assert counting.num_chars < 4 * most_chars(max_length), (style, counting.num_chars)
+            if family != "wordpiece" and len(set(base.encode(text[:5000]).word_ids) - {None}) == 1:
+                # One word past the bound, cut inside: a BPE or Unigram model may segment it
+                # differently from the whole text (the price of the bound); only the length holds.
+                assert len(windowed[0]) == len(whole), (style, max_length)
+            else:
+                assert windowed[0].tolist() == whole, (style, max_length)
 
 
 def special_mask(tokenizer: Tokenizer, row) -> list[bool]:
