@@ -61,10 +61,15 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-P", "-m", *args], stdout=out, stderr=subprocess.STDOUT)
 
 
-async def wait_ready(url: str, timeout_s: float = 180) -> None:
+async def wait_ready(url: str, processes: dict[Path, subprocess.Popen], timeout_s: float = 180) -> None:
+    """Until `url`/ready answers 200; fails at once, with the log's tail, if a process has died."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
+            for log, process in processes.items():
+                if process.poll() is not None:
+                    tail = "\n".join(log.read_text().splitlines()[-30:])
+                    raise SystemExit(f"{log.name}: exited {process.returncode} before ready:\n{tail}")
             try:
                 async with session.get(f"{url}/ready") as response:
                     if response.status == 200:
@@ -240,7 +245,8 @@ def main() -> None:
             gateway, port = start_gateway(
                 args, path, worker_port, processes, tmp / f"gateway-{processes}.log"
             )
-            asyncio.run(wait_ready(f"http://127.0.0.1:{port}"))
+            logs = {tmp / "worker.log": worker, tmp / f"gateway-{processes}.log": gateway}
+            asyncio.run(wait_ready(f"http://127.0.0.1:{port}", logs))
             if not is_prewarmed:
                 buckets = ",".join(f"{s}x{t}" for s in (1, 2, 4, 8, 16) for t in (64, 128, 256) if s * 2 <= t)
                 prewarm = subprocess.run(

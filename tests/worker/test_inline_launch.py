@@ -154,3 +154,51 @@ async def test_deferred_captures_run_on_the_launcher_only_while_idle():
     assert runner.num_deferred == 0
     assert len(runner.captures) == 3
     assert all(thread.startswith("kembed-launch") and in_flight == 0 for thread, in_flight in runner.captures)
+
+
+class _PollablePending(_Pending):
+    """A result that says whether it is ready without blocking, as the CUDA engine's does."""
+
+    def is_ready(self) -> bool:
+        self._log.append("is_ready:" + threading.current_thread().name)
+        return time.perf_counter() >= self._ready_at
+
+
+class PollableRunner(DeviceLikeRunner):
+    def step(self, packed):
+        pending = super().step(packed)
+        return _PollablePending(pending._rows, pending._ready_at, self.log)
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["one-at-a-time", "sixty-at-once"])
+async def test_polled_results_give_the_same_rows_as_waited_ones(concurrent):
+    requests = _requests(seed=11, count=60)
+    polled, waited = PollableRunner(inline=True), DeviceLikeRunner(inline=True)
+    if concurrent:
+        via_poll, via_wait = await _run_all(polled, requests), await _run_all(waited, requests)
+    else:
+        via_poll = [(await _run_all(polled, [r]))[0] for r in requests]
+        via_wait = [(await _run_all(waited, [r]))[0] for r in requests]
+    for a, b in zip(via_poll, via_wait, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+async def test_an_idle_worker_polls_a_pollable_result_on_the_loop_without_blocking_it():
+    runner = PollableRunner(inline=True, step_s=0.02)
+    scheduler = Scheduler(runner, max_batch_tokens=16, max_queued_tokens=10_000)
+    scheduler.start()
+    try:
+        ids, lengths = _requests(seed=3, count=1)[0]
+        answer = asyncio.create_task(scheduler.submit(ids, lengths))
+        ticks = 0
+        while not answer.done():  # the loop keeps turning while the batch is on the "device"
+            ticks += 1
+            await asyncio.sleep(0.001)
+        await answer
+    finally:
+        await scheduler.close()
+    assert ticks >= 5
+    assert runner.log[0] == "step:MainThread"
+    polls = [e for e in runner.log if e.startswith("is_ready:")]
+    assert len(polls) > 1 and all(e == "is_ready:MainThread" for e in polls)
+    assert runner.log[-1] == "wait:MainThread"  # rows taken on the loop once ready: nothing left to wait for

@@ -50,6 +50,9 @@ class CudaLazyTensor:
     def __init__(self, ring: PinnedRing, slot: Slot, event: torch.cuda.Event, num_rows: int) -> None:
         self._ring, self._slot, self._event, self._num_rows = ring, slot, event, num_rows
 
+    def is_ready(self) -> bool:
+        return bool(self._event.query())
+
     def wait(self) -> np.ndarray:
         self._event.synchronize()
         rows = self._slot.output[: self._num_rows].numpy().copy()
