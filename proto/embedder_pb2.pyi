@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_UNSPECIFIED: _ClassVar[Priority]
+    PRIORITY_INTERACTIVE: _ClassVar[Priority]
+    PRIORITY_BULK: _ClassVar[Priority]
+PRIORITY_UNSPECIFIED: Priority
+PRIORITY_INTERACTIVE: Priority
+PRIORITY_BULK: Priority
+
 class TokenBatch(_message.Message):
     __slots__ = ("token_ids", "lengths", "token_type_ids", "num_spans", "span_bounds")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -22,12 +31,14 @@ class TokenBatch(_message.Message):
     def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[_Iterable[int]] = ..., span_bounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("batch", "request_id")
+    __slots__ = ("batch", "request_id", "priority")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     batch: TokenBatch
     request_id: str
-    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_sequences", "dimensions")
@@ -40,12 +51,14 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[bytes] = ..., num_sequences: _Optional[int] = ..., dimensions: _Optional[int] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("batch", "request_id")
+    __slots__ = ("batch", "request_id", "priority")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     batch: TokenBatch
     request_id: str
-    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    priority: Priority
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("scores", "num_sequences", "num_labels")

@@ -126,6 +126,38 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
     parser.add_argument(
         "--max-pinned-bytes", type=int, default=default("max_pinned_bytes", WorkerConfig.max_pinned_bytes)
     )
+    parser.add_argument(
+        "--priority-classes",
+        action=argparse.BooleanOptionalAction,
+        default=str(default("priority_classes", WorkerConfig.priority_classes)).lower()
+        in ("1", "true", "yes", "on"),
+        help="serve interactive requests before bulk ones (default: on); off: one FCFS queue",
+    )
+    parser.add_argument(
+        "--bulk-step-tokens",
+        type=int,
+        default=default("bulk_step_tokens", WorkerConfig.bulk_step_tokens),
+        help="most bulk tokens in a step while interactive requests are about (0: half of "
+        "--max-batch-tokens)",
+    )
+    parser.add_argument(
+        "--interactive-hold-s",
+        type=float,
+        default=default("interactive_hold_s", WorkerConfig.interactive_hold_s),
+        help="seconds after the last interactive request that bulk steps stay short (default: 1)",
+    )
+    parser.add_argument(
+        "--bulk-max-wait-s",
+        type=float,
+        default=default("bulk_max_wait_s", WorkerConfig.bulk_max_wait_s),
+        help="bulk waiting this long without a launch goes first in the next step (default: 0.5)",
+    )
+    parser.add_argument(
+        "--bulk-queue-share",
+        type=float,
+        default=default("bulk_queue_share", WorkerConfig.bulk_queue_share),
+        help="bulk is refused once the queue holds this share of --max-queued-tokens (default: 0.75)",
+    )
     parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
     parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
     parser.add_argument(
@@ -179,6 +211,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
         max_inflight_batches=config.max_inflight_batches,
         max_batch_sequences=config.max_batch_sequences,
         hooks=metrics.hooks(),
+        policy=config.class_policy(),
     )
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     metrics_server = None

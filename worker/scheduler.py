@@ -5,10 +5,12 @@ first: one sequence of each waiting request in turn, then a second of each that 
 next one would pass `max_batch_tokens` (one longer than the budget runs alone) or the sequence cap;
 each request's sequences go in order and may span batches (`RoundRobin`). A lone request is served
 exactly first come, first served; a one-query request that arrives behind one of thousands of
-sequences gets a place in the next batch instead of waiting for all of them. Up to
-`max_inflight_batches` batches are launched at once, so while batch N runs the loop already packs and
-launches N+1. Admission is bounded: past `max_queued_tokens` a request is refused at once
-(`Overloaded`), never queued without bound.
+sequences gets a place in the next batch instead of waiting for all of them. Interactive requests
+go before bulk ones, and keep bulk steps short while they are about, without starving bulk
+(`ClassQueues`, queues.py). Up to `max_inflight_batches` batches are launched at once, so while
+batch N runs the loop already packs and launches N+1. Admission is bounded: past
+`max_queued_tokens` a request is refused at once (`Overloaded`), never queued without bound; bulk
+already past `bulk_queue_share` of it.
 
 The device work goes through a `BatchRunner`; waiting for a batch's rows happens on a dedicated
 waiter thread so the event loop never blocks on the device. A batch whose step only replays a
@@ -27,15 +29,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
 
 from kembed.worker.errors import InvalidInput, Overloaded, Unavailable
+from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, QueuedSequence, Request, classify
 
 log = logging.getLogger(__name__)
 
@@ -86,114 +88,6 @@ class SchedulerHooks:
     request_finished: Callable[[float], None] = _ignore  # per request: admission to answer (or failure)
 
 
-@dataclass(eq=False)
-class _Request:
-    token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
-    offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
-    future: asyncio.Future[np.ndarray]
-    token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
-    spans: list[np.ndarray | None] | None = None  # per sequence: its span boundaries, or None
-    rows: list[np.ndarray | None] = field(default_factory=list)  # [dim], or [num_spans, dim]
-    num_pending: int = 0  # sequences not yet answered
-    num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
-    admitted_at: float = 0.0  # time.perf_counter() at admission
-    is_started: bool = False  # one of its sequences has been launched
-    num_taken: int = 0  # its first num_taken sequences have been taken into batches
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.offsets) - 1
-
-
-@dataclass(frozen=True)
-class _Sequence:
-    request: _Request
-    index: int  # position within its request
-
-    @property
-    def num_tokens(self) -> int:
-        offsets = self.request.offsets
-        return int(offsets[self.index + 1] - offsets[self.index])
-
-    def token_ids(self) -> np.ndarray:
-        offsets = self.request.offsets
-        return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
-
-    def spans(self) -> np.ndarray | None:
-        spans = self.request.spans
-        return None if spans is None else spans[self.index]
-
-    def token_type_ids(self) -> np.ndarray:
-        offsets = self.request.offsets
-        types = self.request.token_type_ids
-        if types is None:
-            return np.zeros(self.num_tokens, dtype=np.int32)
-        return types[offsets[self.index] : offsets[self.index + 1]]
-
-
-class RoundRobin:
-    """The queue of requests with sequences not yet taken, in arrival order, and the rule that
-    takes a batch from it (see the module docstring). Taking costs O(sequences taken)."""
-
-    def __init__(self) -> None:
-        self._waiting: deque[_Request] = deque()
-
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def push(self, request: _Request) -> None:
-        self._waiting.append(request)
-
-    def pop_all(self) -> list[_Request]:
-        waiting, self._waiting = list(self._waiting), deque()
-        return waiting
-
-    def take(self, max_tokens: int, max_sequences: int) -> list[_Sequence]:
-        """The next batch; a request finished early (cancelled, failed) is dropped when reached."""
-        batch: list[_Sequence] = []
-        num_tokens = 0
-        taken: list[_Request] = []  # requests that gave a sequence, oldest first
-
-        def fits(request: _Request) -> bool:
-            n = int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
-            return not batch or (num_tokens + n <= max_tokens and len(batch) < max_sequences)
-
-        def take_one(request: _Request) -> None:
-            nonlocal num_tokens
-            seq = _Sequence(request, request.num_taken)
-            request.num_taken += 1
-            batch.append(seq)
-            num_tokens += seq.num_tokens
-
-        is_full = False
-        while self._waiting:  # the first round, over the queue from its oldest request
-            request = self._waiting[0]
-            if request.future.done():
-                self._waiting.popleft()
-                continue
-            if not fits(request):
-                is_full = True
-                break
-            take_one(self._waiting.popleft())
-            taken.append(request)
-        # Every waiting request has given one: later rounds go over them again, oldest first.
-        more = [r for r in taken if r.num_taken < r.num_seqs]
-        while more and not is_full:
-            for request in more:
-                if not fits(request):
-                    is_full = True
-                    break
-                take_one(request)
-            more = [r for r in more if r.num_taken < r.num_seqs]
-        for request in reversed(taken):  # those with sequences left keep their place at the front
-            if request.num_taken < request.num_seqs:
-                self._waiting.appendleft(request)
-        return batch
-
-
 class Scheduler:
     """Admits ragged requests, batches their sequences FCFS under a token budget, runs the batches."""
 
@@ -206,6 +100,7 @@ class Scheduler:
         hooks: SchedulerHooks | None = None,
         max_batch_sequences: int = 256,
         idle_capture_check_s: float = 0.5,
+        policy: ClassPolicy | None = None,
     ) -> None:
         self._runner = runner
         self._can_launch_inline = getattr(runner, "can_launch_inline", None)
@@ -215,7 +110,8 @@ class Scheduler:
         self.max_batch_sequences = max_batch_sequences
         self.max_queued_tokens = max_queued_tokens
         self._hooks = hooks or SchedulerHooks()
-        self._queue = RoundRobin()
+        self.policy = policy or ClassPolicy()
+        self._queue = ClassQueues(self.policy)
         self._queued_tokens = 0
         self._has_work = asyncio.Event()
         self._inflight = asyncio.Semaphore(max_inflight_batches)
@@ -277,10 +173,13 @@ class Scheduler:
         lengths: np.ndarray,
         token_type_ids: np.ndarray | None = None,
         spans: list[np.ndarray | None] | None = None,
+        priority: int = Priority.UNSPECIFIED,
     ) -> np.ndarray:
         """Queue a request's sequences; return their rows [num_seqs, dim] in order once all ran.
         `token_type_ids` (cross-encoder pairs) ride along with the ids; absent means all zeros.
-        `spans`: per sequence None or its k + 1 span boundaries (k rows instead of one, in order)."""
+        `spans`: per sequence None or its k + 1 span boundaries (k rows instead of one, in order).
+        `priority`: its class (queues.py); unspecified, by its size. A bulk request is refused once
+        the queue holds `bulk_queue_share` of `max_queued_tokens`, so interactive work has room left."""
         if self._closed:
             raise Unavailable("worker is shutting down")
         num_tokens = int(lengths.sum())
@@ -289,14 +188,23 @@ class Scheduler:
                 f"request of {num_tokens} tokens exceeds this worker's max_queued_tokens "
                 f"({self.max_queued_tokens}); split it into smaller requests"
             )
+        klass = classify(priority, len(lengths), num_tokens)
         if self._queued_tokens + num_tokens > self.max_queued_tokens:
             raise Overloaded(
                 f"queue full: {self._queued_tokens} tokens queued, {num_tokens} more would pass "
                 f"max_queued_tokens={self.max_queued_tokens}"
             )
+        if klass == Priority.BULK and self.policy.is_enabled and self._queued_tokens > 0:
+            bulk_cap = int(self.max_queued_tokens * self.policy.bulk_queue_share)
+            if self._queued_tokens + num_tokens > bulk_cap:
+                raise Overloaded(
+                    f"queue full for bulk work: {self._queued_tokens} tokens queued, {num_tokens} more "
+                    f"would pass {bulk_cap} ({self.policy.bulk_queue_share:g} of max_queued_tokens, "
+                    "the rest kept for interactive requests)"
+                )
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        request = _Request(
+        request = Request(
             token_ids=token_ids,
             offsets=offsets,
             future=asyncio.get_running_loop().create_future(),
@@ -306,9 +214,10 @@ class Scheduler:
             num_pending=len(lengths),
             num_queued_tokens=num_tokens,
             admitted_at=time.perf_counter(),
+            priority=klass,
         )
         self._queued_tokens += num_tokens
-        self._queue.push(request)
+        self._queue.push(request, request.admitted_at)
         self._has_work.set()
         try:
             return await request.future
@@ -352,10 +261,10 @@ class Scheduler:
             except Exception:
                 log.exception("capturing deferred buckets failed")
 
-    def _take_batch(self) -> list[_Sequence]:
-        return self._queue.take(self.max_batch_tokens, self.max_batch_sequences)
+    def _take_batch(self) -> list[QueuedSequence]:
+        return self._queue.take(self.max_batch_tokens, self.max_batch_sequences, time.perf_counter())
 
-    async def _execute(self, batch: list[_Sequence]) -> None:
+    async def _execute(self, batch: list[QueuedSequence]) -> None:
         started = time.perf_counter()
         for seq in batch:
             if not seq.request.is_started:
@@ -490,7 +399,7 @@ class Scheduler:
         self._launcher.submit(launch)
         return future
 
-    def _deliver(self, seq: _Sequence, row: np.ndarray) -> None:
+    def _deliver(self, seq: QueuedSequence, row: np.ndarray) -> None:
         request = seq.request
         if request.future.done():
             return
@@ -506,12 +415,12 @@ class Scheduler:
             else:  # a span sequence's rows are [num_spans, dim]
                 request.future.set_result(np.concatenate([r.reshape(-1, r.shape[-1]) for r in rows]))
 
-    def _fail(self, request: _Request, exc: BaseException) -> None:
+    def _fail(self, request: Request, exc: BaseException) -> None:
         if not request.future.done():
             request.future.set_exception(exc)
         self._release(request)
 
-    def _release(self, request: _Request) -> None:
+    def _release(self, request: Request) -> None:
         """Return a finished-early request's remaining tokens to the admission budget."""
         self._queued_tokens -= request.num_queued_tokens
         request.num_queued_tokens = 0

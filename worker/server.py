@@ -259,9 +259,9 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         token_ids, lengths = decode_batch(request.batch, self._info)
         spans = decode_spans(request.batch, lengths)
         if spans is None:
-            rows = await self._scheduler.submit(token_ids, lengths)
+            rows = await self._scheduler.submit(token_ids, lengths, priority=request.priority)
         else:
-            rows = await self._scheduler.submit(token_ids, lengths, None, spans)
+            rows = await self._scheduler.submit(token_ids, lengths, None, spans, priority=request.priority)
         return pb.EmbedResponse(
             embeddings=rows.astype("<f4", copy=False).tobytes(),
             num_sequences=rows.shape[0],
@@ -313,7 +313,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         if request.batch.num_spans or request.batch.span_bounds:
             raise InvalidInput("span pooling (num_spans, span_bounds) is for Embed, not Score")
         token_type_ids = decode_token_types(request.batch, len(token_ids))
-        logits = await self._scheduler.submit(token_ids, lengths, token_type_ids)
+        logits = await self._scheduler.submit(token_ids, lengths, token_type_ids, priority=request.priority)
         return pb.ScoreResponse(
             scores=logits.astype("<f4", copy=False).tobytes(),
             num_sequences=logits.shape[0],

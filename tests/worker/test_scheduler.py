@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.errors import InvalidInput, Overloaded
-from kembed.worker.scheduler import RoundRobin, Scheduler, SchedulerHooks, _Request
+from kembed.worker.queues import ClassPolicy, Request, RoundRobin
+from kembed.worker.scheduler import Scheduler, SchedulerHooks
 
 
 class _Done:
@@ -246,10 +247,17 @@ async def test_the_batch_stages_split_the_batch_time_where_the_time_is_spent(mak
 
 
 async def test_a_small_request_behind_a_large_one_gets_a_place_in_the_next_batch(make_scheduler):
-    """Round robin across requests: a one-query request arriving behind 40 sequences of another
-    waits for the batch in flight, not for all 40 (first come, first served would run it 11th)."""
+    """Round robin across requests (of one class: the classes off): a one-query request arriving
+    behind 40 sequences of another waits for the batch in flight, not for all 40 (first come, first
+    served would run it 11th)."""
     runner = RecordingRunner(gated=True)
-    scheduler = make_scheduler(runner, max_batch_tokens=16, max_inflight_batches=1, max_queued_tokens=1000)
+    scheduler = make_scheduler(
+        runner,
+        max_batch_tokens=16,
+        max_inflight_batches=1,
+        max_queued_tokens=1000,
+        policy=ClassPolicy(is_enabled=False),
+    )
     bulk = asyncio.create_task(scheduler.submit(*ragged(*[4] * 40)))
     await asyncio.to_thread(runner.launched.wait, 5)  # the first batch of 4 is on the "device"
     query = asyncio.create_task(scheduler.submit(*ragged(3, first=1000)))
@@ -269,11 +277,11 @@ async def test_a_small_request_behind_a_large_one_gets_a_place_in_the_next_batch
     assert (await bulk)[:, 0].tolist() == list(range(40))
 
 
-def _queued(lengths: list[int], first: int) -> _Request:
+def _queued(lengths: list[int], first: int) -> Request:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     future: concurrent.futures.Future = concurrent.futures.Future()  # done() and cancel() as asyncio's
-    return _Request(np.zeros(int(offsets[-1]), np.int32), offsets, future, admitted_at=first)
+    return Request(np.zeros(int(offsets[-1]), np.int32), offsets, future, admitted_at=first)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,229 @@
+"""The worker's waiting work and the rule that forms the next batch from it: plain Python over token
+counts, no torch, no clock of its own (callers pass `now`).
+
+Requests come in two classes (`Priority`). INTERACTIVE is a search-time query, whose every
+millisecond shows; BULK is (re-)indexing, where only throughput counts. Each class is a `RoundRobin`
+queue: requests in arrival order, a batch taking one sequence of each waiting request in turn, then a
+second of each that has more, each request's sequences in order. A step (`ClassQueues.take`):
+
+1. takes waiting interactive sequences first, up to the token budget and the sequence cap;
+2. fills the room left with bulk, but while interactive traffic is about (waiting now, or seen in
+   the last `interactive_hold_s`) with at most `bulk_step_tokens` of bulk: a query that arrives
+   then waits behind short steps, not behind full bulk ones (a step in flight cannot be recalled);
+3. never starves bulk: when bulk has waited `bulk_max_wait_s` without a sequence launched, the next
+   step takes bulk first (up to `bulk_step_tokens`, at least one sequence), then interactive fills
+   what is left; and a step with no interactive work takes at least one bulk sequence, whatever its
+   length.
+
+With the classes off (`ClassPolicy.is_enabled` False) every request joins one queue: plain first
+come, first served (round robin across requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# A request that does not say its class (a plain gRPC client) is INTERACTIVE when it is at most this
+# large, BULK otherwise: a search-time query embeds one text, a handful with query expansion.
+INTERACTIVE_MAX_SEQUENCES = 8
+INTERACTIVE_MAX_TOKENS = 1024
+
+
+class Priority(enum.IntEnum):
+    """A request's class; the values are the gRPC contract's `Priority`."""
+
+    UNSPECIFIED = 0
+    INTERACTIVE = 1
+    BULK = 2
+
+
+def classify(said: int, num_sequences: int, num_tokens: int) -> Priority:
+    """The class of a request: what the caller said, else by size (see the constants above)."""
+    if said in (Priority.INTERACTIVE, Priority.BULK):
+        return Priority(said)
+    if num_sequences <= INTERACTIVE_MAX_SEQUENCES and num_tokens <= INTERACTIVE_MAX_TOKENS:
+        return Priority.INTERACTIVE
+    return Priority.BULK
+
+
+@dataclass(frozen=True)
+class ClassPolicy:
+    """How the two classes share the worker (see the module docstring; each field in WorkerConfig)."""
+
+    is_enabled: bool = True
+    bulk_step_tokens: int = 1024  # most bulk tokens in a step while interactive traffic is about
+    interactive_hold_s: float = 1.0  # how long after an interactive request bulk steps stay short
+    bulk_max_wait_s: float = 0.5  # bulk waiting this long without a launch goes first
+    bulk_queue_share: float = 0.75  # bulk is admitted while the queue is below this share of its cap
+
+
+@dataclass(eq=False)
+class Request:
+    token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
+    offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
+    future: asyncio.Future[np.ndarray]
+    token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
+    spans: list[np.ndarray | None] | None = None  # per sequence: its span boundaries, or None
+    rows: list[np.ndarray | None] = field(default_factory=list)  # [dim], or [num_spans, dim]
+    num_pending: int = 0  # sequences not yet answered
+    num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
+    admitted_at: float = 0.0  # time.perf_counter() at admission
+    is_started: bool = False  # one of its sequences has been launched
+    priority: Priority = Priority.INTERACTIVE
+    num_taken: int = 0  # its first num_taken sequences have been taken into batches
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.offsets) - 1
+
+
+@dataclass(frozen=True)
+class QueuedSequence:
+    request: Request
+    index: int  # position within its request
+
+    @property
+    def num_tokens(self) -> int:
+        offsets = self.request.offsets
+        return int(offsets[self.index + 1] - offsets[self.index])
+
+    def token_ids(self) -> np.ndarray:
+        offsets = self.request.offsets
+        return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
+
+    def spans(self) -> np.ndarray | None:
+        spans = self.request.spans
+        return None if spans is None else spans[self.index]
+
+    def token_type_ids(self) -> np.ndarray:
+        offsets = self.request.offsets
+        types = self.request.token_type_ids
+        if types is None:
+            return np.zeros(self.num_tokens, dtype=np.int32)
+        return types[offsets[self.index] : offsets[self.index + 1]]
+
+
+class RoundRobin:
+    """The queue of requests with sequences not yet taken, in arrival order, and the rule that
+    takes a batch from it (see the module docstring). Taking costs O(sequences taken)."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[Request] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def push(self, request: Request) -> None:
+        self._waiting.append(request)
+
+    def pop_all(self) -> list[Request]:
+        waiting, self._waiting = list(self._waiting), deque()
+        return waiting
+
+    def take(self, max_tokens: int, max_sequences: int, *, at_least_one: bool = True) -> list[QueuedSequence]:
+        """The next batch; a request finished early (cancelled, failed) is dropped when reached.
+        With `at_least_one`, a first sequence longer than `max_tokens` is taken alone; without, the
+        batch may be empty (it fills the room another class left)."""
+        batch: list[QueuedSequence] = []
+        num_tokens = 0
+        taken: list[Request] = []  # requests that gave a sequence, oldest first
+
+        def fits(request: Request) -> bool:
+            n = int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
+            if not batch and at_least_one:
+                return True
+            return num_tokens + n <= max_tokens and len(batch) < max_sequences
+
+        def take_one(request: Request) -> None:
+            nonlocal num_tokens
+            seq = QueuedSequence(request, request.num_taken)
+            request.num_taken += 1
+            batch.append(seq)
+            num_tokens += seq.num_tokens
+
+        is_full = False
+        while self._waiting:  # the first round, over the queue from its oldest request
+            request = self._waiting[0]
+            if request.future.done():
+                self._waiting.popleft()
+                continue
+            if not fits(request):
+                is_full = True
+                break
+            take_one(self._waiting.popleft())
+            taken.append(request)
+        # Every waiting request has given one: later rounds go over them again, oldest first.
+        more = [r for r in taken if r.num_taken < r.num_seqs]
+        while more and not is_full:
+            for request in more:
+                if not fits(request):
+                    is_full = True
+                    break
+                take_one(request)
+            more = [r for r in more if r.num_taken < r.num_seqs]
+        for request in reversed(taken):  # those with sequences left keep their place at the front
+            if request.num_taken < request.num_seqs:
+                self._waiting.appendleft(request)
+        return batch
+
+
+class ClassQueues:
+    """The two classes' queues and the rule that takes the next batch from them (module docstring)."""
+
+    def __init__(self, policy: ClassPolicy) -> None:
+        self.policy = policy
+        self.interactive = RoundRobin()
+        self.bulk = RoundRobin()
+        self._interactive_seen_at = -math.inf
+        self._bulk_served_at = -math.inf  # a bulk launch, or bulk's queue turning non-empty
+
+    def __bool__(self) -> bool:
+        return bool(self.interactive) or bool(self.bulk)
+
+    def push(self, request: Request, now: float) -> None:
+        if request.priority == Priority.BULK and self.policy.is_enabled:
+            if not self.bulk:
+                self._bulk_served_at = now  # its wait starts now
+            self.bulk.push(request)
+        else:
+            self._interactive_seen_at = now
+            self.interactive.push(request)
+
+    def pop_all(self) -> list[Request]:
+        return self.interactive.pop_all() + self.bulk.pop_all()
+
+    def is_interactive_about(self, now: float) -> bool:
+        return bool(self.interactive) or now - self._interactive_seen_at < self.policy.interactive_hold_s
+
+    def take(self, max_tokens: int, max_sequences: int, now: float) -> list[QueuedSequence]:
+        """The next batch: at most `max_tokens` tokens (but one longer sequence alone) and
+        `max_sequences` sequences."""
+        if not self.policy.is_enabled:
+            return self.interactive.take(max_tokens, max_sequences)
+        bulk_tokens = max_tokens
+        if self.is_interactive_about(now):
+            bulk_tokens = min(self.policy.bulk_step_tokens, max_tokens)
+        if self.bulk and now - self._bulk_served_at >= self.policy.bulk_max_wait_s:
+            batch = self.bulk.take(bulk_tokens, max_sequences)
+            num_tokens = sum(seq.num_tokens for seq in batch)
+            batch += self.interactive.take(
+                max_tokens - num_tokens, max_sequences - len(batch), at_least_one=not batch
+            )
+        else:
+            batch = self.interactive.take(max_tokens, max_sequences)
+            num_tokens = sum(seq.num_tokens for seq in batch)
+            batch += self.bulk.take(
+                min(bulk_tokens, max_tokens - num_tokens), max_sequences - len(batch), at_least_one=not batch
+            )
+        if any(seq.request.priority == Priority.BULK for seq in batch):
+            self._bulk_served_at = now
+        return batch
