@@ -108,7 +108,7 @@ class WorkerMetrics:
     def hooks(self) -> SchedulerHooks:
         """The scheduler's callbacks, bound to these metrics."""
 
-        def batch_launched(num_seqs: int, num_tokens: int) -> None:
+        def batch_launched(num_seqs: int, num_tokens: int, num_bulk_tokens: int) -> None:
             self.batch_sequences.observe(num_seqs)
             self.batch_tokens.observe(num_tokens)
 
@@ -119,9 +119,9 @@ class WorkerMetrics:
         return SchedulerHooks(
             batch_stages=batch_stages,
             batch_launched=batch_launched,
-            queue_waited=self.queue_wait.observe,
+            queue_waited=lambda seconds, klass: self.queue_wait.observe(seconds),
             batch_finished=self.batch_duration.observe,
-            request_finished=self.request_duration.observe,
+            request_finished=lambda seconds, klass: self.request_duration.observe(seconds),
         )
 
 

@@ -42,6 +42,11 @@ class Priority(enum.IntEnum):
     INTERACTIVE = 1
     BULK = 2
 
+    @property
+    def label(self) -> str:
+        """The metrics' `class` label: "interactive" or "bulk"."""
+        return "bulk" if self == Priority.BULK else "interactive"
+
 
 def classify(said: int, num_sequences: int, num_tokens: int) -> Priority:
     """The class of a request: what the caller said, else by size (see the constants above)."""

@@ -78,14 +78,17 @@ class SchedulerHooks:
     """Plain callbacks for what the scheduler sees (the metrics; the scheduler imports none). They run
     on the event loop and must be cheap. Durations are in seconds."""
 
-    batch_launched: Callable[[int, int], None] = _ignore  # (num_seqs, num_tokens) per launched batch
-    queue_waited: Callable[[float], None] = _ignore  # per request: admission to its first batch's launch
+    # per launched batch: (num_seqs, num_tokens, num_bulk_tokens), the last the bulk class's share
+    batch_launched: Callable[[int, int, int], None] = _ignore
+    # per request: admission to its first batch's launch, and its class ("interactive" or "bulk")
+    queue_waited: Callable[[float, str], None] = _ignore
     batch_finished: Callable[[float], None] = _ignore  # per batch: launch to rows on the host
     # per batch, batch_finished split in four (seconds): packing on the loop; the step's own CPU work
     # (staging, copy, the graph launch), after a hand-off to the launcher thread unless launched from
     # the loop; device time plus the waiter's copy of the rows; the waiter's hand-off back to the loop
     batch_stages: Callable[[float, float, float, float], None] = _ignore
-    request_finished: Callable[[float], None] = _ignore  # per request: admission to answer (or failure)
+    # per request: admission to answer (or failure), and its class
+    request_finished: Callable[[float, str], None] = _ignore
 
 
 class Scheduler:
@@ -113,6 +116,7 @@ class Scheduler:
         self.policy = policy or ClassPolicy()
         self._queue = ClassQueues(self.policy)
         self._queued_tokens = 0
+        self._queued_bulk_tokens = 0  # of which bulk
         self._has_work = asyncio.Event()
         self._inflight = asyncio.Semaphore(max_inflight_batches)
         self._inflight_tasks: set[asyncio.Task[None]] = set()
@@ -135,6 +139,12 @@ class Scheduler:
     def queued_tokens(self) -> int:
         """Tokens admitted and not yet answered."""
         return self._queued_tokens
+
+    @property
+    def queued_tokens_by_class(self) -> dict[str, int]:
+        """`queued_tokens` per class."""
+        bulk = self._queued_bulk_tokens
+        return {"interactive": self._queued_tokens - bulk, "bulk": bulk}
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
@@ -217,6 +227,8 @@ class Scheduler:
             priority=klass,
         )
         self._queued_tokens += num_tokens
+        if klass == Priority.BULK:
+            self._queued_bulk_tokens += num_tokens
         self._queue.push(request, request.admitted_at)
         self._has_work.set()
         try:
@@ -225,7 +237,7 @@ class Scheduler:
             self._release(request)  # its queued sequences are skipped when they come up
             raise
         finally:
-            self._hooks.request_finished(time.perf_counter() - request.admitted_at)
+            self._hooks.request_finished(time.perf_counter() - request.admitted_at, request.priority.label)
 
     async def _run(self) -> None:
         while True:
@@ -269,7 +281,7 @@ class Scheduler:
         for seq in batch:
             if not seq.request.is_started:
                 seq.request.is_started = True
-                self._hooks.queue_waited(started - seq.request.admitted_at)
+                self._hooks.queue_waited(started - seq.request.admitted_at, seq.request.priority.label)
         try:
             lengths = np.fromiter((s.num_tokens for s in batch), dtype=np.int32, count=len(batch))
             token_ids = np.concatenate([s.token_ids() for s in batch])
@@ -292,7 +304,8 @@ class Scheduler:
                 rows, launched_at, ready_at = await self._on_device(packed)
             per_sequence = rows if spans is None else _rows_per_sequence(rows, spans)
             finished = time.perf_counter()
-            self._hooks.batch_launched(len(batch), int(lengths.sum()))
+            num_bulk = sum(s.num_tokens for s in batch if s.request.priority == Priority.BULK)
+            self._hooks.batch_launched(len(batch), int(lengths.sum()), num_bulk)
             self._hooks.batch_finished(finished - started)
             self._hooks.batch_stages(
                 packed_at - started, launched_at - packed_at, ready_at - launched_at, finished - ready_at
@@ -407,6 +420,8 @@ class Scheduler:
         request.num_pending -= 1
         request.num_queued_tokens -= seq.num_tokens
         self._queued_tokens -= seq.num_tokens
+        if request.priority == Priority.BULK:
+            self._queued_bulk_tokens -= seq.num_tokens
         if request.num_pending == 0:
             # every row is set once none is pending
             rows = cast("list[np.ndarray]", request.rows)
@@ -423,6 +438,8 @@ class Scheduler:
     def _release(self, request: Request) -> None:
         """Return a finished-early request's remaining tokens to the admission budget."""
         self._queued_tokens -= request.num_queued_tokens
+        if request.priority == Priority.BULK:
+            self._queued_bulk_tokens -= request.num_queued_tokens
         request.num_queued_tokens = 0
 
 
