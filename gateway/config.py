@@ -112,6 +112,19 @@ class GatewayConfig:
     risk, while a burst a healthy fleet clears in seconds is still taken. Never more than
     request_timeout_s."""
 
+    interactive_max_inputs: int = 8
+    """A request is interactive (served before bulk work by the workers, docs/scheduling.md) when
+    it has at most this many inputs and `interactive_max_tokens` tokens, unless its
+    `X-Kembed-Priority` header says otherwise; bulk else. 8: a search query with a few rewrites."""
+
+    interactive_max_tokens: int = 1024
+    """Token limit of an interactive request (see interactive_max_inputs): two 512-token passages."""
+
+    bulk_queue_share: float = 0.75
+    """Bulk requests are refused (429) once what they would wait behind passes this share of what
+    the workers' queues hold, and interactive ones only past all of it: when the fleet fills with
+    indexing, queries still get in (the workers keep the same share for them)."""
+
     header_timeout_s: float = 10.0
     """Seconds a client has to send a request's head (request line and headers), counted from the
     connection opening or from the head's first byte on a kept-alive connection; 408 and close
@@ -243,6 +256,10 @@ class GatewayConfig:
             raise ValueError(
                 f"worker_transport must be frames, stream or unary, not {self.worker_transport!r}"
             )
+        if self.interactive_max_inputs < 0 or self.interactive_max_tokens < 0:
+            raise ValueError("interactive_max_inputs and interactive_max_tokens must be >= 0")
+        if not 0 < self.bulk_queue_share <= 1:
+            raise ValueError(f"bulk_queue_share must be in (0, 1], got {self.bulk_queue_share}")
         if self.max_queue_wait_s <= 0:
             raise ValueError(f"max_queue_wait_s must be positive, got {self.max_queue_wait_s}")
         if self.retry_after_s < 0:

@@ -87,6 +87,21 @@ class GatewayMetrics:
             "Chunks sent again to another replica after one refused (full queue) or was down.",
             registry=r,
         )
+        self.class_requests = Counter(
+            "kembed_gateway_class_requests",
+            "Requests admitted, by class (interactive: served first by the workers; bulk).",
+            ["class"],
+            registry=r,
+        )
+        self.class_tokens = Counter(
+            "kembed_gateway_class_tokens",
+            "Tokens of the requests admitted, by class.",
+            ["class"],
+            registry=r,
+        )
+        for klass in ("interactive", "bulk"):  # both series exist from the start (rate() needs a zero)
+            self.class_requests.labels(klass)
+            self.class_tokens.labels(klass)
         self.errors = Counter(
             "kembed_gateway_errors",
             "Requests answered with an error, by the error's kind.",
