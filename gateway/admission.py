@@ -10,8 +10,12 @@ at once (429, `Overloaded`) when that work would
 - take longer than `max_queue_wait_s` at the rate the workers have been finishing tokens lately: it
   would time out, and take capacity from requests that will not.
 A query behind a 2048-text request is thus admitted (one chunk of it is ahead), a second such
-request is not. A request is admitted on an estimate of its tokens from its characters, before it is
-tokenized, and the estimate is then replaced by the count: under overload the gateway refuses at once
+request is not. With two classes (the workers serve interactive work before bulk, docs/scheduling.md)
+an interactive request's `ahead` is the interactive work only, and a bulk request's is all the
+interactive work plus the bulk served in turn with it; bulk is refused once that passes
+`bulk_share` of the queues' capacity, so queries still get in when indexing fills the fleet.
+A request is admitted on an estimate of its tokens from its characters, before it is tokenized, and
+the estimate is then replaced by the count: under overload the gateway refuses at once
 instead of first tokenizing what it will refuse (its CPU is then the workers' to use, or the next
 admitted request's). Work already admitted is never refused, so under a sustained 10x overload the
 admitted requests are answered within their deadline and the rest are told at once to come back.
@@ -54,64 +58,78 @@ class DrainRate:
 
 
 class Admission:
-    """Outstanding tokens of this gateway process, per request, and the rule that admits more.
-    `quantum_tokens`: what each other request gets served per turn at least (the chunk size)."""
+    """Outstanding tokens of this gateway process, per request and class, and the rule that admits
+    more. `quantum_tokens`: what each other request gets served per turn at least (the chunk size);
+    `bulk_share`: the share of the workers' queues bulk requests may fill."""
 
-    def __init__(self, max_queue_wait_s: float, quantum_tokens: int = 0) -> None:
+    def __init__(self, max_queue_wait_s: float, quantum_tokens: int = 0, bulk_share: float = 1.0) -> None:
         self.max_queue_wait_s = max_queue_wait_s
         self.quantum_tokens = quantum_tokens
+        self.bulk_share = bulk_share
         self.outstanding_tokens = 0
-        self._sizes: Counter[int] = Counter()  # tokens of each request in flight -> how many
+        # tokens of each request in flight -> how many, per class (is_bulk)
+        self._sizes: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}
         self.rate = DrainRate()
 
-    def ahead(self, num_tokens: int) -> int:
-        """Tokens of the requests in flight served, round robin, before `num_tokens` more are done."""
+    def ahead(self, num_tokens: int, *, is_bulk: bool = False) -> int:
+        """Tokens of the requests in flight served before `num_tokens` more are done: of its own
+        class round robin, and for bulk all the interactive work too (served first)."""
         share = max(num_tokens, self.quantum_tokens)
-        return sum(min(size, share) * count for size, count in self._sizes.items())
+        ahead = sum(min(size, share) * count for size, count in self._sizes[is_bulk].items())
+        if is_bulk:
+            ahead += sum(size * count for size, count in self._sizes[False].items())
+        return ahead
 
-    def refusal(self, num_tokens: int, capacity_tokens: int) -> str | None:
+    def refusal(self, num_tokens: int, capacity_tokens: int, *, is_bulk: bool = False) -> str | None:
         """Why a request of `num_tokens` must be refused now, or None to admit it. `capacity_tokens`:
         what the serving workers' queues hold together (0: unknown, no cap)."""
         if self.outstanding_tokens == 0:
             return None  # an idle gateway takes anything a worker would (the worker checks the size)
-        held = self.ahead(num_tokens) + num_tokens
+        held = self.ahead(num_tokens, is_bulk=is_bulk) + num_tokens
+        if is_bulk:
+            capacity_tokens = int(capacity_tokens * self.bulk_share)
+        kind = "bulk request" if is_bulk else "request"
         if capacity_tokens and held > capacity_tokens:
+            share = f" ({self.bulk_share:g} of the queues, the rest kept for queries)" if is_bulk else ""
             return (
-                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, "
-                f"{num_tokens} more would pass the {capacity_tokens} the workers' queues hold"
+                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this {kind} "
+                f"of {num_tokens} tokens would pass the {capacity_tokens} the workers' queues hold{share}"
             )
         rate = self.rate.tokens_per_s
         if rate > 0 and held / rate > self.max_queue_wait_s:
             return (
-                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this "
-                f"request would take {held / rate:.1f} s at the workers' recent {rate:.0f} tokens/s, "
+                f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this {kind} "
+                f"would take {held / rate:.1f} s at the workers' recent {rate:.0f} tokens/s, "
                 f"past {self.max_queue_wait_s:g} s"
             )
         return None
 
-    def admit(self, num_tokens: int) -> None:
+    def admit(self, num_tokens: int, *, is_bulk: bool = False) -> None:
         self.outstanding_tokens += num_tokens
-        self._sizes[num_tokens] += 1
+        self._sizes[is_bulk][num_tokens] += 1
 
-    def resize(self, old: int, new: int) -> None:
-        """An admitted request's estimate (see `estimate_tokens`) replaced by its real token count."""
+    def resize(self, old: int, new: int, *, was_bulk: bool = False, is_bulk: bool = False) -> None:
+        """An admitted request's estimate (see `estimate_tokens`) and class replaced by its real
+        token count and the class that count gives."""
         self.outstanding_tokens += new - old
-        self._sizes[old] -= 1
-        if not self._sizes[old]:
-            del self._sizes[old]
-        self._sizes[new] += 1
+        sizes = self._sizes[was_bulk]
+        sizes[old] -= 1
+        if not sizes[old]:
+            del sizes[old]
+        self._sizes[is_bulk][new] += 1
 
     def drained(self, num_tokens: int, now: float) -> None:
         """A chunk of `num_tokens` came back answered: the drain rate counts chunks, not requests,
         so that a large request served in turn with others is credited as it goes."""
         self.rate.finished(num_tokens, now)
 
-    def release(self, num_tokens: int) -> None:
+    def release(self, num_tokens: int, *, is_bulk: bool = False) -> None:
         """A request ended, answered or not."""
         self.outstanding_tokens -= num_tokens
-        self._sizes[num_tokens] -= 1
-        if not self._sizes[num_tokens]:
-            del self._sizes[num_tokens]
+        sizes = self._sizes[is_bulk]
+        sizes[num_tokens] -= 1
+        if not sizes[num_tokens]:
+            del sizes[num_tokens]
         if self.outstanding_tokens == 0:
             self.rate.idle()
 

@@ -57,7 +57,7 @@ from kembed.gateway.schemas import (
     as_input_list,
     parse,
 )
-from kembed.gateway.service import EmbeddingService
+from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
@@ -139,6 +139,7 @@ class Routes:
             prompt_name=body.prompt_name,
             dimensions=body.dimensions,
             normalize=None,
+            priority=request.headers.get(PRIORITY_HEADER),
         )
         data = [
             {"object": "embedding", "index": i, "embedding": row}
@@ -162,7 +163,13 @@ class Routes:
         self.service.check_model(body.model)
         texts = body.texts
         scored = await self.service.rerank(
-            body.query, texts, truncate=None, direction=None, raw=False, param="documents"
+            body.query,
+            texts,
+            truncate=None,
+            direction=None,
+            raw=False,
+            param="documents",
+            priority=request.headers.get(PRIORITY_HEADER),
         )
         results = [
             {"index": i, "relevance_score": float(scored.scores[i])}

@@ -6,10 +6,12 @@ serves them all, so one RPC per single-query request caps a worker at a few thou
 second. Under load, queries that would have queued in the worker's scheduler anyway queue here
 instead and share an RPC; when the window has room a chunk goes at once, alone, as before.
 A group never holds more than one chunk may (`max_tokens`, `max_sequences`), and never splits
-chunks. Waiting chunks are taken round robin across the requests they belong to (`Part.owner`),
-each request's in order: a request that gave a chunk to a group goes behind the others, so a query
-that arrives behind the 26 chunks of a 2048-text request waits for one of them, not for all.
-Mutated only on the event loop.
+chunks. A window carries one class of work (`Part.priority`): each replica has one per RPC method
+and class, so a query never waits here behind the bulk RPCs of an indexing job (the worker serves
+it first, which it can do only once it has it). Waiting chunks are taken round robin across the
+requests they belong to (`Part.owner`), each request's in order: a request that gave a chunk to a
+group goes behind the others, so a query that arrives behind the 26 chunks of a 2048-text request
+waits for one of them, not for all. Mutated only on the event loop.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Part:
     owner: str = ""  # the request this chunk is part of (round robin unit); empty: request_id
     spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
     num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence
+    priority: int = 1  # its request's class (the contract's Priority: 1 interactive, 2 bulk)
 
     def __post_init__(self) -> None:
         if not self.owner:

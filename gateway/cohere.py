@@ -21,7 +21,7 @@ from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction
 from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
-from kembed.gateway.service import EmbeddingService
+from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.vectors import pack_bits, quantize_int8, rank, to_base64
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
@@ -199,6 +199,7 @@ class CohereRoutes:
                 dimensions=dimensions,
                 normalize=None,
                 param=param,
+                priority=request.headers.get(PRIORITY_HEADER),
             )
         except PayloadTooLarge as error:  # say it in this API's words
             message = error.message.replace("send truncate=true", 'send truncate "END" or "START"')
@@ -222,7 +223,13 @@ class CohereRoutes:
         if body.max_tokens_per_doc is not None and documents:
             documents = await self.service.tokenization.cut(documents, body.max_tokens_per_doc, "right")
         scored = await self.service.rerank(
-            body.query, documents, truncate=None, direction=None, raw=False, param="documents"
+            body.query,
+            documents,
+            truncate=None,
+            direction=None,
+            raw=False,
+            param="documents",
+            priority=request.headers.get(PRIORITY_HEADER),
         )
         results = [
             {"index": i, "relevance_score": float(scored.scores[i])} for i in rank(scored.scores, body.top_n)

@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
-from kembed.gateway.service import EmbeddingService
+from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.vectors import EncodingFormat, encode
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
@@ -56,7 +56,9 @@ class PerplexityRoutes:
     async def contextualized_embeddings(self, request: Request) -> Response:
         body = parse(ContextualizedEmbeddingRequest, await self._body(request))
         self.service.check_model(body.model)
-        embedded = await self.service.embed_documents(body.input, dimensions=body.dimensions)
+        embedded = await self.service.embed_documents(
+            body.input, dimensions=body.dimensions, priority=request.headers.get(PRIORITY_HEADER)
+        )
         rows = encode(embedded.vectors, body.encoding_format)
         ends = np.cumsum([len(chunks) for chunks in body.input]).tolist()
         data = []

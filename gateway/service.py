@@ -54,16 +54,43 @@ class Scored:
     num_tokens: int
 
 
-class Admitted:
-    """A request's hold on the admission: its estimate until `settle` gives its token count."""
+PRIORITY_HEADER = "x-kembed-priority"
+_SAID = {"interactive": pb.PRIORITY_INTERACTIVE, "bulk": pb.PRIORITY_BULK}
 
-    def __init__(self, admission: Admission, estimate: int) -> None:
-        self._admission = admission
+
+def said_priority(header: str | None) -> int:
+    """The class a request's `X-Kembed-Priority` header asks for; unspecified when absent."""
+    if header is None:
+        return pb.PRIORITY_UNSPECIFIED
+    said = _SAID.get(header.strip().lower())
+    if said is None:
+        raise InvalidInput(f"header X-Kembed-Priority must be `interactive` or `bulk`, got {header!r}")
+    return said
+
+
+class Admitted:
+    """A request's hold on the admission: its estimate, and the class the estimate gives, until
+    `settle` gives its token count and so its class."""
+
+    def __init__(self, service: EmbeddingService, said: int, num_inputs: int, estimate: int) -> None:
+        self._service = service
+        self._said = said
+        self._num_inputs = num_inputs
         self.num_tokens = estimate
+        self.priority = service.classify(said, num_inputs, estimate)
+
+    @property
+    def is_bulk(self) -> bool:
+        return self.priority == pb.PRIORITY_BULK
 
     def settle(self, num_tokens: int) -> int:
-        self._admission.resize(self.num_tokens, num_tokens)
+        was_bulk = self.is_bulk
+        self.priority = self._service.classify(self._said, self._num_inputs, num_tokens)
+        self._service.admission.resize(self.num_tokens, num_tokens, was_bulk=was_bulk, is_bulk=self.is_bulk)
         self.num_tokens = num_tokens
+        label = "bulk" if self.is_bulk else "interactive"
+        self._service.metrics.class_requests.labels(label).inc()
+        self._service.metrics.class_tokens.labels(label).inc(num_tokens)
         return num_tokens
 
 
@@ -80,7 +107,9 @@ class EmbeddingService:
         metrics.watch(lambda: self.served_names[0])
         self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
         self.admission = Admission(
-            min(config.max_queue_wait_s, config.request_timeout_s), quantum_tokens=config.chunk_tokens
+            min(config.max_queue_wait_s, config.request_timeout_s),
+            quantum_tokens=config.chunk_tokens,
+            bulk_share=config.bulk_queue_share,
         )
         pool.on_chunk_served = lambda num_tokens: self.admission.drained(num_tokens, time.monotonic())
         # Request ids for the workers' logs: this process's pid and a counter (a uuid4 per request
@@ -133,20 +162,30 @@ class EmbeddingService:
         finally:
             self._num_in_flight -= 1
 
+    def classify(self, said: int, num_inputs: int, num_tokens: int) -> int:
+        """A request's class: what its header said, else interactive up to the configured size."""
+        if said != pb.PRIORITY_UNSPECIFIED:
+            return said
+        config = self.config
+        if num_inputs <= config.interactive_max_inputs and num_tokens <= config.interactive_max_tokens:
+            return pb.PRIORITY_INTERACTIVE
+        return pb.PRIORITY_BULK
+
     @contextlib.contextmanager
-    def _admitted(self, estimate: int) -> Iterator[Admitted]:
+    def _admitted(self, said: int, num_inputs: int, estimate: int) -> Iterator[Admitted]:
         """The request held as outstanding while it runs, first at its `estimate` (estimate_tokens),
         then at its token count once tokenized (`Admitted.settle`); or Overloaded (429) at once, before
-        any tokenizing, if the workers cannot take it in time (admission.py)."""
-        reason = self.admission.refusal(estimate, self.pool.capacity_tokens)
+        any tokenizing, if the workers cannot take it in time (admission.py). Its class (`said`, else
+        by size) decides what it waits behind, and bulk is refused first."""
+        admitted = Admitted(self, said, num_inputs, estimate)
+        reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
         if reason is not None:
             raise Overloaded(f"the workers are at capacity: {reason}; retry later")
-        self.admission.admit(estimate)
-        admitted = Admitted(self.admission, estimate)
+        self.admission.admit(estimate, is_bulk=admitted.is_bulk)
         try:
             yield admitted
         finally:
-            self.admission.release(admitted.num_tokens)
+            self.admission.release(admitted.num_tokens, is_bulk=admitted.is_bulk)
 
     def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
         texts = [len(item) for item in inputs if isinstance(item, str)]
@@ -174,8 +213,11 @@ class EmbeddingService:
         dimensions: int | None,
         normalize: bool | None,
         param: str = "input",
+        priority: str | None = None,
     ) -> Embedded:
-        """Vectors of `inputs` in order. `normalize=None` follows the model (its Normalize module)."""
+        """Vectors of `inputs` in order. `normalize=None` follows the model (its Normalize module).
+        `priority`: the request's X-Kembed-Priority header, if any."""
+        said = said_priority(priority)
         self._check_count(len(inputs), param)
         info = self.worker_info()
         if dimensions is not None and not 1 <= dimensions <= info.dimensions:
@@ -188,7 +230,7 @@ class EmbeddingService:
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(self._estimate(inputs, is_truncating)) as admitted:
+            with self._admitted(said, len(inputs), self._estimate(inputs, is_truncating)) as admitted:
                 started = time.perf_counter()
                 sequences = await self.tokenization.encode(
                     inputs,
@@ -198,7 +240,9 @@ class EmbeddingService:
                     vocab_size=vocab_size,
                 )
                 num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
-                raw = await self.pool.embed(sequences, next(self._request_ids), deadline)
+                raw = await self.pool.embed(
+                    sequences, next(self._request_ids), deadline, priority=admitted.priority
+                )
             return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
@@ -206,11 +250,12 @@ class EmbeddingService:
         return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
 
     async def embed_documents(
-        self, documents: Sequence[Sequence[str]], *, dimensions: int | None
+        self, documents: Sequence[Sequence[str]], *, dimensions: int | None, priority: str | None = None
     ) -> Embedded:
         """Late chunking: each document run as one sequence (its chunks' tokens joined, special tokens
         once), each chunk's vector the mean of its own tokens' hidden states (the worker's span
         pooling), normalised as the model does. Vectors [total chunks, dims], document by document."""
+        said = said_priority(priority)
         self._check_count(len(documents), "input")
         config = self.config
         if len(documents) > config.max_context_documents:
@@ -242,11 +287,13 @@ class EmbeddingService:
         lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(estimate_tokens(lengths, max_tokens)) as admitted:
+            with self._admitted(said, num_chunks, estimate_tokens(lengths, max_tokens)) as admitted:
                 started = time.perf_counter()
                 sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
                 num_tokens = admitted.settle(self._observe_tokenized(started, num_chunks, sequences))
-                raw = await self.pool.embed(sequences, next(self._request_ids), deadline, list(spans))
+                raw = await self.pool.embed(
+                    sequences, next(self._request_ids), deadline, list(spans), priority=admitted.priority
+                )
             return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
@@ -283,12 +330,14 @@ class EmbeddingService:
         direction: Direction | None,
         raw: bool,
         param: str = "texts",
+        priority: str | None = None,
     ) -> Scored:
         """One relevance score per text (sigmoid of the logit unless `raw`), in input order.
 
         Only a cross-encoder with one label ranks: an embedding model (task "embed") or a worker
         without Score is Unsupported (501), and so is a classifier with several labels (as TEI
         refuses /rerank for it: softmax over labels is not a relevance)."""
+        said = said_priority(priority)
         self._check_count(len(texts), param)
         info = self.worker_info()
         name = self.served_names[0]
@@ -304,13 +353,15 @@ class EmbeddingService:
         estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(estimate) as admitted:
+            with self._admitted(said, len(texts), estimate) as admitted:
                 started = time.perf_counter()
                 ids, type_ids = await self.tokenization.encode_pairs(
                     query, texts, truncate=is_truncating, direction=direction, param=param
                 )
                 num_tokens = admitted.settle(self._observe_tokenized(started, len(texts), ids))
-                logits = await self.pool.score(ids, type_ids, next(self._request_ids), deadline)
+                logits = await self.pool.score(
+                    ids, type_ids, next(self._request_ids), deadline, priority=admitted.priority
+                )
             return logits, num_tokens
 
         try:

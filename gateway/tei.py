@@ -27,7 +27,7 @@ from kembed.gateway.schemas import (
     as_input_list,
     parse,
 )
-from kembed.gateway.service import EmbeddingService
+from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.vectors import rank
 
 BodyReader = Callable[[Request], Awaitable[bytes]]
@@ -66,6 +66,7 @@ class TeiRoutes:
 
     async def root(self, request: Request) -> Response:
         body = await self.read_body(request)
+        priority = request.headers.get(PRIORITY_HEADER)
         try:
             shape = orjson.loads(body)
         except orjson.JSONDecodeError as error:
@@ -73,19 +74,19 @@ class TeiRoutes:
         if not isinstance(shape, dict):
             raise InvalidInput("invalid request: body: Input should be an object")
         if "query" in shape and "texts" in shape:
-            return await self.rerank_body(body)
+            return await self.rerank_body(body, priority)
         inputs = shape.get("inputs")
         if isinstance(inputs, dict) and "source_sentence" in inputs:
-            return await self.similarity_body(body)
-        return await self.embed_body(body)
+            return await self.similarity_body(body, priority)
+        return await self.embed_body(body, priority)
 
     async def embed(self, request: Request) -> Response:
-        return await self.embed_body(await self.read_body(request))
+        return await self.embed_body(await self.read_body(request), request.headers.get(PRIORITY_HEADER))
 
     async def rerank(self, request: Request) -> Response:
-        return await self.rerank_body(await self.read_body(request))
+        return await self.rerank_body(await self.read_body(request), request.headers.get(PRIORITY_HEADER))
 
-    async def embed_body(self, body: bytes) -> Response:
+    async def embed_body(self, body: bytes, priority: str | None = None) -> Response:
         request = parse(EmbedRequest, body)
         embedded = await self.service.embed(
             as_input_list(request.inputs),
@@ -95,10 +96,11 @@ class TeiRoutes:
             dimensions=request.dimensions,
             normalize=request.normalize,
             param="inputs",
+            priority=priority,
         )
         return json_response(embedded.vectors)
 
-    async def rerank_body(self, body: bytes) -> Response:
+    async def rerank_body(self, body: bytes, priority: str | None = None) -> Response:
         request = parse(RerankRequest, body)
         scored = await self.service.rerank(
             request.query,
@@ -106,6 +108,7 @@ class TeiRoutes:
             truncate=request.truncate,
             direction=as_direction(request.truncation_direction),
             raw=request.raw_scores,
+            priority=priority,
         )
         return json_response(
             [
@@ -116,9 +119,9 @@ class TeiRoutes:
         )
 
     async def similarity(self, request: Request) -> Response:
-        return await self.similarity_body(await self.read_body(request))
+        return await self.similarity_body(await self.read_body(request), request.headers.get(PRIORITY_HEADER))
 
-    async def similarity_body(self, body: bytes) -> Response:
+    async def similarity_body(self, body: bytes, priority: str | None = None) -> Response:
         """Cosine similarity of the source sentence to each of the others, in their order."""
         request = parse(SimilarityRequest, body)
         pair = request.inputs
@@ -130,6 +133,7 @@ class TeiRoutes:
             dimensions=None,
             normalize=True,
             param="inputs",
+            priority=priority,
         )
         vectors = embedded.vectors.astype(np.float64)
         norms = np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)

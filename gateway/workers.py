@@ -62,7 +62,8 @@ class Replica:
     stream: WorkerStream | None  # the gRPC data path; None: unary RPCs (configured, or an older worker)
     frames: FrameStream | None = None  # the data port's path, once Info advertised one (preferred)
     data_port_lost_at: float = -math.inf  # loop.time() its data port last failed to connect
-    windows: dict[str, RpcWindow] = field(default_factory=dict)  # by RPC method: "Embed", "Score"
+    # by RPC method ("Embed", "Score") and class (the contract's Priority)
+    windows: dict[tuple[str, int], RpcWindow] = field(default_factory=dict)
     outstanding_tokens: int = 0
     num_chunks_served: int = 0
     is_serving: bool = False
@@ -129,12 +130,16 @@ class WorkerPool:
             is_stream = self._config.worker_transport != "unary"
             stream = WorkerStream(stub, address, self._metadata) if is_stream else None
             replica = Replica(address, channel, stub, stream)
-            replica.windows = {method: self._window(replica, method) for method in ("Embed", "Score")}
+            replica.windows = {
+                (method, priority): self._window(replica, method, priority)
+                for method in ("Embed", "Score")
+                for priority in (pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BULK)
+            }
             self.replicas.append(replica)
         await self._probe_all()
         self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
 
-    def _window(self, replica: Replica, method: str) -> RpcWindow:
+    def _window(self, replica: Replica, method: str, priority: int) -> RpcWindow:
         async def rpc(parts: list[Part]) -> np.ndarray:
             """One RPC of `parts`' sequences; their rows [sequences, width] in order."""
             spans: list[np.ndarray | None] | None = None
@@ -157,12 +162,18 @@ class WorkerPool:
             batch = pack(token_ids, token_type_ids, spans)
             if method == "Embed":
                 response = await self._call(
-                    replica, "embed", pb.EmbedRequest(batch=batch, request_id=request_id), timeout
+                    replica,
+                    "embed",
+                    pb.EmbedRequest(batch=batch, request_id=request_id, priority=priority),  # type: ignore[arg-type]
+                    timeout,
                 )
                 # a worker without span pooling answers one row per sequence: refused here
                 return decode_embeddings(response, len(token_ids) if spans is None else num_rows(spans))
             response = await self._call(
-                replica, "score", pb.ScoreRequest(batch=batch, request_id=request_id), timeout
+                replica,
+                "score",
+                pb.ScoreRequest(batch=batch, request_id=request_id, priority=priority),  # type: ignore[arg-type]
+                timeout,
             )
             return decode_scores(response, len(token_ids))
 
@@ -322,7 +333,7 @@ class WorkerPool:
                 raise Timeout("the request did not complete within its deadline")
             replica.outstanding_tokens += part.num_tokens
             try:
-                rows = await replica.windows[method].call(part)
+                rows = await replica.windows[method, part.priority].call(part)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE:
                     if replica.is_serving:
@@ -352,6 +363,8 @@ class WorkerPool:
         request_id: str,
         deadline: float,
         spans: Sequence[np.ndarray | None] | None = None,
+        *,
+        priority: int = pb.PRIORITY_INTERACTIVE,
     ) -> np.ndarray:
         """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order; with `spans`
         (per sequence None or its span bounds), one row per span instead, in order. A sequence is
@@ -365,7 +378,15 @@ class WorkerPool:
         async def run(index: int) -> np.ndarray:
             chunk = chunks[index]
             ids = sequences[chunk.start : chunk.stop]
-            part = Part(f"{request_id}/{index}", ids, None, chunk.num_tokens, deadline, owner=request_id)
+            part = Part(
+                f"{request_id}/{index}",
+                ids,
+                None,
+                chunk.num_tokens,
+                deadline,
+                owner=request_id,
+                priority=priority,
+            )
             if spans is not None:
                 part.spans = spans[chunk.start : chunk.stop]
                 part.num_rows = num_rows(part.spans)
@@ -377,7 +398,13 @@ class WorkerPool:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def score(
-        self, ids: Sequence[np.ndarray], type_ids: Sequence[np.ndarray], request_id: str, deadline: float
+        self,
+        ids: Sequence[np.ndarray],
+        type_ids: Sequence[np.ndarray],
+        request_id: str,
+        deadline: float,
+        *,
+        priority: int = pb.PRIORITY_INTERACTIVE,
     ) -> np.ndarray:
         """Raw logits of templated pairs, [len(ids), num_labels], in input order; chunked and balanced
         over replicas like `embed` (a rerank of many long documents is as large as any embedding)."""
@@ -396,6 +423,7 @@ class WorkerPool:
                 chunk.num_tokens,
                 deadline,
                 owner=request_id,
+                priority=priority,
             )
             return await self._send("Score", part)
 

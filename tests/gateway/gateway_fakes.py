@@ -68,10 +68,15 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     frame_requests: int = 0  # Embed/Score requests received on the data port
     frame_connections: int = 0  # connections opened to the data port
     max_queued_tokens: int = 65536  # what its Info says its queue holds
+    priorities: list[int] = field(default_factory=list)  # the class of each Embed/Score request
+    bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        self.priorities.append(request.priority)
+        if self.bulk_gate is not None and request.priority == pb.PRIORITY_BULK:
+            await self.bulk_gate.wait()
         if self.fail_with is not None:
             await context.abort(self.fail_with, f"fake {self.fail_with.name}")
         self.batches.append(list(request.batch.lengths))
@@ -83,6 +88,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
         )
 
     async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext) -> pb.ScoreResponse:
+        self.priorities.append(request.priority)
         if self.fail_with is not None:
             await context.abort(self.fail_with, f"fake {self.fail_with.name}")
         if not self.num_labels:
