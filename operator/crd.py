@@ -46,6 +46,11 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.worker.cudaGraphs || size(self.graphs.prewarmBuckets) == 0",
             "message": "graphs.prewarmBuckets needs worker.cudaGraphs",
         },
+        {
+            "rule": "self.trafficClasses.bulkStepTokens <= self.worker.maxBatchTokens",
+            "message": "trafficClasses.bulkStepTokens must not exceed worker.maxBatchTokens: bulk steps "
+            "are part of a batch",
+        },
     ],
 }
 # A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.

@@ -122,7 +122,7 @@ def pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], **
 
 def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
     """The worker's `KEMBED_WORKER_*` environment (see `python -m kembed.worker --help`)."""
-    w, m = spec.worker, spec.model
+    w, m, t = spec.worker, spec.model, spec.traffic_classes
     env = {
         "KEMBED_WORKER_MODEL": MODEL_MOUNT,
         "KEMBED_WORKER_HOST": "0.0.0.0",
@@ -139,6 +139,12 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_MAX_GRAPHS": str(w.max_graphs),
         "KEMBED_WORKER_MAX_PINNED_BYTES": str(w.max_pinned_bytes),
         "KEMBED_WORKER_NUM_THREADS": str(w.num_threads),
+        # The class rule (worker/queues.py), part of the revision: a pod keeps the rule it started with.
+        "KEMBED_WORKER_PRIORITY_CLASSES": "true" if t.enabled else "false",
+        "KEMBED_WORKER_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
+        "KEMBED_WORKER_BULK_STEP_TOKENS": str(t.bulk_step_tokens),  # 0: the worker takes half its budget
+        "KEMBED_WORKER_INTERACTIVE_HOLD_S": str(t.interactive_hold_seconds),
+        "KEMBED_WORKER_BULK_MAX_WAIT_S": str(t.bulk_max_wait_seconds),
         "KEMBED_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         "KEMBED_REVISION": revision,
     }
@@ -259,7 +265,7 @@ def worker_addresses(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> l
 
 
 def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[dict[str, Any]]:
-    g, m = spec.gateway, spec.model
+    g, m, t = spec.gateway, spec.model, spec.traffic_classes
     values = {
         "KEMBED_GATEWAY_MODEL_DIR": MODEL_MOUNT,
         "KEMBED_GATEWAY_HOST": "0.0.0.0",
@@ -272,6 +278,10 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_MAX_CONCURRENT_REQUESTS": str(g.max_concurrent_requests),
         "KEMBED_GATEWAY_REQUEST_TIMEOUT_S": str(g.request_timeout_seconds),
         "KEMBED_GATEWAY_AUTO_TRUNCATE": "true" if g.auto_truncate else "false",
+        "KEMBED_GATEWAY_INTERACTIVE_MAX_INPUTS": str(t.interactive_max_inputs),
+        "KEMBED_GATEWAY_INTERACTIVE_MAX_TOKENS": str(t.interactive_max_tokens),
+        # Classes off, the workers queue bulk as they queue interactive requests: admit it alike.
+        "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share if t.enabled else 1.0),
     }
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name

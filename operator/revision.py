@@ -1,9 +1,11 @@
 """A revision: a short hash of everything that shapes a worker pod, and nothing that does not.
 
 Image, model (source, dtype, pooling, prompts, ...), engine settings (backend, buckets, batch limits,
-pinned-memory cap, CUDA graphs), resources and placement are in it; `worker.replicas` is not — scaling
-is never a rollout — and neither are the gateway, graph-prewarm and rollout settings, which change how
-a revision is served or gated, not what it computes.
+pinned-memory cap, CUDA graphs, the workers' side of the traffic classes), resources and placement are
+in it; `worker.replicas` is not — scaling is never a rollout — and neither are the gateway, graph-prewarm
+and rollout settings, which change how a revision is served or gated, not what it computes. The class
+rule is in although it changes no output: a worker reads it once, at start, and it decides which
+batches (and so which CUDA-graph buckets) the revision runs, so a new rule goes through the same gates.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kembed.operator.spec import EmbeddingModelSpec
+from kembed.operator.spec import WORKER_CLASS_FIELDS, EmbeddingModelSpec, TrafficClassesSpec
 
 REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
 
@@ -28,5 +30,10 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
             | ({"auth_token_secret_ref"} if spec.worker.auth_token_secret_ref is None else set()),
         ),
     }
+    # The workers' class rule, left out at its defaults: revisions from before it existed keep their
+    # hash, so upgrading the operator rolls no worker out.
+    classes = spec.traffic_classes.model_dump(mode="json", include=set(WORKER_CLASS_FIELDS))
+    if classes != TrafficClassesSpec().model_dump(mode="json", include=set(WORKER_CLASS_FIELDS)):
+        shaping["traffic_classes"] = classes
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_CHARS]

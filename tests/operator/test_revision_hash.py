@@ -8,7 +8,7 @@ import pytest
 from operator_fakes import example
 
 from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec import TrafficClassesSpec, parse_spec
 
 BASE = example("bge-m3-gpu.yaml")["spec"]
 IMAGE = "registry.test/kembed/worker:1"
@@ -16,7 +16,7 @@ IMAGE = "registry.test/kembed/worker:1"
 
 def revision_after(section: str, **fields) -> str:
     spec = copy.deepcopy(BASE)
-    spec[section].update(fields)
+    spec.setdefault(section, {}).update(fields)
     return revision_of(parse_spec(spec), IMAGE)
 
 
@@ -30,6 +30,11 @@ SHAPING = {
     "pinned-cap": ("worker", {"maxPinnedBytes": 1 << 30}),
     "resources": ("worker", {"resources": {"limits": {"nvidia.com/gpu": 2}}}),
     "node-selector": ("worker", {"nodeSelector": {"gpu": "a100"}}),
+    "classes-off": ("trafficClasses", {"enabled": False}),
+    "bulk-queue-share": ("trafficClasses", {"bulkQueueShare": 0.5}),
+    "bulk-step-tokens": ("trafficClasses", {"bulkStepTokens": 2048}),
+    "interactive-hold": ("trafficClasses", {"interactiveHoldSeconds": 0.25}),
+    "bulk-max-wait": ("trafficClasses", {"bulkMaxWaitSeconds": 2}),
 }
 NOT_SHAPING = {
     "worker-replicas": ("worker", {"replicas": 7}),
@@ -38,6 +43,8 @@ NOT_SHAPING = {
     "prewarm-buckets": ("graphs", {"prewarmBuckets": ["1x64"]}),
     "startup-prewarm": ("graphs", {"startupPrewarm": "listed", "prewarmSeconds": 30}),
     "min-cosine": ("rollout", {"minCosine": 0.99}),
+    "interactive-inputs": ("trafficClasses", {"interactiveMaxInputs": 4}),
+    "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
 }
 
@@ -56,3 +63,12 @@ def test_the_image_is_part_of_the_revision():
     spec = parse_spec(BASE)
     assert revision_of(spec, IMAGE) != revision_of(spec, IMAGE + "-patched")
     assert len(revision_of(spec, IMAGE)) == 8
+
+
+def test_traffic_classes_at_their_defaults_keep_the_revision_of_a_spec_without_them():
+    """So that upgrading to an operator that knows trafficClasses rolls no worker out."""
+    without = {k: v for k, v in copy.deepcopy(BASE).items() if k != "trafficClasses"}
+    defaults = TrafficClassesSpec().model_dump(by_alias=True, mode="json")
+    assert revision_of(parse_spec(without | {"trafficClasses": defaults}), IMAGE) == revision_of(
+        parse_spec(without), IMAGE
+    )
