@@ -50,7 +50,9 @@ class V2EmbedInput(BaseModel):
 
 
 class V2EmbedRequest(BaseModel):
-    """`POST /v2/embed`, Cohere's v2 shape. `priority` is accepted and ignored (one traffic class)."""
+    """`POST /v2/embed`, Cohere's v2 shape. `priority` (Cohere: lower is served earlier, 0 the
+    default and highest) above 0 makes the request bulk (docs/scheduling.md) unless the
+    X-Kembed-Priority header says otherwise; 0 or absent leaves it to the size rule."""
 
     model_config = _STRICT
     model: str | None = None
@@ -62,6 +64,7 @@ class V2EmbedRequest(BaseModel):
     output_dimension: int | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     truncate: Literal["NONE", "START", "END"] = "END"  # Cohere's default
+    priority: int | None = Field(default=None, ge=0)
 
 
 class V2RerankRequest(BaseModel):
@@ -199,7 +202,7 @@ class CohereRoutes:
                 dimensions=dimensions,
                 normalize=None,
                 param=param,
-                priority=request.headers.get(PRIORITY_HEADER),
+                priority=request.headers.get(PRIORITY_HEADER, "bulk" if body.priority else None),
             )
         except PayloadTooLarge as error:  # say it in this API's words
             message = error.message.replace("send truncate=true", 'send truncate "END" or "START"')

@@ -147,3 +147,20 @@ async def test_a_query_goes_to_a_free_replica_not_one_busy_with_bulk(gateway_wit
         gate.set()
         assert (await flood).status_code == 200
     assert idle.priorities == [INTERACTIVE] * 4 and loaded.priorities == [BULK]
+
+
+@pytest.mark.parametrize(
+    ("priority", "header", "expected"),
+    [(None, None, INTERACTIVE), (0, None, INTERACTIVE), (3, None, BULK), (3, "interactive", INTERACTIVE)],
+    ids=["absent", "cohere-highest", "cohere-lower", "header-wins"],
+)
+async def test_cohere_priority_above_zero_is_bulk(gateway_with, priority, header, expected):
+    fake = FakeEmbedder()
+    body = {"texts": ["a query"], "input_type": "search_query", "embedding_types": ["float"]}
+    if priority is not None:
+        body["priority"] = priority
+    headers = {} if header is None else {"X-Kembed-Priority": header}
+    async with gateway_with(fake) as client:
+        response = await client.post("/v2/embed", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert fake.priorities == [expected]
