@@ -10,11 +10,11 @@ Served by prometheus_client's HTTP server on `metrics_port` (started in `__main_
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -35,14 +35,16 @@ SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
 BATCH_STAGES = ("pack", "launch", "device", "resume")  # in SchedulerHooks.batch_stages' order
 # as worker/engine/graphs.py names them
 EAGER_REASONS = ("cold", "uncapturable", "disabled", "full", "uncovered")
+# The `class` label's values, as Priority.label names them (worker/queues.py): two, whatever clients send.
+CLASSES = ("interactive", "bulk")
 
 
 class QueueState(Protocol):
-    """What the collector reads from the scheduler at each scrape: its backlog and the budgets it
-    enforces (the dashboards draw batch fill and queue depth against these)."""
+    """What the collector reads from the scheduler at each scrape: its backlog per class and the
+    budgets it enforces (the dashboards draw batch fill and queue depth against these)."""
 
     @property
-    def queued_tokens(self) -> int: ...
+    def queued_tokens_by_class(self) -> Mapping[str, int]: ...
 
     max_batch_tokens: int
     max_batch_sequences: int
@@ -50,7 +52,8 @@ class QueueState(Protocol):
 
 
 class WorkerMetrics:
-    """The metrics the scheduler pushes (histograms) plus a collector for engine state."""
+    """The metrics the scheduler pushes (histograms, tokens per class) plus a collector for engine and
+    queue state."""
 
     def __init__(self, info: ModelInfo, *, revision: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
@@ -59,10 +62,12 @@ class WorkerMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, buckets=buckets, registry=r)
 
-        self.queue_wait = histogram(
+        self.queue_wait = Histogram(
             "kembed_worker_queue_wait_seconds",
-            "Per request: time from admission until its first sequence's batch is launched.",
-            DURATION_BUCKETS,
+            "Per request: time from admission until its first sequence's batch is launched, by class.",
+            ["class"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
         self.batch_duration = histogram(
             "kembed_worker_batch_duration_seconds",
@@ -80,11 +85,24 @@ class WorkerMetrics:
             registry=r,
         )
         self._stages = tuple(self.batch_stage.labels(stage) for stage in BATCH_STAGES)
-        self.request_duration = histogram(
+        self.request_duration = Histogram(
             "kembed_worker_request_duration_seconds",
-            "Per Embed/Score request: time from admission until its answer (or failure).",
-            DURATION_BUCKETS,
+            "Per Embed/Score request: time from admission until its answer (or failure), by class.",
+            ["class"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
         )
+        self.batch_class_tokens = Counter(
+            "kembed_worker_batch_class_tokens",
+            "Real (unpadded) tokens of the launched batches, by the class of their request.",
+            ["class"],
+            registry=r,
+        )
+        # Children bound once, so that both classes' series exist from the start (rate() needs the
+        # zero) and a hook looks its class up in a dict instead of calling labels().
+        self._queue_wait = {klass: self.queue_wait.labels(klass) for klass in CLASSES}
+        self._request_duration = {klass: self.request_duration.labels(klass) for klass in CLASSES}
+        self._interactive_tokens, self._bulk_tokens = (self.batch_class_tokens.labels(k) for k in CLASSES)
         self.batch_tokens = histogram(
             "kembed_worker_batch_tokens", "Real (unpadded) tokens per launched batch.", TOKEN_BUCKETS
         )
@@ -111,6 +129,8 @@ class WorkerMetrics:
         def batch_launched(num_seqs: int, num_tokens: int, num_bulk_tokens: int) -> None:
             self.batch_sequences.observe(num_seqs)
             self.batch_tokens.observe(num_tokens)
+            self._interactive_tokens.inc(num_tokens - num_bulk_tokens)
+            self._bulk_tokens.inc(num_bulk_tokens)
 
         def batch_stages(*seconds: float) -> None:
             for stage, value in zip(self._stages, seconds, strict=True):
@@ -119,9 +139,9 @@ class WorkerMetrics:
         return SchedulerHooks(
             batch_stages=batch_stages,
             batch_launched=batch_launched,
-            queue_waited=lambda seconds, klass: self.queue_wait.observe(seconds),
+            queue_waited=lambda seconds, klass: self._queue_wait[klass].observe(seconds),
             batch_finished=self.batch_duration.observe,
-            request_finished=lambda seconds, klass: self.request_duration.observe(seconds),
+            request_finished=lambda seconds, klass: self._request_duration[klass].observe(seconds),
         )
 
 
@@ -138,11 +158,15 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._engine_stats()
         queue = self._queue
-        yield GaugeMetricFamily(
+        queued = GaugeMetricFamily(
             "kembed_worker_queued_tokens",
-            "Tokens admitted and not yet answered (the admission cap counts these).",
-            value=queue.queued_tokens,
+            "Tokens admitted and not yet answered, by class (the admission cap counts their sum).",
+            labels=["class"],
         )
+        by_class = queue.queued_tokens_by_class
+        for klass in CLASSES:
+            queued.add_metric([klass], by_class.get(klass, 0))
+        yield queued
         yield GaugeMetricFamily(
             "kembed_worker_max_queued_tokens",
             "The admission cap: past this many queued tokens a request is refused (max_queued_tokens).",

@@ -69,7 +69,7 @@ class BatchRunner(Protocol):
     # (a captured graph's replay: no capture, no eager forward), so it may run on the event loop.
 
 
-def _ignore(*_: float) -> None:
+def _ignore(*_: object) -> None:
     pass
 
 

@@ -53,13 +53,15 @@ async def test_pinned_memory_moves_with_load_and_returns_to_idle(model_dir):
     assert 0 < idle[reserved] <= MAX_PINNED_BYTES
 
     peak, stop, trace, began = [0.0], threading.Event(), [], time.perf_counter()
-    queued = ("kembed_worker_queued_tokens", ())
+    queued = [("kembed_worker_queued_tokens", (("class", klass),)) for klass in ("interactive", "bulk")]
 
     def sample() -> None:  # a scraper polling while batches are in flight
         while not stop.is_set():
             now = scrape(metrics)
             peak[0] = max(peak[0], now[in_use])
-            trace.append((time.perf_counter() - began, now[in_use], now[reserved], now[queued]))
+            trace.append(
+                (time.perf_counter() - began, now[in_use], now[reserved], sum(now[k] for k in queued))
+            )
             time.sleep(0.002)
 
     sampler = threading.Thread(target=sample)
@@ -82,7 +84,7 @@ async def test_pinned_memory_moves_with_load_and_returns_to_idle(model_dir):
         sampler.join()
         await scheduler.close()
     after = scrape(metrics)
-    trace.append((time.perf_counter() - began, after[in_use], after[reserved], after[queued]))
+    trace.append((time.perf_counter() - began, after[in_use], after[reserved], sum(after[k] for k in queued)))
     if path := os.environ.get("KEMBED_PINNED_TRACE"):  # docs/metrics-pinned-memory-gpu.png's data
         record = {"limit": MAX_PINNED_BYTES, "samples": trace, "device": engine.info.device}
         await asyncio.to_thread(Path(path).write_text, json.dumps(record))

@@ -1,6 +1,8 @@
 """The worker's /metrics: contracted names and labels, moving with Embed traffic through a real
-in-process gRPC server on the CPU engine; served over HTTP on the metrics port."""
+in-process gRPC server on the CPU engine, split by class (interactive, bulk) where the scheduler says
+it; served over HTTP on the metrics port."""
 
+import asyncio
 import urllib.request
 
 import grpc
@@ -13,19 +15,22 @@ from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.engine import load_engine
+from kembed.worker.errors import Unavailable
 from kembed.worker.metrics import WorkerMetrics, serve_metrics
+from kembed.worker.queues import Priority
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.server import EmbedderService, build_server
 
 MAX_PINNED_BYTES = 1 << 20
 CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
-    "kembed_worker_queue_wait_seconds": set(),
+    "kembed_worker_queue_wait_seconds": {"class"},
     "kembed_worker_batch_duration_seconds": set(),
     "kembed_worker_batch_stage_seconds": {"stage"},
-    "kembed_worker_request_duration_seconds": set(),
+    "kembed_worker_request_duration_seconds": {"class"},
+    "kembed_worker_batch_class_tokens": {"class"},
     "kembed_worker_batch_tokens": set(),
     "kembed_worker_batch_sequences": set(),
-    "kembed_worker_queued_tokens": set(),
+    "kembed_worker_queued_tokens": {"class"},
     "kembed_worker_max_queued_tokens": set(),
     "kembed_worker_max_batch_tokens": set(),
     "kembed_worker_max_batch_sequences": set(),
@@ -39,6 +44,8 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_worker_gpu_memory_bytes": set(),
     "kembed_worker_info": {"model", "dtype", "attention_backend", "revision"},
 }
+CLASSES = {"interactive", "bulk"}
+INTERACTIVE, BULK = 'class="interactive"', 'class="bulk"'
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +94,9 @@ async def test_metrics_parse_with_the_contracted_names_and_labels(served):
         assert families[name].samples, name
         for sample in families[name].samples:
             assert set(sample.labels) - {"le"} == labels, sample
+    for name, labels in CONTRACT.items():
+        if "class" in labels:  # both classes from the start, and nothing else
+            assert {s.labels["class"] for s in families[name].samples} == CLASSES, name
     states = {s.labels["state"] for s in families["kembed_worker_pinned_memory_bytes"].samples}
     reasons = {s.labels["reason"] for s in families["kembed_worker_eager_steps"].samples}
     assert states == {"in_use", "reserved"}
@@ -101,9 +111,12 @@ async def test_an_embed_moves_the_batch_and_request_histograms(served):
     assert after["kembed_worker_batch_tokens_count{}"] == before["kembed_worker_batch_tokens_count{}"] + 1
     assert after["kembed_worker_batch_tokens_sum{}"] == before["kembed_worker_batch_tokens_sum{}"] + 6
     assert after["kembed_worker_batch_sequences_sum{}"] == before["kembed_worker_batch_sequences_sum{}"] + 2
-    for name in ("queue_wait_seconds", "batch_duration_seconds", "request_duration_seconds"):
-        key = f"kembed_worker_{name}_count{{}}"
-        assert after[key] == before[key] + 1, name
+    for key in (
+        f"kembed_worker_queue_wait_seconds_count{{{INTERACTIVE}}}",  # 2 sequences: interactive by size
+        "kembed_worker_batch_duration_seconds_count{}",
+        f"kembed_worker_request_duration_seconds_count{{{INTERACTIVE}}}",
+    ):
+        assert after[key] == before[key] + 1, key
     stage_sums = 0.0
     for stage in ("pack", "launch", "device", "resume"):
         key = f'kembed_worker_batch_stage_seconds_count{{stage="{stage}"}}'
@@ -112,7 +125,63 @@ async def test_an_embed_moves_the_batch_and_request_histograms(served):
         stage_sums += after[key] - before[key]
     batch = "kembed_worker_batch_duration_seconds_sum{}"
     assert stage_sums == pytest.approx(after[batch] - before[batch], abs=1e-6)  # the stages split it
-    assert after["kembed_worker_queued_tokens{}"] == 0
+    assert after[f"kembed_worker_queued_tokens{{{INTERACTIVE}}}"] == 0
+    assert after[f"kembed_worker_queued_tokens{{{BULK}}}"] == 0
+
+
+@pytest.fixture
+async def scheduled(engine):
+    """(scheduler, metrics): the scheduler wired to its metrics as `__main__` wires it, no server."""
+    metrics = WorkerMetrics(engine.info, revision="r1")
+    scheduler = Scheduler(engine, max_batch_tokens=512, max_queued_tokens=4096, hooks=metrics.hooks())
+    metrics.watch(engine.stats, scheduler, MAX_PINNED_BYTES)
+    scheduler.start()
+    yield scheduler, metrics
+    await scheduler.close()
+
+
+def batch(*lengths: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, lengths) of sequences of these lengths: [CLS] word... [SEP]."""
+    ids = np.concatenate([np.array([101, *[7592] * (n - 2), 102], "<i4") for n in lengths])
+    return ids, np.array(lengths, "<i4")
+
+
+async def test_an_interactive_and_a_bulk_request_are_counted_in_their_own_class(scheduled):
+    scheduler, metrics = scheduled
+    before = samples(metrics)
+    await scheduler.submit(*batch(4, 2), priority=Priority.INTERACTIVE)
+    await scheduler.submit(*batch(5, 3, 3), priority=Priority.BULK)
+    after = samples(metrics)
+
+    def moved(key: str) -> float:
+        return after[key] - before[key]
+
+    for klass in (INTERACTIVE, BULK):
+        assert moved(f"kembed_worker_queue_wait_seconds_count{{{klass}}}") == 1, klass
+        assert moved(f"kembed_worker_request_duration_seconds_count{{{klass}}}") == 1, klass
+        assert after[f"kembed_worker_queued_tokens{{{klass}}}"] == 0, klass
+    assert moved(f"kembed_worker_batch_class_tokens_total{{{INTERACTIVE}}}") == 6
+    assert moved(f"kembed_worker_batch_class_tokens_total{{{BULK}}}") == 11
+    assert moved("kembed_worker_batch_tokens_sum{}") == 17  # the classes split the batches' tokens
+
+
+async def test_queued_tokens_are_reported_per_class_while_they_wait(engine):
+    metrics = WorkerMetrics(engine.info, revision="r1")
+    scheduler = Scheduler(engine, max_batch_tokens=512, max_queued_tokens=4096, hooks=metrics.hooks())
+    metrics.watch(engine.stats, scheduler, MAX_PINNED_BYTES)  # never started: requests stay queued
+    waiting = [
+        asyncio.create_task(scheduler.submit(*batch(4, 2), priority=Priority.INTERACTIVE)),
+        asyncio.create_task(scheduler.submit(*batch(5, 3, 3), priority=Priority.BULK)),
+        asyncio.create_task(scheduler.submit(*batch(7))),  # unspecified: interactive by its size
+    ]
+    await asyncio.sleep(0)
+    queued = samples(metrics)
+    await scheduler.close()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(result, Unavailable) for result in results), results
+    assert queued[f"kembed_worker_queued_tokens{{{INTERACTIVE}}}"] == 13
+    assert queued[f"kembed_worker_queued_tokens{{{BULK}}}"] == 11
+    assert samples(metrics)[f"kembed_worker_queued_tokens{{{INTERACTIVE}}}"] == 0
 
 
 async def test_the_budgets_the_scheduler_enforces_are_exported(served):
