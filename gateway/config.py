@@ -112,6 +112,11 @@ class GatewayConfig:
     risk, while a burst a healthy fleet clears in seconds is still taken. Never more than
     request_timeout_s."""
 
+    priority_classes: bool = True
+    """Tell the workers each request's class (docs/scheduling.md) and admit by class. Off (set it
+    as the workers' `priority_classes`): every request is sent as interactive and admitted alike,
+    as workers without classes serve them."""
+
     interactive_max_inputs: int = 8
     """A request is interactive (served before bulk work by the workers, docs/scheduling.md) when
     it has at most this many inputs and `interactive_max_tokens` tokens, unless its

@@ -164,9 +164,11 @@ class EmbeddingService:
 
     def classify(self, said: int, num_inputs: int, num_tokens: int) -> int:
         """A request's class: what its header said, else interactive up to the configured size."""
+        config = self.config
+        if not config.priority_classes:
+            return pb.PRIORITY_INTERACTIVE
         if said != pb.PRIORITY_UNSPECIFIED:
             return said
-        config = self.config
         if num_inputs <= config.interactive_max_inputs and num_tokens <= config.interactive_max_tokens:
             return pb.PRIORITY_INTERACTIVE
         return pb.PRIORITY_BULK

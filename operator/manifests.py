@@ -281,7 +281,8 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_INTERACTIVE_MAX_INPUTS": str(t.interactive_max_inputs),
         "KEMBED_GATEWAY_INTERACTIVE_MAX_TOKENS": str(t.interactive_max_tokens),
         # Classes off, the workers queue bulk as they queue interactive requests: admit it alike.
-        "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share if t.enabled else 1.0),
+        "KEMBED_GATEWAY_PRIORITY_CLASSES": "true" if t.enabled else "false",
+        "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
     }
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name

@@ -324,8 +324,9 @@ class TrafficClassesSpec(_Model):
         True,
         description="Serve interactive requests before bulk ones. Off: each worker keeps one "
         "first-come-first-served queue (round robin across requests) and the gateway admits bulk as "
-        "it admits interactive requests (its bulk share becomes 1). On by default: without it a query "
-        "behind an indexing backlog waits for all of it. Workers: KEMBED_WORKER_PRIORITY_CLASSES.",
+        "it admits interactive requests. On by default: without it a query behind an indexing backlog "
+        "waits for all of it. Workers: KEMBED_WORKER_PRIORITY_CLASSES; gateway: "
+        "KEMBED_GATEWAY_PRIORITY_CLASSES.",
     )
     interactive_max_inputs: int = Field(
         8,

@@ -164,3 +164,12 @@ async def test_cohere_priority_above_zero_is_bulk(gateway_with, priority, header
         response = await client.post("/v2/embed", json=body, headers=headers)
     assert response.status_code == 200, response.text
     assert fake.priorities == [expected]
+
+
+async def test_with_the_classes_off_every_request_goes_as_interactive(gateway_with):
+    fake = FakeEmbedder()
+    async with gateway_with(fake, priority_classes=False, max_chunk_sequences=64) as client:
+        for headers in ({}, {"X-Kembed-Priority": "bulk"}):
+            response = await client.post("/embed", json={"inputs": ["a document"] * 20}, headers=headers)
+            assert response.status_code == 200
+    assert fake.priorities == [INTERACTIVE, INTERACTIVE]

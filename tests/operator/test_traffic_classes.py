@@ -98,7 +98,7 @@ RENDERED = {
     ),
     "classes-off-admit-bulk-alike": (
         {"enabled": False, "bulkQueueShare": 0.5},
-        ("gateway", "KEMBED_GATEWAY_BULK_QUEUE_SHARE", "1.0", "bulk_queue_share", 1.0),
+        ("gateway", "KEMBED_GATEWAY_PRIORITY_CLASSES", "false", "priority_classes", False),
     ),
     "inputs": (
         {"interactiveMaxInputs": 16},
