@@ -7,7 +7,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from kembed.monitoring import promql as q
 from kembed.monitoring.alerts import DEFAULT_THRESHOLDS
 from kembed.monitoring.panels import Query, dashboard, graph
-from kembed.monitoring.queries import S, worker_gauge, worker_quantiles, worker_rate
+from kembed.monitoring.queries import S, worker_gauge, worker_gauge_per_pod, worker_quantiles, worker_rate
 
 
 def pinned_memory() -> Dashboard:
@@ -52,7 +52,7 @@ def pinned_memory() -> Dashboard:
                         "Queued tokens per pod",
                         "Backlog that pinned slots and batches drain.",
                         "none",
-                        [Query(worker_gauge("kembed_worker_queued_tokens"), "{{pod}}")],
+                        [Query(worker_gauge_per_pod("kembed_worker_queued_tokens"), "{{pod}}")],
                     ),
                 ],
             ),

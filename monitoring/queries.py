@@ -1,5 +1,9 @@
 """PromQL targets as dashboard panels want them: quantiles of a gateway or worker histogram with their
-legends, per-second rates and gauges of worker series, all in the dashboards' scope (promql.DASHBOARD).
+legends, per-second rates of gateway and worker series, worker gauges, all in the dashboards' scope
+(promql.DASHBOARD).
+
+A quantile or rate sums over the labels it does not keep, the worker's `class` among them; a gauge
+with a `class` label is summed over it where a panel shows one series per pod (`worker_gauge_per_pod`).
 """
 
 from __future__ import annotations
@@ -35,9 +39,18 @@ def worker_quantiles(
     return [Query(q.quantile(p, buckets, labels), legend(p, labels)) for p in quantiles]
 
 
+def gateway_rate(metric: str, labels: tuple[str, ...], *matchers: str) -> str:
+    return f"sum {q.by(labels)} ({q.of_gateways(q.rate(metric, S, *matchers), S)})"
+
+
 def worker_rate(metric: str, labels: tuple[str, ...], *matchers: str) -> str:
     return f"sum {q.by(labels)} ({q.of_workers(q.rate(metric, S, *matchers), S)})"
 
 
 def worker_gauge(metric: str, *matchers: str) -> str:
     return q.of_workers(q.series(metric, S, *matchers), S)
+
+
+def worker_gauge_per_pod(metric: str) -> str:
+    """A worker gauge split by `class` (queued tokens), summed to one series per pod."""
+    return q.of_workers(f"sum without (class) ({q.series(metric, S)})", S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from kembed.monitoring import promql as q
@@ -11,8 +12,10 @@ from kembed.monitoring.queries import (
     QUANTILES,
     S,
     gateway_quantiles,
+    gateway_rate,
     request_latency,
     worker_gauge,
+    worker_gauge_per_pod,
     worker_quantiles,
     worker_rate,
 )
@@ -94,10 +97,6 @@ def latency() -> Dashboard:
 
 def throughput_errors() -> Dashboard:
     work = q.routes(q.WORK_ROUTES)
-
-    def gateway_rate(metric: str, labels: tuple[str, ...], *matchers: str) -> str:
-        return f"sum {q.by(labels)} ({q.of_gateways(q.rate(metric, S, *matchers), S)})"
-
     requests = "kembed_gateway_request_duration_seconds_count"
     failed = gateway_rate(requests, (), work, 'code=~"[45].."')
     return dashboard(
@@ -187,7 +186,8 @@ def batching() -> Dashboard:
         "kembed-batching",
         "kembed / Batching",
         "What the scheduler packs: real tokens and sequences per batch against the budgets it enforces "
-        "(max_batch_tokens, max_batch_sequences) and the backlog against the admission cap.",
+        "(max_batch_tokens, max_batch_sequences), the backlog against the admission cap, and the two "
+        "classes of work (interactive, served first; bulk).",
         [
             (
                 "Batches",
@@ -243,7 +243,7 @@ def batching() -> Dashboard:
                         "gateway retries it on another replica).",
                         "none",
                         [
-                            Query(worker_gauge("kembed_worker_queued_tokens"), "{{pod}}"),
+                            Query(worker_gauge_per_pod("kembed_worker_queued_tokens"), "{{pod}}"),
                             Query(worker_gauge("kembed_worker_max_queued_tokens"), "cap {{pod}}"),
                         ],
                     ),
@@ -255,5 +255,42 @@ def batching() -> Dashboard:
                     ),
                 ],
             ),
+            ("Classes", classes()),
         ],
     )
+
+
+def classes() -> list[timeseries.Panel]:
+    """The batching dashboard's row on the two classes of work: a worker serves interactive requests
+    first and lets bulk fill the room (worker/queues.py), so bulk's wait grows with interactive load
+    while interactive's should not grow with bulk."""
+    return [
+        graph(
+            "Queue wait p99 by class",
+            "Admission until a request's first sequence is launched, per class: interactive should stay "
+            "low whatever the bulk backlog; bulk waits behind it, until it has waited bulk_max_wait_s.",
+            "s",
+            worker_quantiles("kembed_worker_queue_wait_seconds", (0.99,), ("class",)),
+        ),
+        graph(
+            "Queued tokens by class",
+            "Tokens admitted and not yet answered, all selected workers together.",
+            "none",
+            [Query(f"sum by (class) ({worker_gauge('kembed_worker_queued_tokens')})", "{{class}}")],
+            stacked=True,
+        ),
+        graph(
+            "Worker tokens per second by class",
+            "Real tokens launched in batches, by the class of their request.",
+            "ops",
+            [Query(worker_rate("kembed_worker_batch_class_tokens_total", ("class",)), "{{class}}")],
+            stacked=True,
+        ),
+        graph(
+            "Gateway requests per second by class",
+            "Requests the gateways admitted, by class: what X-Kembed-Priority says, else by size.",
+            "reqps",
+            [Query(gateway_rate("kembed_gateway_class_requests_total", ("class",)), "{{class}}")],
+            stacked=True,
+        ),
+    ]
