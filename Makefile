@@ -17,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install run test lint proto bench bench-cpu bench-path soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
+.PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
@@ -98,7 +98,8 @@ bench: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/worker $(PYTEST_ARGS)
 
-# A whole GPU check in one command: the gpu tests, the engine benchmarks and suite 4, then a summary.
+# A whole GPU check in one command: the gpu tests, the engine benchmarks, suite 4 and mixed traffic,
+# then a summary.
 gpu-check: $(STAMP)
 	$(PY) tests/bench/gpu_check.py
 
@@ -109,6 +110,12 @@ bench-cpu: $(STAMP)
 # 1-16 concurrent single-query clients; BENCH_PATH_ARGS adds flags, e.g. --step-ms 1.5.
 bench-path: $(STAMP)
 	$(PY) tests/bench/bench_gateway_path.py $(BENCH_PATH_ARGS)
+
+# Any machine: 16 interactive query clients beside 4 bulk indexing clients, each alone and together,
+# with the worker's classes on and off (real gateway and worker processes, a stand-in engine whose step
+# grows with its tokens); BENCH_MIXED_ARGS adds flags, e.g. --phase-s 5 --bulk-header.
+bench-mixed: $(STAMP)
+	$(PY) tests/bench/bench_mixed.py $(BENCH_MIXED_ARGS)
 
 # Minutes, not part of `make test`: a real gateway and worker under steady mixed load, their RSS sampled
 # every 10 s; fails unless it levels off after the warm-up (docs/reliability.md). SOAK_ARGS adds flags,

@@ -1,6 +1,7 @@
 """One command for a whole GPU check (`make gpu-check`): the `gpu`-marked tests, the engine
-benchmarks (suites 1, 2, 3 and S, each attention backend) and suite 4 through the gateway; then a
-short summary. Each part's own output streams as it runs; the summary repeats their tables."""
+benchmarks (suites 1, 2, 3 and S, each attention backend), suite 4 through the gateway and mixed
+traffic (interactive queries beside bulk indexing); then a short summary. Each part's own output
+streams as it runs; the summary repeats their tables."""
 
 import importlib.util
 import re
@@ -20,6 +21,7 @@ PARTS = {
         "--backends", "auto", "torch-varlen", *OPTIONAL,
     ],
     "suite 4 (gateway)": [*PY, str(HERE / "bench_gpu_gateway.py")],
+    "mixed traffic": [*PY, str(HERE / "bench_mixed.py"), "--device", "cuda"],
 }  # fmt: skip
 
 

@@ -1,11 +1,14 @@
 """A real worker process (gRPC server, scheduler, metrics) around a stand-in engine, for benchmarking
-the request path alone: `python -P tests/bench/standin_worker.py [--step-ms MS] [--dimensions N]
-[worker flags...]`.
+the request path alone: `python -P tests/bench/standin_worker.py [--step-ms MS] [--step-us-per-token US]
+[--dimensions N] [worker flags...]`.
 
-The stand-in packs nothing and computes nothing; it answers each batch after `--step-ms` of "device"
-time (0: at once). Like a GPU it runs one batch at a time, off the CPU: `wait()` sleeps (releasing the
-GIL) until the batch's turn on the device has passed, so a 1.5 ms step emulates the H200's BGE-M3
-step without costing this machine's cores anything. No torch is imported.
+The stand-in packs nothing and computes nothing; it answers each batch after `--step-ms` plus
+`--step-us-per-token` times the batch's tokens of "device" time (both 0 by default: at once). Like a
+GPU it runs one batch at a time, off the CPU: `wait()` sleeps (releasing the GIL) until the batch's
+turn on the device has passed, so a 1.5 ms step emulates the H200's BGE-M3 step without costing this
+machine's cores anything; 1.0 ms + 1.1 µs/token resembles its step against its token count (~10 ms
+at 8192 tokens, docs/benchmarks.md, saturation), so a bulk step is long and a query's short. No torch
+is imported.
 """
 
 import argparse
@@ -13,6 +16,7 @@ import logging
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,12 +37,21 @@ class _Pending:
         return self._rows
 
 
-class StandinEngine:
-    """The engine interface the scheduler and server use, with a fixed step time and constant rows."""
+class _Packed(NamedTuple):
+    num_seqs: int
+    num_tokens: int
 
-    def __init__(self, info: ModelInfo, step_s: float, is_inline: bool = True) -> None:
+
+class StandinEngine:
+    """The engine interface the scheduler and server use, with a step time of a fixed part plus one
+    per token, and constant rows."""
+
+    def __init__(
+        self, info: ModelInfo, step_s: float, is_inline: bool = True, step_s_per_token: float = 0.0
+    ) -> None:
         self.info = info
         self._step_s = step_s
+        self._step_s_per_token = step_s_per_token
         self._is_inline = is_inline
         self._device_free_at = 0.0
         self._lock = threading.Lock()
@@ -46,16 +59,18 @@ class StandinEngine:
         self._row = row / np.linalg.norm(row)
 
     def pack(self, token_ids: np.ndarray, lengths: np.ndarray, token_type_ids: np.ndarray | None = None):
-        return len(lengths)
+        return _Packed(len(lengths), len(token_ids))
 
-    def can_launch_inline(self, num_seqs: int) -> bool:
+    def can_launch_inline(self, packed: _Packed) -> bool:
         return self._is_inline  # like a GPU engine whose every bucket is captured: a step is a replay
 
-    def step(self, num_seqs: int) -> _Pending:
+    def step(self, packed: _Packed) -> _Pending:
+        step_s = self._step_s + self._step_s_per_token * packed.num_tokens
         with self._lock:  # batches queue on the device one after another
             start = max(time.perf_counter(), self._device_free_at)
-            self._device_free_at = start + self._step_s
-        return _Pending(np.broadcast_to(self._row, (num_seqs, self.info.dimensions)), start + self._step_s)
+            self._device_free_at = start + step_s
+        rows = np.broadcast_to(self._row, (packed.num_seqs, self.info.dimensions))
+        return _Pending(rows, start + step_s)
 
     def stats(self) -> EngineStats:
         return EngineStats()
@@ -73,6 +88,9 @@ class StandinEngine:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step-ms", type=float, default=0.0, help="emulated device time per batch")
+    parser.add_argument(
+        "--step-us-per-token", type=float, default=0.0, help="emulated device time per token of a batch"
+    )
     parser.add_argument("--dimensions", type=int, default=1024, help="vector size (BGE-M3: 1024)")
     parser.add_argument(
         "--no-inline", action="store_true", help="launch every batch on the launcher thread (the busy path)"
@@ -93,7 +111,10 @@ def main() -> None:
         device="standin",
         attention_backend="none",
     )
-    run(config, StandinEngine(info, own.step_ms / 1e3, is_inline=not own.no_inline))
+    engine = StandinEngine(
+        info, own.step_ms / 1e3, is_inline=not own.no_inline, step_s_per_token=own.step_us_per_token / 1e6
+    )
+    run(config, engine)
 
 
 if __name__ == "__main__":
