@@ -168,9 +168,14 @@ async def phase(
 
 
 def wait_ready(port: int, logs: dict[Path, subprocess.Popen], timeout_s: float) -> None:
-    """Until the gateway's /ready answers 200; fails at once, with the log's tail, if a process died."""
+    """Until the gateway's /ready answers 200 on 32 fresh connections in a row (each gateway process
+    of `--processes` answers for itself, and the kernel spreads connections over them); fails at
+    once, with the log's tail, if a process died."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    num_ready = 0
+    while num_ready < 32:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gateway on port {port} not ready after {timeout_s}s")
         for log, process in logs.items():
             if process.poll() is not None:
                 tail = "\n".join(log.read_text().splitlines()[-30:])
@@ -178,12 +183,12 @@ def wait_ready(port: int, logs: dict[Path, subprocess.Popen], timeout_s: float) 
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
                 sock.sendall(f"GET /ready HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-                if sock.recv(64).startswith(b"HTTP/1.1 200"):
-                    return
+                is_ready = sock.recv(64).startswith(b"HTTP/1.1 200")
         except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"gateway on port {port} not ready after {timeout_s}s")
+            is_ready = False
+        num_ready = num_ready + 1 if is_ready else 0
+        if not is_ready:
+            time.sleep(0.2)
 
 
 def class_counts(port: int) -> dict[str, float]:
