@@ -153,6 +153,13 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         help="bulk waiting this long without a launch goes first in the next step (default: 0.5)",
     )
     parser.add_argument(
+        "--max-bulk-inflight",
+        type=int,
+        default=default("max_bulk_inflight", WorkerConfig.max_bulk_inflight),
+        help="while interactive requests are about, steps in flight before one with no query is "
+        "launched (0: up to --max-inflight-batches)",
+    )
+    parser.add_argument(
         "--bulk-queue-share",
         type=float,
         default=default("bulk_queue_share", WorkerConfig.bulk_queue_share),

@@ -147,6 +147,12 @@ class WorkerConfig:
     """Bulk waiting this long without a sequence launched goes first in the next step (up to
     `bulk_step_tokens`), in seconds: interactive traffic that fills every step cannot starve it."""
 
+    max_bulk_inflight: int = 0
+    """While interactive requests are about, a step with no query in it is launched only while
+    fewer than this many steps are in flight (0: up to max_inflight_batches). A query waits for
+    every step launched before it; 1 bounds that to the rest of one step, at the cost of the GPU
+    idling between bulk steps while the next is packed and launched."""
+
     bulk_queue_share: float = 0.75
     """Bulk requests are refused (RESOURCE_EXHAUSTED) once the queue holds this share of
     max_queued_tokens, so interactive requests find room when the queue fills with bulk."""
@@ -187,6 +193,8 @@ class WorkerConfig:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.bulk_step_tokens < 0 or not self.interactive_hold_s >= 0 or not self.bulk_max_wait_s >= 0:
             raise ValueError("need bulk_step_tokens >= 0, interactive_hold_s >= 0, bulk_max_wait_s >= 0")
+        if self.max_bulk_inflight < 0:
+            raise ValueError(f"max_bulk_inflight must be >= 0, not {self.max_bulk_inflight}")
         if not 0 < self.bulk_queue_share <= 1:
             raise ValueError(f"bulk_queue_share must be in (0, 1], not {self.bulk_queue_share}")
         if self.max_inflight_batches < 1:
@@ -213,4 +221,5 @@ class WorkerConfig:
             interactive_hold_s=self.interactive_hold_s,
             bulk_max_wait_s=self.bulk_max_wait_s,
             bulk_queue_share=self.bulk_queue_share,
+            max_bulk_inflight=self.max_bulk_inflight,
         )

@@ -66,6 +66,7 @@ class ClassPolicy:
     interactive_hold_s: float = 1.0  # how long after an interactive request bulk steps stay short
     bulk_max_wait_s: float = 0.5  # bulk waiting this long without a launch goes first
     bulk_queue_share: float = 0.75  # bulk is admitted while the queue is below this share of its cap
+    max_bulk_inflight: int = 0  # while interactive is about: steps in flight before a query-less one (0: any)
 
 
 @dataclass(eq=False)
@@ -208,6 +209,20 @@ class ClassQueues:
 
     def is_interactive_about(self, now: float) -> bool:
         return bool(self.interactive) or now - self._interactive_seen_at < self.policy.interactive_hold_s
+
+    def is_holding_bulk(self, num_inflight: int, now: float) -> bool:
+        """Whether the next step, which would hold no query, waits for a step in flight to finish:
+        while interactive traffic is about, a query that arrives waits for every step already
+        launched, so at most `max_bulk_inflight` of them are launched ahead of it."""
+        limit = self.policy.max_bulk_inflight
+        return (
+            self.policy.is_enabled
+            and limit > 0
+            and num_inflight >= limit
+            and not self.interactive
+            and bool(self.bulk)
+            and self.is_interactive_about(now)
+        )
 
     def take(self, max_tokens: int, max_sequences: int, now: float) -> list[QueuedSequence]:
         """The next batch: at most `max_tokens` tokens (but one longer sequence alone) and

@@ -133,6 +133,7 @@ class Scheduler:
         self._idle_task: asyncio.Task[None] | None = None
         self._idle_capture_check_s = idle_capture_check_s  # how often an idle worker looks for them
         self._num_batches = 0  # batches launched since start
+        self._num_inflight = 0  # batches taken and not yet finished
         self._num_polled = 0  # batches whose completion the loop is polling for now (0 or 1)
 
     @property
@@ -243,12 +244,17 @@ class Scheduler:
         while True:
             await self._has_work.wait()
             await self._inflight.acquire()
+            if self._queue.is_holding_bulk(self._num_inflight, time.perf_counter()):
+                self._inflight.release()
+                self._has_work.clear()  # set again by a new request or a batch's end
+                continue
             batch = self._take_batch()
             if not batch:
                 self._inflight.release()
                 self._has_work.clear()
                 continue
             self._num_batches += 1
+            self._num_inflight += 1
             task = asyncio.create_task(self._execute(batch))
             self._inflight_tasks.add(task)
             task.add_done_callback(self._inflight_tasks.discard)
@@ -318,7 +324,10 @@ class Scheduler:
             for seq, row in zip(batch, per_sequence, strict=True):
                 self._deliver(seq, row)
         finally:
+            self._num_inflight -= 1
             self._inflight.release()
+            if self._queue:
+                self._has_work.set()  # a step held back for this one may go now
 
     async def _inline(self, packed: Any) -> tuple[np.ndarray, float, float]:
         """(rows, launched_at, ready_at) of `packed`, launched from the loop: the launcher thread is

@@ -264,3 +264,43 @@ async def test_bulk_is_refused_before_interactive_when_the_queue_fills():
         assert (await first)[:, 0].tolist() == list(range(25))
     finally:
         await scheduler.close()
+
+
+async def test_with_max_bulk_inflight_one_bulk_step_is_launched_ahead_of_a_query():
+    """While queries are about, a second query-less step is held back until the first ends; a query
+    that arrives meanwhile is launched at once, beside it."""
+    runner = _GatedRunner()
+    policy = ClassPolicy(bulk_step_tokens=32, max_bulk_inflight=1, bulk_max_wait_s=10.0)
+    scheduler = Scheduler(
+        runner, max_batch_tokens=64, max_queued_tokens=10_000, max_inflight_batches=2, policy=policy
+    )
+    scheduler.start()
+    try:
+        first_query = await asyncio.wait_for(
+            asyncio.gather(
+                scheduler.submit(*_ragged(1, 12, first=900)), _open_gates_until_launched(runner, 1)
+            ),
+            5,
+        )
+        assert first_query[0][0, 0] == 900  # interactive traffic is now about
+        bulk = asyncio.create_task(scheduler.submit(*_ragged(20, 16, first=0), priority=Priority.BULK))
+        await asyncio.to_thread(runner.launched.wait, 5)
+        await asyncio.sleep(0.02)
+        assert len(runner.batches) == 2  # the query's, then one bulk step; a second is held back
+        query = asyncio.create_task(scheduler.submit(*_ragged(1, 12, first=1000)))
+        await asyncio.sleep(0.02)
+        assert len(runner.batches) == 3 and runner.batches[2][0] == 1000  # launched beside the bulk step
+        await _open_gates_until(runner, query, bulk)
+        assert (await bulk)[:, 0].tolist() == list(range(20))
+    finally:
+        await scheduler.close()
+
+
+async def _open_gates_until_launched(runner: _GatedRunner, count: int) -> None:
+    for _ in range(5000):
+        if len(runner.gates) >= count:
+            for gate in list(runner.gates):
+                gate.set()
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("never launched")
