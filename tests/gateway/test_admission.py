@@ -26,7 +26,7 @@ def test_a_request_that_would_wait_past_the_limit_at_the_drain_rate_is_refused()
     admission = Admission(max_queue_wait_s=2.0, quantum_tokens=4096)
     admission.admit(1000)
     now = 100.0
-    for _ in range(10):  # 100 tokens every 0.1 s, with work outstanding all along: 1000 tokens/s
+    for _ in range(50):  # 100 tokens every 0.1 s, with work outstanding all along: 1000 tokens/s
         admission.admit(100)
         now += 0.1
         admission.drained(100, now=now)
@@ -51,6 +51,23 @@ def test_a_small_request_is_admitted_behind_a_large_one_that_fills_the_queues():
     assert reason is not None and "would pass the 65536" in reason
     admission.release(100_000)
     assert admission.ahead(60_000) == 7 and admission.refusal(60_000, capacity_tokens=65536) is None
+
+
+def test_a_window_in_which_only_small_chunks_finish_does_not_read_as_a_collapse():
+    """Large chunks (4096 tokens) finish every 2 s, queries (10 tokens) every 0.05 s: 2098 tokens/s.
+    Windows of 0.5 s alone would mostly see queries only (~200 tokens/s)."""
+    rate = DrainRate(window_s=0.5, alpha=0.5, min_tokens=4096)
+    now = 0.0
+    rate.finished(10, now)
+    lowest = math.inf
+    for step in range(1, 401):  # 20 s
+        now = step * 0.05
+        rate.finished(10, now)
+        if step % 40 == 0:
+            rate.finished(4096, now)
+        if not math.isnan(rate.tokens_per_s):
+            lowest = min(lowest, rate.tokens_per_s)
+    assert lowest > 0.8 * (4096 / 2 + 10 / 0.05)
 
 
 def test_idle_time_does_not_count_against_the_rate_and_a_failed_request_drains_nothing():
