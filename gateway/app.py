@@ -61,7 +61,7 @@ from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
-from kembed.gateway.workers import WorkerPool
+from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
 
 log = logging.getLogger(__name__)
 
@@ -273,16 +273,19 @@ def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
     )
 
 
-def create_app(config: GatewayConfig, metrics_dir: Path | None = None) -> Gateway:
+def create_app(
+    config: GatewayConfig, metrics_dir: Path | None = None, resolve: Resolve = resolve_dns
+) -> Gateway:
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
-    `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py)."""
+    `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py).
+    `resolve`: how worker_service's name is resolved (DNS; tests pass a fake)."""
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config),
         config.tokenization_workers,
         config.max_inline_tokenize_chars,
     )
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
-    pool = WorkerPool(config, metrics)
+    pool = WorkerPool(config, metrics, resolve)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
     tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)

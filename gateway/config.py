@@ -17,8 +17,21 @@ class GatewayConfig:
     """Local Hugging Face-format model directory. The gateway reads only its tokenizer and
     sentence-transformers configs (tokenizer.json, sentence_bert_config.json, prompts), never weights."""
 
-    worker_addresses: tuple[str, ...] = ("127.0.0.1:50051",)
-    """gRPC `host:port` of each worker replica; one channel each. Default: the worker's own default."""
+    worker_addresses: tuple[str, ...] = ()
+    """gRPC `host:port` of each worker replica; one channel each. Default: 127.0.0.1:50051 (the
+    worker's own default) unless worker_service is set."""
+
+    worker_service: str = ""
+    """`host:port` of a DNS name whose every address is a worker replica, such as a Kubernetes
+    headless Service (which lists the ready pods): re-resolved every worker_resolve_interval_s, a
+    new address gets a channel and its own share of the work, a vanished one gets no new work and is
+    closed once its requests are answered. With a plain Service each channel would stick to whichever
+    pod its connection reached, and a new pod would get nothing."""
+
+    worker_resolve_interval_s: float = 2.0
+    """How often worker_service is resolved again, in seconds: a pod that became ready (or went)
+    is seen within this, plus the DNS server's own cache (CoreDNS: 5 s for a headless Service's
+    records by default)."""
 
     host: str = "127.0.0.1"
     """Interface to bind. Loopback by default so a hand-started gateway is not exposed by accident."""
@@ -210,9 +223,22 @@ class GatewayConfig:
     log_level: str = "info"
     """Python/uvicorn log level name."""
 
+    @property
+    def static_workers(self) -> tuple[str, ...]:
+        """The fixed worker addresses: those given, else the default when no service is given."""
+        if self.worker_addresses or self.worker_service:
+            return self.worker_addresses
+        return ("127.0.0.1:50051",)
+
     def __post_init__(self) -> None:
-        if not self.worker_addresses:
-            raise ValueError("at least one worker address is required")
+        if self.worker_service:
+            host, _, port = self.worker_service.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"worker_service must be host:port, not {self.worker_service!r}")
+        if self.worker_resolve_interval_s <= 0:
+            raise ValueError(
+                f"worker_resolve_interval_s must be positive, got {self.worker_resolve_interval_s}"
+            )
         positive = {
             "max_request_bytes": self.max_request_bytes,
             "max_client_batch_size": self.max_client_batch_size,

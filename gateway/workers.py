@@ -1,5 +1,10 @@
 """The worker replicas: one gRPC channel each, health probing, least-outstanding-tokens balancing.
 
+Replicas are the configured addresses plus, with `worker_service`, every address its DNS name
+resolves to, resolved again every `worker_resolve_interval_s` (a Kubernetes headless Service lists
+its ready pods): a new address is added and probed at once; one that is gone gets no new work and
+is closed once nothing it holds is outstanding. Resolution is a port (`Resolve`), faked in tests.
+
 A request's sequences are split into chunks; every chunk goes, concurrently, to the serving replica
 with the fewest outstanding tokens at the moment it is sent (counted up at send, down on completion,
 so a slow replica stops attracting work). Each replica keeps a window of RPCs in flight; chunks that
@@ -14,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,6 +53,27 @@ from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+"""`(host, port) -> ["ip:port", ...]`: the addresses a DNS name stands for now."""
+
+
+async def resolve_dns(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (A and AAAA), as gRPC targets, in the resolver's order; none
+    when the name does not exist (a headless Service with no ready pod has no records)."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except socket.gaierror as error:
+        if error.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return []
+        raise
+    targets = [
+        f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos
+    ]
+    return list(dict.fromkeys(targets))
+
+
 # After a replica's data port failed to connect (a network policy, a worker restarting), requests go
 # over gRPC; its Info is read again and the data port tried again this long after.
 DATA_PORT_RETRY_S = 30.0
@@ -71,6 +98,8 @@ class Replica:
     queued_tokens: int = 0
     info: pb.InfoResponse | None = None
     last_error: str = ""
+    is_discovered: bool = False  # from worker_service's DNS name (removed when it is gone from it)
+    is_leaving: bool = False  # gone from the DNS name: no new work; closed once none is outstanding
 
     @property
     def transport(self) -> str:
@@ -86,6 +115,8 @@ class Replica:
             "queued_tokens": self.queued_tokens,
             "num_chunks_served": self.num_chunks_served,
             "last_error": self.last_error or None,
+            "discovered": self.is_discovered,
+            "leaving": self.is_leaving,
         }
 
 
@@ -104,11 +135,15 @@ def _translate(error: grpc.aio.AioRpcError, address: str) -> GatewayError:
 class WorkerPool:
     """All replicas behind one gateway. `start` probes them once; a background task keeps probing."""
 
-    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, config: GatewayConfig, metrics: GatewayMetrics, resolve: Resolve = resolve_dns
+    ) -> None:
         self._config = config
         self._metrics = metrics
+        self._resolve = resolve
         self.replicas: list[Replica] = []
         self._health_task: asyncio.Task[None] | None = None
+        self._resolve_task: asyncio.Task[None] | None = None
         self._num_picks = 0
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
@@ -116,6 +151,16 @@ class WorkerPool:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def start(self) -> None:
+        for address in self._config.static_workers:
+            self._add(address)
+        if self._config.worker_service:
+            await self._discover()
+        await self._probe_all()
+        self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
+        if self._config.worker_service:
+            self._resolve_task = asyncio.create_task(self._resolve_loop(), name="kembed-gateway-resolve")
+
+    def _add(self, address: str, *, is_discovered: bool = False) -> Replica:
         options = [
             ("grpc.max_send_message_length", self._config.max_grpc_message_bytes),
             ("grpc.max_receive_message_length", self._config.max_grpc_message_bytes),
@@ -124,20 +169,53 @@ class WorkerPool:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", int(self._config.health_interval_s * 1000)),
         ]
-        for address in self._config.worker_addresses:
-            channel = grpc.aio.insecure_channel(address, options=options)
-            stub = EmbedderStub(channel)
-            is_stream = self._config.worker_transport != "unary"
-            stream = WorkerStream(stub, address, self._metadata) if is_stream else None
-            replica = Replica(address, channel, stub, stream)
-            replica.windows = {
-                (method, priority): self._window(replica, method, priority)
-                for method in ("Embed", "Score")
-                for priority in (pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BULK)
-            }
-            self.replicas.append(replica)
-        await self._probe_all()
-        self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
+        channel = grpc.aio.insecure_channel(address, options=options)
+        stub = EmbedderStub(channel)
+        is_stream = self._config.worker_transport != "unary"
+        stream = WorkerStream(stub, address, self._metadata) if is_stream else None
+        replica = Replica(address, channel, stub, stream, is_discovered=is_discovered)
+        replica.windows = {
+            (method, priority): self._window(replica, method, priority)
+            for method in ("Embed", "Score")
+            for priority in (pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BULK)
+        }
+        self.replicas.append(replica)
+        return replica
+
+    async def _discover(self) -> None:
+        """Replicas for the addresses worker_service resolves to now: new ones added and probed,
+        vanished ones leaving (no new work), leaving ones without outstanding work closed. A failed
+        resolution changes nothing (the replicas known stay, their probes say if they serve)."""
+        host, _, port = self._config.worker_service.rpartition(":")
+        try:
+            addresses = await self._resolve(host.strip("[]"), int(port))
+        except OSError as error:
+            log.warning("cannot resolve worker service %s: %s", self._config.worker_service, error)
+            return
+        current = {r.address: r for r in self.replicas if r.is_discovered}
+        added = [self._add(a, is_discovered=True) for a in addresses if a not in current]
+        for replica in added:
+            log.info("worker %s found through %s", replica.address, self._config.worker_service)
+        for address, replica in current.items():
+            is_gone = address not in addresses
+            if is_gone and not replica.is_leaving:
+                log.info("worker %s is gone from %s: draining it", address, self._config.worker_service)
+            elif replica.is_leaving and not is_gone:
+                log.info("worker %s is back in %s", address, self._config.worker_service)
+            replica.is_leaving = is_gone
+        await asyncio.gather(*(self._probe(r) for r in added))
+        leaving = [r for r in self.replicas if r.is_leaving and r.outstanding_tokens == 0]
+        for replica in leaving:
+            self.replicas.remove(replica)
+        await asyncio.gather(*(self._close_replica(r) for r in leaving))
+
+    async def _resolve_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.worker_resolve_interval_s)
+            try:
+                await self._discover()
+            except Exception:  # a bug in discovery must not stop it for good
+                log.exception("worker discovery failed")
 
     def _window(self, replica: Replica, method: str, priority: int) -> RpcWindow:
         async def rpc(parts: list[Part]) -> np.ndarray:
@@ -230,17 +308,29 @@ class WorkerPool:
             replica.frames.connect_soon()
 
     async def close(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
-        await asyncio.gather(*(w.close() for r in self.replicas for w in r.windows.values()))
-        await asyncio.gather(*(r.stream.close() for r in self.replicas if r.stream is not None))
-        await asyncio.gather(*(r.frames.close() for r in self.replicas if r.frames is not None))
+        tasks = [t for t in (self._health_task, self._resolve_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        replicas, self.replicas = self.replicas, []
+        await asyncio.gather(*(self._close_replica(r) for r in replicas))
+
+    @staticmethod
+    async def _close_replica(replica: Replica) -> None:
+        await asyncio.gather(*(w.close() for w in replica.windows.values()))
+        if replica.stream is not None:
+            await replica.stream.close()
+        if replica.frames is not None:
+            await replica.frames.close()
         # grpc-stubs makes grace required; grpcio's default is None (cancel every call at once)
-        await asyncio.gather(*(r.channel.close() for r in self.replicas))  # type: ignore[call-arg]
+        await replica.channel.close()  # type: ignore[call-arg]
 
     def _is_available(self, replica: Replica, now: float) -> bool:
-        return replica.is_serving and now - replica.last_serving_at < self._config.max_health_age_s
+        return (
+            replica.is_serving
+            and not replica.is_leaving
+            and now - replica.last_serving_at < self._config.max_health_age_s
+        )
 
     def is_ready(self) -> bool:
         now = asyncio.get_running_loop().time()
@@ -311,6 +401,8 @@ class WorkerPool:
         """The available, untried replica with the fewest outstanding tokens. Ties go round-robin
         (the scan starts one further each time), so an idle fleet still shares sequential requests."""
         now = asyncio.get_running_loop().time()
+        if not self.replicas:
+            return None
         start = self._num_picks % len(self.replicas)
         self._num_picks += 1
         rotated = self.replicas[start:] + self.replicas[:start]

@@ -20,7 +20,7 @@ def test_defaults_use_the_bundled_model_and_local_worker(model_dir: Path):
     config = parse_config([], {})
     assert config == GatewayConfig(model_dir=model_dir)
     assert bundled_model_dir() == model_dir
-    assert (config.host, config.port, config.worker_addresses) == ("127.0.0.1", 8080, ("127.0.0.1:50051",))
+    assert (config.host, config.port, config.static_workers) == ("127.0.0.1", 8080, ("127.0.0.1:50051",))
 
 
 def test_flags_win_over_environment_which_wins_over_defaults(tmp_path: Path):
