@@ -1,4 +1,5 @@
-"""The `embeddingmodels.kembed.dev` CRD, generated from the typed spec in `spec.py`.
+"""The `embeddingmodels.kembed.dev` CRD, generated from the typed spec and status (`spec.py`,
+`status.py`).
 
 `python -m kembed.operator.crd > charts/kembed/crds/embeddingmodels.kembed.dev.yaml`; a test fails when
 the chart's copy is stale. pydantic's JSON schema is turned into a *structural* openAPIV3Schema:
@@ -16,6 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from kembed.operator import spec as s
+from kembed.operator import status
 
 # Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
@@ -86,8 +88,9 @@ PRINTER_COLUMNS = [
 def _models() -> dict[str, type[BaseModel]]:
     return {
         name: obj
-        for name, obj in vars(s).items()
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == s.__name__
+        for module in (s, status)
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
     }
 
 
@@ -168,11 +171,11 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def status_schema() -> dict[str, Any]:
-    status = schema_of(s.EmbeddingModelStatus)
-    conditions = status["properties"]["conditions"]
+    schema = schema_of(status.EmbeddingModelStatus)
+    conditions = schema["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
-    return status
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

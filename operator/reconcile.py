@@ -23,7 +23,8 @@ from kembed.operator import naming as n
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
 from kembed.operator.rollout import Event, Gateway, JobState, Plan, Workers, World, decide
-from kembed.operator.spec import EmbeddingModelSpec, dump, parse_spec, parse_status
+from kembed.operator.spec import EmbeddingModelSpec, parse_spec
+from kembed.operator.status import dump, parse_status
 
 APPLIED_HASH = "kembed.dev/applied-hash"
 ROLLOUT_RESULTS = {"Promoted": "promoted", "RolloutBlocked": "blocked"}  # gate outcome by Event reason

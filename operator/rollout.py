@@ -21,13 +21,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from kembed.operator.jobs import JobRequest
-from kembed.operator.spec import (
-    Condition,
-    ConditionType,
-    EmbeddingModelSpec,
-    EmbeddingModelStatus,
-    RolloutState,
-)
+from kembed.operator.spec import EmbeddingModelSpec
+from kembed.operator.status import Condition, ConditionType, EmbeddingModelStatus, RolloutState
 
 JOB_DEADLINE_GRACE_S = 60  # past activeDeadlineSeconds, a Job still "running" is stuck: block anyway
 

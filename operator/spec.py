@@ -1,4 +1,5 @@
-"""The typed `EmbeddingModel` (kembed.dev/v1alpha1): spec and status, the one source of the CRD schema.
+"""The typed `EmbeddingModel` (kembed.dev/v1alpha1) spec, the one source of the CRD schema (the status
+is in status.py).
 
 Every field carries a description with its unit and why its default is what it is: `crd.py` turns
 these models into the openAPIV3Schema, so `kubectl explain em.spec.worker` reads the same text.
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from kembed.operator.spec_base import SpecModel
 
 GROUP = "kembed.dev"
 VERSION = "v1alpha1"
@@ -24,16 +26,10 @@ Quantity = int | str  # a Kubernetes resource quantity: 2, "500m", "16Gi"
 Bucket = Annotated[str, Field(pattern=BUCKET_PATTERN)]  # SEQUENCESxTOKENS, e.g. 8x512
 
 
-class _Model(BaseModel):
-    # Unknown fields are ignored, not refused: the API server has already pruned them against the
-    # schema, and an operator must not fail on a CRD one version newer than itself.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
-
-
 # --- model --------------------------------------------------------------------------------------
 
 
-class PvcSource(_Model):
+class PvcSource(SpecModel):
     """Weights on a PersistentVolumeClaim, mounted read-only into every worker and gateway pod."""
 
     claim_name: str = Field(
@@ -48,7 +44,7 @@ class PvcSource(_Model):
     )
 
 
-class HostPathSource(_Model):
+class HostPathSource(SpecModel):
     """Weights in a directory on every node (pre-pulled by a DaemonSet or baked into the node image)."""
 
     path: str = Field(
@@ -58,7 +54,7 @@ class HostPathSource(_Model):
     )
 
 
-class ImageSource(_Model):
+class ImageSource(SpecModel):
     """Weights shipped as an OCI image, mounted as an image volume (Kubernetes 1.31+, ImageVolume)."""
 
     reference: str = Field(
@@ -75,7 +71,7 @@ class ImageSource(_Model):
     )
 
 
-class ModelSource(_Model):
+class ModelSource(SpecModel):
     """Where the weights are. Exactly one of pvc, hostPath or image. Nothing is downloaded at run time."""
 
     pvc: PvcSource | None = Field(None, description="Weights on a PersistentVolumeClaim.")
@@ -83,7 +79,7 @@ class ModelSource(_Model):
     image: ImageSource | None = Field(None, description="Weights in an OCI image mounted as a volume.")
 
 
-class ModelSpec(_Model):
+class ModelSpec(SpecModel):
     """What is served: the weights and how their output is presented."""
 
     source: ModelSource = Field(description="Where the weights are; exactly one source.")
@@ -121,7 +117,7 @@ class ModelSpec(_Model):
 # --- worker -------------------------------------------------------------------------------------
 
 
-class Resources(_Model):
+class Resources(SpecModel):
     """Container resources, as in a Pod (quantities like 2, 500m, 16Gi)."""
 
     requests: dict[str, Quantity] = Field(
@@ -132,14 +128,14 @@ class Resources(_Model):
     )
 
 
-class TokenSecretRef(_Model):
+class TokenSecretRef(SpecModel):
     """A key of a Secret in this namespace holding the workers' shared token."""
 
     name: str = Field(min_length=1, description="Secret name.")
     key: str = Field("token", min_length=1, description="Key within the Secret.")
 
 
-class WorkerSpec(_Model):
+class WorkerSpec(SpecModel):
     """The GPU workers: one Deployment per revision, each pod one worker process (one GPU)."""
 
     image: str = Field(
@@ -247,14 +243,14 @@ class WorkerSpec(_Model):
 # --- gateway ------------------------------------------------------------------------------------
 
 
-class SecretKeyRef(_Model):
+class SecretKeyRef(SpecModel):
     """A key of a Secret in this namespace."""
 
     name: str = Field(min_length=1, description="Secret name.")
     key: str = Field("api-key", min_length=1, description="Key within the Secret.")
 
 
-class ServiceSpec(_Model):
+class ServiceSpec(SpecModel):
     """How the gateway is exposed."""
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
@@ -263,7 +259,7 @@ class ServiceSpec(_Model):
     port: int = Field(80, ge=1, le=65535, description="Service port clients use (HTTP).")
 
 
-class GatewaySpec(_Model):
+class GatewaySpec(SpecModel):
     """The HTTP gateway: tokenization, chunking and balancing over the serving revision's workers."""
 
     image: str = Field(
@@ -316,7 +312,7 @@ class GatewaySpec(_Model):
 # --- traffic classes ----------------------------------------------------------------------------
 
 
-class TrafficClassesSpec(_Model):
+class TrafficClassesSpec(SpecModel):
     """Interactive requests before bulk ones: how the gateway classes requests, and how the workers
     share their batches and their queue between the two classes (worker/queues.py)."""
 
@@ -394,7 +390,7 @@ WORKER_CLASS_FIELDS = frozenset(
 # --- rollout ------------------------------------------------------------------------------------
 
 
-class GraphsSpec(_Model):
+class GraphsSpec(SpecModel):
     """Which CUDA-graph buckets worker pods capture before they take traffic. Not part of the
     revision: a change reaches worker pods started after it and never restarts running ones."""
 
@@ -431,7 +427,7 @@ class GraphsSpec(_Model):
     )
 
 
-class RolloutSpec(_Model):
+class RolloutSpec(SpecModel):
     """The gate a new revision passes before the gateway switches to it."""
 
     smoke_buckets: list[Bucket] = Field(
@@ -462,7 +458,7 @@ class RolloutSpec(_Model):
     smoke_timeout_seconds: int = Field(600, ge=10, description="Deadline of the smoke-test Job, in seconds.")
 
 
-class MetricsSpec(_Model):
+class MetricsSpec(SpecModel):
     """Prometheus scraping."""
 
     service_monitor: bool = Field(
@@ -478,7 +474,7 @@ class MetricsSpec(_Model):
     )
 
 
-class EmbeddingModelSpec(_Model):
+class EmbeddingModelSpec(SpecModel):
     """An embedding model served from GPU workers behind an HTTP gateway, rolled out gated."""
 
     model: ModelSpec = Field(description="The weights and how their output is presented.")
@@ -503,74 +499,6 @@ class EmbeddingModelSpec(_Model):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus scraping.")
 
 
-# --- status -------------------------------------------------------------------------------------
-
-ConditionType = Literal["Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded"]
-Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
-Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
-
-
-class Condition(_Model):
-    """One observation, as in metav1.Condition."""
-
-    type: ConditionType = Field(
-        description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked or Degraded."
-    )
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason, machine-readable.")
-    message: str = Field("", description="What happened, for humans.")
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int = Field(0, description="metadata.generation this condition was set for.")
-
-
-class RolloutState(_Model):
-    """The rollout in flight, kept in status so a restarted operator resumes it where it was."""
-
-    revision: str = Field(description="Candidate revision.")
-    stage: Stage = Field(description="Deploying, Prewarming, SmokeTesting, Promoting or Blocked.")
-    attempt: int = Field(1, description="Attempt at this revision; part of the Job names.")
-    generation: int = Field(
-        0,
-        description="metadata.generation the attempt started at; a blocked "
-        "rollout retries when the generation moves on.",
-    )
-    stage_started_at: str = Field(description="When the current stage began (RFC 3339), for timeouts.")
-    targets: list[str] = Field(
-        default_factory=list,
-        description="Candidate pod addresses the prewarm Job captured on; a change means prewarming again.",
-    )
-    reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
-    message: str = Field("", description="Details of the block.")
-
-
-class EmbeddingModelStatus(_Model):
-    """What the operator observed and decided."""
-
-    observed_generation: int = Field(0, description="metadata.generation last reconciled.")
-    phase: Phase = Field("Pending", description="Pending, Progressing, Ready, Degraded, Blocked or Invalid.")
-    conditions: list[Condition] = Field(default_factory=list, description="Current conditions, one per type.")
-    active_revision: str = Field("", description="Revision the gateway serves from.")
-    candidate_revision: str = Field("", description="Revision being rolled out (empty when none).")
-    replicas: int = Field(0, description="Desired workers of the serving revision (the scale subresource).")
-    ready_replicas: int = Field(0, description="Ready workers of the serving revision.")
-    selector: str = Field("", description="Label selector of the serving workers (the scale subresource).")
-    gateway_url: str = Field("", alias="gatewayURL", description="In-cluster URL of the gateway.")
-    rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
-
-
 def parse_spec(raw: dict[str, Any]) -> EmbeddingModelSpec:
     """A body's spec as the typed model; pydantic.ValidationError on a bad one."""
     return EmbeddingModelSpec.model_validate(raw)
-
-
-def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
-    """A body's status; an unreadable one (e.g. written by another version) counts as empty."""
-    try:
-        return EmbeddingModelStatus.model_validate(raw or {})
-    except ValueError:
-        return EmbeddingModelStatus()
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """camelCase JSON-ready dict, unset optionals left out."""
-    return model.model_dump(by_alias=True, exclude_none=True, mode="json")

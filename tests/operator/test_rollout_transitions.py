@@ -10,7 +10,8 @@ import pytest
 from operator_fakes import example
 
 from kembed.operator.rollout import Gateway, JobState, Workers, World, decide, timestamp
-from kembed.operator.spec import EmbeddingModelStatus, RolloutState, parse_spec
+from kembed.operator.spec import parse_spec
+from kembed.operator.status import EmbeddingModelStatus, RolloutState
 
 SPEC = parse_spec(example("minilm-cpu.yaml")["spec"])  # one worker replica, timeouts 1800/900/600 s
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)

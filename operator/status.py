@@ -1,0 +1,77 @@
+"""The typed `EmbeddingModel` status: what the operator observed and decided, written by `reconcile`
+and read back on the next pass (a restarted operator resumes a rollout from it). Part of the CRD
+schema (crd.py), like the spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from kembed.operator.spec_base import SpecModel
+
+ConditionType = Literal["Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
+Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
+
+
+class Condition(SpecModel):
+    """One observation, as in metav1.Condition."""
+
+    type: ConditionType = Field(
+        description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked or Degraded."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, machine-readable.")
+    message: str = Field("", description="What happened, for humans.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(0, description="metadata.generation this condition was set for.")
+
+
+class RolloutState(SpecModel):
+    """The rollout in flight, kept in status so a restarted operator resumes it where it was."""
+
+    revision: str = Field(description="Candidate revision.")
+    stage: Stage = Field(description="Deploying, Prewarming, SmokeTesting, Promoting or Blocked.")
+    attempt: int = Field(1, description="Attempt at this revision; part of the Job names.")
+    generation: int = Field(
+        0,
+        description="metadata.generation the attempt started at; a blocked "
+        "rollout retries when the generation moves on.",
+    )
+    stage_started_at: str = Field(description="When the current stage began (RFC 3339), for timeouts.")
+    targets: list[str] = Field(
+        default_factory=list,
+        description="Candidate pod addresses the prewarm Job captured on; a change means prewarming again.",
+    )
+    reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
+    message: str = Field("", description="Details of the block.")
+
+
+class EmbeddingModelStatus(SpecModel):
+    """What the operator observed and decided."""
+
+    observed_generation: int = Field(0, description="metadata.generation last reconciled.")
+    phase: Phase = Field("Pending", description="Pending, Progressing, Ready, Degraded, Blocked or Invalid.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions, one per type.")
+    active_revision: str = Field("", description="Revision the gateway serves from.")
+    candidate_revision: str = Field("", description="Revision being rolled out (empty when none).")
+    replicas: int = Field(0, description="Desired workers of the serving revision (the scale subresource).")
+    ready_replicas: int = Field(0, description="Ready workers of the serving revision.")
+    selector: str = Field("", description="Label selector of the serving workers (the scale subresource).")
+    gateway_url: str = Field("", alias="gatewayURL", description="In-cluster URL of the gateway.")
+    rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
+
+
+def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
+    """A body's status; an unreadable one (e.g. written by another version) counts as empty."""
+    try:
+        return EmbeddingModelStatus.model_validate(raw or {})
+    except ValueError:
+        return EmbeddingModelStatus()
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """camelCase JSON-ready dict, unset optionals left out."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
