@@ -3,7 +3,10 @@
 Image, model (source, dtype, pooling, prompts, ...), engine settings (backend, buckets, batch limits,
 pinned-memory cap, CUDA graphs, the workers' side of the traffic classes), resources and placement are
 in it; `worker.replicas` is not — scaling is never a rollout — and neither are the gateway, graph-prewarm
-and rollout settings, which change how a revision is served or gated, not what it computes. The class
+and rollout settings, which change how a revision is served or gated, not what it computes, nor the
+workers' disruption budget (a separate object, updated in place). Placement fields added later (the
+worker's priority class and topology spread) count only when set away from their defaults, so that an
+operator upgrade keeps every revision's hash. The class
 rule is in although it changes no output: a worker reads it once, at start, and it decides which
 batches (and so which CUDA-graph buckets) the revision runs, so a new rule goes through the same gates.
 """
@@ -13,21 +16,25 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kembed.operator.spec import WORKER_CLASS_FIELDS, EmbeddingModelSpec, TrafficClassesSpec
+from kembed.operator.spec import WORKER_CLASS_FIELDS, EmbeddingModelSpec, TrafficClassesSpec, WorkerSpec
 
 REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
+# Worker fields newer than the first revisions: in the hash only when set away from their defaults.
+LATER_WORKER_FIELDS = ("auth_token_secret_ref", "priority_class_name", "topology_spread")
 
 
 def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
     """The revision `spec` deploys, with `worker_image` the resolved image (spec or operator default)."""
+    at_default = {
+        name
+        for name in LATER_WORKER_FIELDS
+        if getattr(spec.worker, name) == WorkerSpec.model_fields[name].get_default(call_default_factory=True)
+    }
     shaping = {
         "image": worker_image,
         "model": spec.model.model_dump(mode="json"),
-        # Unset, the token reference is left out, so revisions from before it existed keep their hash.
         "worker": spec.worker.model_dump(
-            mode="json",
-            exclude={"replicas", "image"}
-            | ({"auth_token_secret_ref"} if spec.worker.auth_token_secret_ref is None else set()),
+            mode="json", exclude={"replicas", "image", "disruption_budget"} | at_default
         ),
     }
     # The workers' class rule, left out at its defaults: revisions from before it existed keep their

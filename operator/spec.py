@@ -1,5 +1,5 @@
 """The typed `EmbeddingModel` (kembed.dev/v1alpha1) spec, the one source of the CRD schema (the status
-is in status.py).
+is in status.py; the sections on disruption, placement and network policy in policy_spec.py).
 
 Every field carries a description with its unit and why its default is what it is: `crd.py` turns
 these models into the openAPIV3Schema, so `kubectl explain em.spec.worker` reads the same text.
@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from kembed.operator.policy_spec import DisruptionBudgetSpec, NetworkPolicySpec, TopologySpreadSpec
 from kembed.operator.spec_base import SpecModel
 
 GROUP = "kembed.dev"
@@ -24,6 +25,7 @@ SHORT_NAMES = ("em",)
 BUCKET_PATTERN = r"^[1-9][0-9]*x[1-9][0-9]*$"
 Quantity = int | str  # a Kubernetes resource quantity: 2, "500m", "16Gi"
 Bucket = Annotated[str, Field(pattern=BUCKET_PATTERN)]  # SEQUENCESxTOKENS, e.g. 8x512
+PRIORITY_CLASS_PATTERN = r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # empty, or a DNS subdomain
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -231,6 +233,24 @@ class WorkerSpec(SpecModel):
     port: int = Field(
         50051, ge=1, le=65535, description="gRPC port of the worker (the conventional gRPC default)."
     )
+    priority_class_name: str = Field(
+        "",
+        max_length=253,
+        pattern=PRIORITY_CLASS_PATTERN,
+        description="PriorityClass of the worker pods; empty (the default) leaves the cluster's default "
+        "priority. A high class lets a worker preempt batch pods for its GPU and keeps it from being "
+        "preempted. Part of the revision when set.",
+    )
+    topology_spread: TopologySpreadSpec = Field(
+        default_factory=TopologySpreadSpec,
+        description="How a revision's worker pods spread over nodes and zones; soft (ScheduleAnyway) by "
+        "default. Part of the revision when not at its defaults.",
+    )
+    disruption_budget: DisruptionBudgetSpec = Field(
+        default_factory=DisruptionBudgetSpec,
+        description="The PodDisruptionBudget of each worker revision (default maxUnavailable: 1: a drain "
+        "takes one worker at a time). Not part of the revision: a change updates the budgets in place.",
+    )
     auth_token_secret_ref: TokenSecretRef | None = Field(
         None,
         description="Secret key holding a shared token the workers require on every call but their "
@@ -306,6 +326,32 @@ class GatewaySpec(SpecModel):
         None,
         description="Secret key holding the API key clients must send as `Authorization: Bearer <key>` "
         "(every route but /health, /ready and /metrics); passed to the gateway as KEMBED_GATEWAY_API_KEY.",
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Gateway processes per pod, on one port (KEMBED_GATEWAY_PROCESSES): each does its HTTP, "
+        "JSON, tokenization and gRPC work on one core, so more processes serve more requests per second "
+        "per pod. The pod's CPU request is at least this many cores (a lower resources.requests.cpu is "
+        "raised to it); each process holds its own tokenizers and connections, so give memory to match. "
+        "1 by default, the gateway's own: scale with replicas first, processes where pods are few.",
+    )
+    priority_class_name: str = Field(
+        "",
+        max_length=253,
+        pattern=PRIORITY_CLASS_PATTERN,
+        description="PriorityClass of the gateway pods; empty (the default) leaves the cluster's default.",
+    )
+    topology_spread: TopologySpreadSpec = Field(
+        default_factory=TopologySpreadSpec,
+        description="How the gateway pods spread over nodes and zones (soft by default); during a rolling "
+        "update only pods of the same template are counted.",
+    )
+    disruption_budget: DisruptionBudgetSpec = Field(
+        default_factory=DisruptionBudgetSpec,
+        description="The gateway's PodDisruptionBudget (default maxUnavailable: 1: with the default 2 "
+        "replicas one keeps serving through a drain).",
     )
 
 
@@ -497,6 +543,11 @@ class EmbeddingModelSpec(SpecModel):
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The rollout gate.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus scraping.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description="NetworkPolicies for the workers and the gateway (on by default): the workers' gRPC "
+        "and data ports only from this model's gateway and rollout Jobs.",
+    )
 
 
 def parse_spec(raw: dict[str, Any]) -> EmbeddingModelSpec:

@@ -61,6 +61,9 @@ BAD_SPECS = {
     "cosine-above-one": ({**MINIMAL, "rollout": {"minCosine": 1.5}}, "greater than the maximum"),
     "bad-service-type": ({**MINIMAL, "gateway": {"service": {"type": "Ingress"}}}, "is not one of"),
     "huge-max-sequence-length": ({"model": {**MINIMAL["model"], "maxSequenceLength": 10**7}}, "greater than"),
+    "no-gateway-process": ({**MINIMAL, "gateway": {"processes": 0}}, "less than the minimum"),
+    "unknown-spread": ({**MINIMAL, "worker": {"topologySpread": {"zones": "Maybe"}}}, "is not one of"),
+    "bad-priority-class": ({**MINIMAL, "gateway": {"priorityClassName": "Serving"}}, "does not match"),
 }
 
 
@@ -101,15 +104,27 @@ def test_every_spec_and_status_field_is_described():
 
 
 def test_cel_rules_name_fields_that_exist():
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    peer = spec["networkPolicy"]["properties"]["gatewayFrom"]["items"]
     by_class = {
-        "ModelSource": SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]["source"],
+        "ModelSource": spec["model"]["properties"]["source"],
         "WorkerSpec": SCHEMA["properties"]["spec"]["properties"]["worker"],
+        "DisruptionBudgetSpec": spec["worker"]["properties"]["disruptionBudget"],
+        "NetworkPeer": peer,
+        "LabelSelectorRequirement": peer["properties"]["podSelector"]["properties"]["matchExpressions"][
+            "items"
+        ],
         "EmbeddingModelSpec": SCHEMA["properties"]["spec"],
     }
+    assert (
+        spec["gateway"]["properties"]["disruptionBudget"]["x-kubernetes-validations"]
+        == (CEL_RULES["DisruptionBudgetSpec"])
+    )
     for name, rules in CEL_RULES.items():
         assert by_class[name]["x-kubernetes-validations"] == rules
         for rule in rules:
-            for chain in re.findall(r"self((?:\.[A-Za-z]+)+)", rule["rule"]):
+            # a field chain, less a method called on it (self.maxUnavailable.matches(...))
+            for chain in re.findall(r"self((?:\.[A-Za-z]+)+?)(?=\.[A-Za-z]+\(|[^.A-Za-z(]|$)", rule["rule"]):
                 node = by_class[name]
                 for part in chain.strip(".").split("."):
                     assert part in node["properties"], f"{name}: {rule['rule']} names {part}"

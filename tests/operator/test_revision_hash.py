@@ -30,6 +30,8 @@ SHAPING = {
     "pinned-cap": ("worker", {"maxPinnedBytes": 1 << 30}),
     "resources": ("worker", {"resources": {"limits": {"nvidia.com/gpu": 2}}}),
     "node-selector": ("worker", {"nodeSelector": {"gpu": "a100"}}),
+    "priority-class": ("worker", {"priorityClassName": "kembed-serving"}),
+    "hard-spread": ("worker", {"topologySpread": {"nodes": "DoNotSchedule"}}),
     "classes-off": ("trafficClasses", {"enabled": False}),
     "bulk-queue-share": ("trafficClasses", {"bulkQueueShare": 0.5}),
     "bulk-step-tokens": ("trafficClasses", {"bulkStepTokens": 2048}),
@@ -46,6 +48,12 @@ NOT_SHAPING = {
     "interactive-inputs": ("trafficClasses", {"interactiveMaxInputs": 4}),
     "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
+    "worker-budget": ("worker", {"disruptionBudget": {"minAvailable": 1}}),
+    "gateway-budget": ("gateway", {"disruptionBudget": {"enabled": False}}),
+    "gateway-priority": ("gateway", {"priorityClassName": "kembed-serving"}),
+    "gateway-spread": ("gateway", {"topologySpread": {"zones": "Off"}}),
+    "gateway-processes": ("gateway", {"processes": 4}),
+    "network-policy": ("networkPolicy", {"enabled": False, "metricsNamespaces": ["monitoring"]}),
 }
 
 
@@ -72,3 +80,14 @@ def test_traffic_classes_at_their_defaults_keep_the_revision_of_a_spec_without_t
     assert revision_of(parse_spec(without | {"trafficClasses": defaults}), IMAGE) == revision_of(
         parse_spec(without), IMAGE
     )
+
+
+def test_placement_fields_at_their_defaults_keep_the_revision_of_a_spec_without_them():
+    """So that upgrading to an operator that knows them rolls no worker out through the gates."""
+    spec = copy.deepcopy(BASE)
+    spec["worker"] |= {
+        "priorityClassName": "",
+        "topologySpread": {"nodes": "ScheduleAnyway", "zones": "ScheduleAnyway", "maxSkew": 1},
+        "disruptionBudget": {"enabled": True, "maxUnavailable": 1},
+    }
+    assert revision_of(parse_spec(spec), IMAGE) == revision_of(parse_spec(BASE), IMAGE)
