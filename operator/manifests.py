@@ -2,18 +2,20 @@
 
 Per revision: an immutable ConfigMap of engine settings (`KEMBED_WORKER_*`), a worker Deployment and
 a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked).
-The Jobs are in `jobs.py`. Every object carries an owner reference to its EmbeddingModel (so the
-garbage collector removes it with the model) and the `app.kubernetes.io/*` labels. Pods run non-root
-on a read-only root filesystem with every capability dropped; /tmp is an emptyDir.
+The Jobs are in `jobs.py`, the PodDisruptionBudgets and NetworkPolicies in `policies.py`, the pods'
+spread, priority and grace periods in `placement.py`. Every object carries an owner reference to its
+EmbeddingModel (so the garbage collector removes it with the model) and the `app.kubernetes.io/*`
+labels. Pods run non-root on a read-only root filesystem with every capability dropped; /tmp is an
+emptyDir.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from kembed.operator import naming as n
+from kembed.operator import placement
 from kembed.operator.naming import Owner
 from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
 
@@ -24,7 +26,7 @@ WORKER_METRICS_PORT = 9091  # the worker's default metrics port (kembed.worker -
 # (a free one by default) so that Services and network policies can name it.
 WORKER_DATA_PORT = 50052
 RUN_AS = 10001  # the uid/gid the kembed images create; any non-root uid works with a readable model
-PRESTOP_SLEEP_S = 5  # endpoints drop a terminating gateway pod before it stops accepting connections
+PRESTOP_SLEEP_S = placement.GATEWAY_PRESTOP_S  # endpoints drop a terminating gateway pod before it stops
 
 
 def metadata(owner: Owner, name: str, component: str, revision: str | None = None) -> dict[str, Any]:
@@ -210,7 +212,9 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "readinessProbe": probe | {"periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": probe | {"periodSeconds": 10, "failureThreshold": 6},
     }
-    extra: dict[str, Any] = {"terminationGracePeriodSeconds": 30}  # the worker drains in 10 s
+    # Longer than the worker's drain (placement.py), so SIGKILL never cuts a request it is answering.
+    extra: dict[str, Any] = {"terminationGracePeriodSeconds": placement.worker_grace_s()}
+    extra |= placement.pod_placement(w, n.selector(owner, "worker", revision), is_rolling=False)
     if w.node_selector:
         extra["nodeSelector"] = dict(w.node_selector)
     if w.tolerations:
@@ -283,6 +287,7 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         # Classes off, the workers queue bulk as they queue interactive requests: admit it alike.
         "KEMBED_GATEWAY_PRIORITY_CLASSES": "true" if t.enabled else "false",
         "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
+        "KEMBED_GATEWAY_PROCESSES": str(g.processes),  # one core each: see placement.gateway_resources
     }
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
@@ -313,7 +318,7 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
         "command": ["kembed-gateway"],
         "env": gateway_env(owner, spec, revision),
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
-        "resources": resources(g.resources),
+        "resources": placement.gateway_resources(g, resources(g.resources)),
         "securityContext": container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
         "startupProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 2, "failureThreshold": 60},
@@ -321,7 +326,6 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
         "livenessProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 10, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
     }
-    grace = PRESTOP_SLEEP_S + math.ceil(g.request_timeout_seconds) + 5  # in-flight requests finish
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -340,7 +344,9 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
                 "spec": pod_spec(
                     [container],
                     [model_volume(spec.model.source), tmp_volume],
-                    terminationGracePeriodSeconds=grace,
+                    # the preStop sleep, then the requests in flight finish (placement.py)
+                    terminationGracePeriodSeconds=placement.gateway_grace_s(g),
+                    **placement.pod_placement(g, n.selector(owner, "gateway"), is_rolling=True),
                 ),
             },
         },

@@ -43,12 +43,17 @@ def gateway_name(owner: Owner) -> str:
 
 
 def workers_name(owner: Owner, revision: str) -> str:
-    """The worker Deployment, its headless Service (same name) of one revision."""
+    """The worker Deployment, its headless Service and PodDisruptionBudget (same name) of one revision."""
     return f"{owner.name}-worker-{revision}"
 
 
 def engine_config_name(owner: Owner, revision: str) -> str:
     return f"{owner.name}-engine-{revision}"
+
+
+def network_policy_name(owner: Owner, component: str) -> str:
+    """The NetworkPolicy over a component's pods (worker: every revision; gateway)."""
+    return f"{owner.name}-{component}"
 
 
 def job_name(owner: Owner, kind: str, revision: str, attempt: int) -> str:

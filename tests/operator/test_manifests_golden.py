@@ -12,6 +12,7 @@ from operator_fakes import example
 
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
+from kembed.operator import policies as p
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
 from kembed.operator.spec import parse_spec
@@ -38,7 +39,7 @@ def render(example_name: str) -> list[dict]:
     if spec.metrics.service_monitor:
         objects.append(m.service_monitor(OWNER, spec))
         objects.append(m.worker_pod_monitor(OWNER, spec))
-    return objects
+    return objects + p.disruption_budgets(OWNER, spec, [rev]) + p.network_policies(OWNER, spec)
 
 
 @pytest.mark.parametrize("name", EXAMPLES, ids=EXAMPLES)
