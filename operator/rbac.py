@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "Event": ("", "v1", "events"),
     "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
     "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
 }
 
 # Namespaced rules: a Role in each watched namespace, or a ClusterRole when watching all of them.
@@ -37,6 +39,17 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     # Ready worker pods' addresses (the Jobs' targets) and failed Job pods' reports.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Per worker revision and gateway; listed by the model's label to delete the ones no longer wanted.
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    },
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors", "podmonitors"],

@@ -4,10 +4,13 @@ It talks to the API server only through `Cluster` (get/list/create/patch/delete/
 `rbac.RBAC_RULES`), so the tests run it against an in-memory fake. Objects are applied by a hash of
 their rendered body kept in an annotation: missing → created, hash differs (or a Deployment was
 scaled behind our back) → patched, the same → left alone. That is also how the drift timer repairs.
+PodDisruptionBudgets and NetworkPolicies are listed by the model's label and brought to exactly the
+set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -20,6 +23,7 @@ import pydantic
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
+from kembed.operator import policies
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
 from kembed.operator.rollout import Event, Gateway, JobState, Plan, Workers, World, decide
@@ -27,6 +31,15 @@ from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
 
 APPLIED_HASH = "kembed.dev/applied-hash"
+# Fields a body carries only sometimes. A merge patch leaves alone what it does not mention, so a patch
+# names each of these that the new body lacks as null, and the API server removes it from the object.
+UNSET_BY_PATCH: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": (
+        ("spec", "template", "spec", "priorityClassName"),
+        ("spec", "template", "spec", "topologySpreadConstraints"),
+    ),
+    "PodDisruptionBudget": (("spec", "maxUnavailable"), ("spec", "minAvailable")),
+}
 ROLLOUT_RESULTS = {"Promoted": "promoted", "RolloutBlocked": "blocked"}  # gate outcome by Event reason
 
 
@@ -93,7 +106,19 @@ def apply(cluster: Cluster, body: dict[str, Any]) -> None:
         cluster.delete("ConfigMap", meta["namespace"], meta["name"])
         cluster.create(body)
         return
-    cluster.patch(body["kind"], meta["namespace"], meta["name"], body)
+    cluster.patch(body["kind"], meta["namespace"], meta["name"], _with_unset(body))
+
+
+def _with_unset(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as a merge patch: each of its kind's UNSET_BY_PATCH fields it lacks set to null."""
+    patch = copy.deepcopy(body)
+    for path in UNSET_BY_PATCH.get(body["kind"], ()):
+        node: Any = patch
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(path[-1], None)
+    return patch
 
 
 # --- reading the world ----------------------------------------------------------------------------
@@ -281,9 +306,24 @@ def carry_out(
     if spec.metrics.service_monitor:
         apply(cluster, m.service_monitor(owner, spec))
         apply(cluster, m.worker_pod_monitor(owner, spec))
+    guard(cluster, owner, spec, plan)
     for event in plan.events:
         cluster.event(owner, event.type, event.reason, event.message)
     _retire(cluster, owner, plan, job_bodies)
+
+
+def guard(cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> None:
+    """Make the model's PodDisruptionBudgets (one per kept worker revision, one for the gateway) and
+    NetworkPolicies exactly those the spec wants: apply each, delete the others."""
+    wanted = policies.disruption_budgets(owner, spec, plan.revisions) + policies.network_policies(owner, spec)
+    ours = {n.MODEL_LABEL: owner.name, "app.kubernetes.io/managed-by": n.MANAGED_BY}
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        names = {body["metadata"]["name"] for body in wanted if body["kind"] == kind}
+        for live in cluster.list(kind, owner.namespace, ours):
+            if live["metadata"]["name"] not in names:
+                cluster.delete(kind, owner.namespace, live["metadata"]["name"])
+    for body in wanted:
+        apply(cluster, body)
 
 
 def _retire(cluster: Cluster, owner: Owner, plan: Plan, job_bodies: Iterable[dict[str, Any]]) -> None:

@@ -118,7 +118,7 @@ echo "$ANSWER" | grep -q '"embedding"' || die "the gateway did not answer with a
 say "delete $NAME: everything it owns goes (garbage collection)"
 k -n "$NAMESPACE" delete "$NAME" --wait --timeout=2m
 for _ in $(seq 1 60); do
-  LEFT=$(k -n "$NAMESPACE" get deployments,services,configmaps,jobs -l kembed.dev/model="${NAME#*/}" -o name)
+  LEFT=$(k -n "$NAMESPACE" get deployments,services,configmaps,jobs,poddisruptionbudgets,networkpolicies -l kembed.dev/model="${NAME#*/}" -o name)
   [ -z "$LEFT" ] && break
   sleep 2
 done

@@ -32,6 +32,19 @@ def model_body(spec: dict[str, Any], name: str = "minilm", generation: int = 1) 
     }
 
 
+def merge_patch(value: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge, null removes, anything else (lists included) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(value) if isinstance(value, dict) else {}
+    for key, item in patch.items():
+        if item is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), item)
+    return out
+
+
 class FakeCluster:
     """Objects by (kind, namespace, name); every call checked against RBAC_RULES and recorded."""
 
@@ -73,7 +86,9 @@ class FakeCluster:
         live = self.objects[(kind, namespace, name)]
         generation = live["metadata"]["generation"]
         status = live.get("status")
-        merged = copy.deepcopy(body)  # our patches carry whole bodies
+        # A JSON merge patch, as the API server applies it: what the patch leaves out stays, null
+        # removes (our patches carry whole bodies, plus nulls for fields the body no longer has).
+        merged = merge_patch({k: v for k, v in live.items() if k != "status"}, body)
         merged["metadata"]["generation"] = generation + (merged.get("spec") != live.get("spec"))
         if status is not None:
             merged["status"] = status

@@ -157,6 +157,8 @@ class LocalKubelet:
             ("/api/v1", "services"),
             ("/api/v1", "configmaps"),
             ("/api/v1", "pods"),
+            ("/apis/policy/v1", "poddisruptionbudgets"),
+            ("/apis/networking.k8s.io/v1", "networkpolicies"),
         ]
         listed = {kind: self._items(*kind) for kind in kinds}
         uids = {o["metadata"]["uid"] for items in listed.values() for o in items}

@@ -190,6 +190,12 @@ def rollout_stage(cluster) -> str:
 
 def test_delete_removes_everything_owned(cluster, example):
     revision = start_ready(cluster, example)
+    guards = {  # made by the operator beside the Deployments (policies.py)
+        ("/apis/policy/v1", "poddisruptionbudgets"): ["minilm-gateway", f"minilm-worker-{revision}"],
+        ("/apis/networking.k8s.io/v1", "networkpolicies"): ["minilm-gateway", "minilm-worker"],
+    }
+    for kind, expected in guards.items():
+        assert sorted(o["metadata"]["name"] for o in cluster.items(*kind)) == expected
     started = time.monotonic()
     cluster.api.delete(f"{MODELS}/minilm").raise_for_status()
     kinds = [
@@ -198,6 +204,8 @@ def test_delete_removes_everything_owned(cluster, example):
         ("/api/v1", "services"),
         ("/api/v1", "configmaps"),
         ("/api/v1", "pods"),
+        ("/apis/policy/v1", "poddisruptionbudgets"),
+        ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ]
     cluster.wait(
         "every owned object gone",

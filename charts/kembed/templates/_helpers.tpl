@@ -70,8 +70,8 @@ helm.sh/chart: {{ include "kembed.chart" . }}
 {{/*
 What the operator uses, exactly kembed.operator.rbac.RBAC_RULES (tests/chart checks the two agree):
 kopf lists, watches and patches EmbeddingModels and their status; the operator owns ConfigMaps,
-Deployments, Services, Jobs and (when a model asks) ServiceMonitors, reads pods (the Jobs' targets,
-failed Jobs' reports) and posts Events. embeddingmodels/finalizers: owner references with
+Deployments, Services, Jobs, PodDisruptionBudgets, NetworkPolicies and (when a model asks)
+ServiceMonitors, reads pods (the Jobs' targets, failed Jobs' reports) and posts Events. embeddingmodels/finalizers: owner references with
 blockOwnerDeletion need update there where the OwnerReferencesPermissionEnforcement admission
 plugin runs.
 */}}
@@ -100,6 +100,12 @@ plugin runs.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["servicemonitors", "podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
