@@ -51,6 +51,44 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "trafficClasses.bulkStepTokens must not exceed worker.maxBatchTokens: bulk steps "
             "are part of a batch",
         },
+        {
+            "rule": "!self.autoscaling.enabled "
+            "|| self.autoscaling.targetQueuedTokensPerReplica < self.worker.maxQueuedTokens",
+            "message": "autoscaling.targetQueuedTokensPerReplica must be below worker.maxQueuedTokens: a "
+            "worker never queues more",
+        },
+    ],
+    "AutoscalingSpec": [
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "(self.minReplicas == 0) == self.scaleToZero",
+            "message": "minReplicas 0 needs scaleToZero: true, and scaleToZero needs minReplicas 0",
+        },
+        {
+            "rule": "!self.scaleToZero || size(self.activationQuery) > 0",
+            "message": "scaleToZero needs an activationQuery: with no worker nothing else sees demand",
+        },
+        {
+            "rule": "!self.enabled || size(self.prometheusAddress) > 0",
+            "message": "autoscaling needs prometheusAddress: the Prometheus KEDA queries",
+        },
+    ],
+    "GatewayAutoscalingSpec": [
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+        },
+    ],
+    "GatewaySpec": [
+        {
+            "rule": "!self.autoscaling.enabled "
+            "|| (has(self.resources.requests) && 'cpu' in self.resources.requests)",
+            "message": "autoscaling on CPU needs a cpu request in resources.requests: utilisation is a "
+            "share of it",
+        },
     ],
 }
 # A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.

@@ -105,6 +105,11 @@ def test_cel_rules_name_fields_that_exist():
         "ModelSource": SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]["source"],
         "WorkerSpec": SCHEMA["properties"]["spec"]["properties"]["worker"],
         "EmbeddingModelSpec": SCHEMA["properties"]["spec"],
+        "AutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["autoscaling"],
+        "GatewaySpec": SCHEMA["properties"]["spec"]["properties"]["gateway"],
+        "GatewayAutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["gateway"]["properties"][
+            "autoscaling"
+        ],
     }
     for name, rules in CEL_RULES.items():
         assert by_class[name]["x-kubernetes-validations"] == rules
