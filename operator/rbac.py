@@ -17,6 +17,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "Event": ("", "v1", "events"),
     "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
     "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
 }
 
 # Namespaced rules: a Role in each watched namespace, or a ClusterRole when watching all of them.
@@ -40,6 +42,18 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors", "podmonitors"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
+    # spec.autoscaling: the serving revision's ScaledObject; list finds those of retired revisions.
+    {
+        "apiGroups": ["keda.sh"],
+        "resources": ["scaledobjects"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    },
+    # spec.gateway.autoscaling: the gateway's CPU autoscaler.
+    {
+        "apiGroups": ["autoscaling"],
+        "resources": ["horizontalpodautoscalers"],
         "verbs": ["get", "create", "patch", "delete"],
     },
 ]
