@@ -1,5 +1,5 @@
 """The `embeddingmodels.kembed.dev` CRD, generated from the typed spec and status (`spec.py`,
-`policy_spec.py`, `status.py`).
+`policy_spec.py`, `autoscaling_spec.py`, `status.py`).
 
 `python -m kembed.operator.crd > charts/kembed/crds/embeddingmodels.kembed.dev.yaml`; a test fails when
 the chart's copy is stale. pydantic's JSON schema is turned into a *structural* openAPIV3Schema:
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from kembed.operator import policy_spec, status
+from kembed.operator import autoscaling_spec, policy_spec, status
 from kembed.operator import spec as s
 
 # Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
@@ -76,6 +76,44 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "trafficClasses.bulkStepTokens must not exceed worker.maxBatchTokens: bulk steps "
             "are part of a batch",
         },
+        {
+            "rule": "!self.autoscaling.enabled "
+            "|| self.autoscaling.targetQueuedTokensPerReplica < self.worker.maxQueuedTokens",
+            "message": "autoscaling.targetQueuedTokensPerReplica must be below worker.maxQueuedTokens: a "
+            "worker never queues more",
+        },
+    ],
+    "AutoscalingSpec": [
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "(self.minReplicas == 0) == self.scaleToZero",
+            "message": "minReplicas 0 needs scaleToZero: true, and scaleToZero needs minReplicas 0",
+        },
+        {
+            "rule": "!self.scaleToZero || size(self.activationQuery) > 0",
+            "message": "scaleToZero needs an activationQuery: with no worker nothing else sees demand",
+        },
+        {
+            "rule": "!self.enabled || size(self.prometheusAddress) > 0",
+            "message": "autoscaling needs prometheusAddress: the Prometheus KEDA queries",
+        },
+    ],
+    "GatewayAutoscalingSpec": [
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must not exceed maxReplicas",
+        },
+    ],
+    "GatewaySpec": [
+        {
+            "rule": "!self.autoscaling.enabled "
+            "|| (has(self.resources.requests) && 'cpu' in self.resources.requests)",
+            "message": "autoscaling on CPU needs a cpu request in resources.requests: utilisation is a "
+            "share of it",
+        },
     ],
 }
 # A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.
@@ -111,7 +149,7 @@ PRINTER_COLUMNS = [
 def _models() -> dict[str, type[BaseModel]]:
     return {
         name: obj
-        for module in (s, policy_spec, status)
+        for module in (s, policy_spec, autoscaling_spec, status)
         for name, obj in vars(module).items()
         if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
     }

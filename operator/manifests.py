@@ -289,6 +289,11 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
         "KEMBED_GATEWAY_PROCESSES": str(g.processes),  # one core each: see placement.gateway_resources
     }
+    if spec.autoscaling.enabled:
+        # The autoscaler adds and removes worker pods: the gateway follows the headless Service's
+        # records (a channel per pod) rather than a fixed number of channels to its name.
+        del values["KEMBED_GATEWAY_WORKER_ADDRESSES"]
+        values["KEMBED_GATEWAY_WORKER_SERVICE"] = worker_addresses(owner, spec, revision)[0]
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
     # normalize is the worker's setting: the gateway normalises as the worker's Info says.

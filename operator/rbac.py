@@ -19,6 +19,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
 }
 
 # Namespaced rules: a Role in each watched namespace, or a ClusterRole when watching all of them.
@@ -53,6 +55,18 @@ RBAC_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors", "podmonitors"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
+    # spec.autoscaling: the serving revision's ScaledObject; list finds those of retired revisions.
+    {
+        "apiGroups": ["keda.sh"],
+        "resources": ["scaledobjects"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    },
+    # spec.gateway.autoscaling: the gateway's CPU autoscaler.
+    {
+        "apiGroups": ["autoscaling"],
+        "resources": ["horizontalpodautoscalers"],
         "verbs": ["get", "create", "patch", "delete"],
     },
 ]

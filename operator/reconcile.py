@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import pydantic
 
+from kembed.operator import autoscaling as a
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
@@ -98,7 +99,7 @@ def apply(cluster: Cluster, body: dict[str, Any]) -> None:
     if body["kind"] == "Job":
         return  # a Job is named by revision and attempt: an existing one is the one wanted
     is_same = live["metadata"].get("annotations", {}).get(APPLIED_HASH) == digest
-    if body["kind"] == "Deployment":
+    if body["kind"] == "Deployment" and "replicas" in body["spec"]:  # left out: an autoscaler owns it
         is_same = is_same and live["spec"].get("replicas") == body["spec"]["replicas"]
     if is_same:
         return
@@ -298,11 +299,20 @@ def carry_out(
     if plan.deploy is not None:
         apply(cluster, m.engine_config_map(owner, spec, plan.deploy))
         apply(cluster, m.worker_service(owner, spec, plan.deploy))
-        apply(cluster, m.worker_deployment(owner, spec, plan.deploy, worker_image))
+        workers = m.worker_deployment(owner, spec, plan.deploy, worker_image)
+        apply(cluster, a.with_replicas(workers, plan.worker_replicas))
+    if plan.autoscaled is not None:
+        apply(cluster, a.scaled_object(owner, spec, plan.autoscaled))
     for request in plan.jobs:
         apply(cluster, j.job(owner, spec, request, worker_image))
+    is_gateway_autoscaled = spec.gateway.autoscaling.enabled
     if plan.gateway is not None:  # only ever the revision the current spec describes
-        apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image))
+        gateway = m.gateway_deployment(owner, spec, plan.gateway, gateway_image)
+        apply(cluster, a.with_replicas(gateway, None) if is_gateway_autoscaled else gateway)
+    if is_gateway_autoscaled:
+        apply(cluster, a.gateway_autoscaler(owner, spec))
+    elif cluster.get("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner)) is not None:
+        cluster.delete("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner))
     if spec.metrics.service_monitor:
         apply(cluster, m.service_monitor(owner, spec))
         apply(cluster, m.worker_pod_monitor(owner, spec))
@@ -344,6 +354,12 @@ def _retire(cluster: Cluster, owner: Owner, plan: Plan, job_bodies: Iterable[dic
             cluster.delete("Deployment", owner.namespace, n.workers_name(owner, revision))
             cluster.delete("Service", owner.namespace, n.workers_name(owner, revision))
             cluster.delete("ConfigMap", owner.namespace, n.engine_config_name(owner, revision))
+    # A ScaledObject only for the serving revision under autoscaling: a retired revision's goes with
+    # it, and with autoscaling off the last one goes, so that worker.replicas holds again. (KEDA not
+    # installed: the list is empty.)
+    for scaled in cluster.list("ScaledObject", owner.namespace, n.selector(owner, "worker")):
+        if scaled["metadata"]["labels"].get(n.REVISION_LABEL) != plan.autoscaled:
+            cluster.delete("ScaledObject", owner.namespace, scaled["metadata"]["name"])
 
 
 def status_body(owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> dict[str, Any]:

@@ -86,6 +86,9 @@ class Plan:
     jobs: tuple[JobRequest, ...] = ()  # rollout Jobs that must exist
     keep_jobs: frozenset[JobKey] = frozenset()  # finished Jobs kept (logs of a block); others deleted
     events: tuple[Event, ...] = ()
+    # Pods asked of `deploy`'s Deployment; None leaves the field to the autoscaler (spec.autoscaling).
+    worker_replicas: int | None = None
+    autoscaled: str | None = None  # revision whose ScaledObject must exist; every other one is deleted
 
 
 def timestamp(now: datetime) -> str:
@@ -133,7 +136,8 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
     gateway = world.gateway
     is_switched = gateway is not None and gateway.revision == active and gateway.is_rolled_out
     is_serving = gateway is not None and gateway.num_ready > 0 and workers.num_ready > 0
-    is_short = workers.num_ready < world.spec.worker.replicas
+    wanted = _serving_replicas(world, active)
+    is_short = workers.num_ready < wanted
     status = status.model_copy(update={"candidate_revision": "", "rollout": None})
     status = _counts(status, world, active)
     status = set_condition(status, "RolloutBlocked", False, "NotBlocked", "", world)
@@ -150,7 +154,7 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
         "Ready",
         is_serving,
         "Serving" if is_serving else "NotServing",
-        f"{workers.num_ready}/{world.spec.worker.replicas} workers of {active} ready",
+        f"{workers.num_ready}/{wanted} workers of {active} ready",
         world,
     )
     status = set_condition(
@@ -158,7 +162,7 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
         "Degraded",
         is_short,
         "WorkersUnavailable" if is_short else "AllWorkersReady",
-        f"{workers.num_ready}/{world.spec.worker.replicas} workers ready",
+        f"{workers.num_ready}/{wanted} workers ready",
         world,
     )
     # Short of workers while serving is a scale-up or a restart under way (the Degraded condition
@@ -170,12 +174,36 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
         deploy=active,
         gateway=active,
         events=events,
+        worker_replicas=None if world.spec.autoscaling.enabled else world.spec.worker.replicas,
+        autoscaled=active if world.spec.autoscaling.enabled else None,
     )
 
 
 def _counts(status: EmbeddingModelStatus, world: World, serving: str) -> EmbeddingModelStatus:
     ready = world.workers[serving].num_ready if serving in world.workers else 0
-    return status.model_copy(update={"replicas": world.spec.worker.replicas, "ready_replicas": ready})
+    return status.model_copy(update={"replicas": _serving_replicas(world, serving), "ready_replicas": ready})
+
+
+def _serving_replicas(world: World, revision: str) -> int:
+    """Pods the serving revision should have: the autoscaler's count (its Deployment's) or the spec's."""
+    if world.spec.autoscaling.enabled:
+        return world.workers[revision].replicas if revision in world.workers else 0
+    return world.spec.worker.replicas
+
+
+def _starting_replicas(world: World, active: str) -> int:
+    """The candidate's pods under autoscaling: as many as serve now, so the new revision takes the load
+    at once; at least one, so that a revision scaled to zero is still gated; within min and max."""
+    a = world.spec.autoscaling
+    serving = world.workers[active].replicas if active in world.workers else 0
+    return min(max(serving, a.min_replicas, 1), a.max_replicas)
+
+
+def _candidate_replicas(world: World, rollout: RolloutState) -> int:
+    """Pods the candidate runs through the gate: fixed at its start under autoscaling, else the spec's."""
+    if world.spec.autoscaling.enabled and rollout.replicas is not None:
+        return rollout.replicas
+    return world.spec.worker.replicas
 
 
 # --- rolling out a candidate ----------------------------------------------------------------------
@@ -191,6 +219,8 @@ def _roll(world: World, status: EmbeddingModelStatus) -> Plan:
     elif rollout.stage == "Blocked" and rollout.generation != world.generation:
         rollout = _start(world, attempt=rollout.attempt + 1)
         events.append(Event("Normal", "RolloutRetried", f"spec changed: retrying revision {candidate}"))
+    if world.spec.autoscaling.enabled and rollout.replicas is None:  # also when turned on mid-rollout
+        rollout = replace_state(rollout, replicas=_starting_replicas(world, active))
 
     step = _step(world, rollout, active)
     rollout, events = step.rollout, events + list(step.events)
@@ -203,7 +233,7 @@ def _roll(world: World, status: EmbeddingModelStatus) -> Plan:
     status = (
         _counts(status, world, active)
         if active
-        else status.model_copy(update={"replicas": world.spec.worker.replicas, "ready_replicas": 0})
+        else status.model_copy(update={"replicas": _candidate_replicas(world, rollout), "ready_replicas": 0})
     )
     status = _rollout_conditions(world, status, rollout)
     is_blocked = rollout.stage == "Blocked"
@@ -216,6 +246,9 @@ def _roll(world: World, status: EmbeddingModelStatus) -> Plan:
         jobs=step.jobs,
         keep_jobs=keep_jobs,
         events=tuple(events),
+        # The candidate is not autoscaled before it serves: its pods are the ones the gate checks.
+        worker_replicas=_candidate_replicas(world, rollout),
+        autoscaled=active if world.spec.autoscaling.enabled and active else None,
     )
 
 
@@ -258,7 +291,8 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     """One move of the machine from `rollout.stage` on what `world` shows."""
     spec, candidate = world.spec, rollout.revision
     workers = world.workers.get(candidate, Workers(0, ()))
-    is_ready = workers.num_ready >= spec.worker.replicas and workers.replicas == spec.worker.replicas
+    wanted = _candidate_replicas(world, rollout)
+    is_ready = workers.num_ready >= wanted and workers.replicas == wanted
     hot_from = world.workers[active].addresses if active in world.workers else ()
 
     def prewarm(state: RolloutState) -> JobRequest:
@@ -270,14 +304,14 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     if rollout.stage == "Blocked":
         return _Step(rollout)
     if rollout.stage == "Deploying":
-        if spec.worker.replicas == 0:  # nothing to gate: no pod would take traffic anyway
+        if wanted == 0:  # nothing to gate: no pod would take traffic anyway
             return _Step(_enter(world, rollout, "Promoting"))
         if is_ready:
             state = _enter(world, rollout, "Prewarming", targets=list(workers.addresses))
             return _Step(state, jobs=(prewarm(state),))
         if _age_s(rollout.stage_started_at, world.now) > spec.rollout.ready_timeout_seconds:
             message = (
-                f"{workers.num_ready}/{spec.worker.replicas} candidate workers ready after "
+                f"{workers.num_ready}/{wanted} candidate workers ready after "
                 f"{spec.rollout.ready_timeout_seconds} s"
             )
             return _block(world, rollout, "CandidateNotReady", message)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from kembed.operator.autoscaling_spec import AutoscalingSpec, GatewayAutoscalingSpec
 from kembed.operator.policy_spec import DisruptionBudgetSpec, NetworkPolicySpec, TopologySpreadSpec
 from kembed.operator.spec_base import SpecModel
 
@@ -353,6 +354,16 @@ class GatewaySpec(SpecModel):
         description="The gateway's PodDisruptionBudget (default maxUnavailable: 1: with the default 2 "
         "replicas one keeps serving through a drain).",
     )
+    autoscaling: GatewayAutoscalingSpec = Field(
+        default_factory=GatewayAutoscalingSpec,
+        description="Gateway pods scaled on CPU by a HorizontalPodAutoscaler (off by default).",
+    )
+
+    @model_validator(mode="after")
+    def _cpu_request_when_autoscaled(self) -> GatewaySpec:
+        if self.autoscaling.enabled and "cpu" not in self.resources.requests:
+            raise ValueError("autoscaling on CPU needs a cpu request in resources.requests")
+        return self
 
 
 # --- traffic classes ----------------------------------------------------------------------------
@@ -548,6 +559,25 @@ class EmbeddingModelSpec(SpecModel):
         description="NetworkPolicies for the workers and the gateway (on by default): the workers' gRPC "
         "and data ports only from this model's gateway and rollout Jobs.",
     )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description="Worker pods of the serving revision scaled by KEDA on the workers' queued tokens "
+        "(off by default). Not part of the revision: turning it on or changing it never rolls the "
+        "workers out.",
+    )
+
+    @model_validator(mode="after")
+    def _autoscaling_target_below_the_queue_cap(self) -> EmbeddingModelSpec:
+        autoscaling = self.autoscaling
+        if (
+            autoscaling.enabled
+            and autoscaling.target_queued_tokens_per_replica >= self.worker.max_queued_tokens
+        ):
+            raise ValueError(
+                "autoscaling.targetQueuedTokensPerReplica must be below worker.maxQueuedTokens: a worker "
+                "never queues more"
+            )
+        return self
 
 
 def parse_spec(raw: dict[str, Any]) -> EmbeddingModelSpec:

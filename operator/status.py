@@ -47,6 +47,13 @@ class RolloutState(SpecModel):
     )
     reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
     message: str = Field("", description="Details of the block.")
+    replicas: int | None = Field(
+        None,
+        description="Worker pods the candidate runs through the gate under autoscaling: the serving "
+        "revision's count when the rollout started (at least 1, within autoscaling's min and max), kept "
+        "so the autoscaler's moves do not change the gated pods. Unset without autoscaling "
+        "(worker.replicas).",
+    )
 
 
 class EmbeddingModelStatus(SpecModel):

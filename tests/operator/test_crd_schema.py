@@ -115,6 +115,11 @@ def test_cel_rules_name_fields_that_exist():
             "items"
         ],
         "EmbeddingModelSpec": SCHEMA["properties"]["spec"],
+        "AutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["autoscaling"],
+        "GatewaySpec": SCHEMA["properties"]["spec"]["properties"]["gateway"],
+        "GatewayAutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["gateway"]["properties"][
+            "autoscaling"
+        ],
     }
     assert (
         spec["gateway"]["properties"]["disruptionBudget"]["x-kubernetes-validations"]

@@ -109,6 +109,12 @@ plugin runs.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["servicemonitors", "podmonitors"]
   verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end -}}
 
 {{/*
