@@ -254,15 +254,12 @@ def worker_service(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dic
     }
 
 
-def worker_addresses(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[str]:
-    """What the gateway dials for a revision: the headless Service, once per worker replica.
-
-    Each address is one gRPC channel in the gateway; each channel resolves the headless name and
-    connects to one of the ready pods (CoreDNS shuffles the records) and re-resolves when that pod
-    goes, so a restarted worker is found again without touching the gateway.
-    """
-    host = f"{n.workers_name(owner, revision)}.{owner.namespace}.svc"
-    return [f"{host}:{spec.worker.port}"] * max(1, spec.worker.replicas)
+def worker_service_address(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> str:
+    """What the gateway follows for a revision: its headless Service, `host:port`. The gateway
+    resolves it every few seconds and keeps a channel per ready pod it lists (gateway/workers.py), so
+    work is balanced per pod, a pod added by scaling or rescheduling gets work within seconds, and
+    a change of worker.replicas (or the autoscaler's) never touches the gateway's Deployment."""
+    return f"{n.workers_name(owner, revision)}.{owner.namespace}.svc:{spec.worker.port}"
 
 
 # --- gateway ------------------------------------------------------------------------------------
@@ -274,7 +271,7 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_MODEL_DIR": MODEL_MOUNT,
         "KEMBED_GATEWAY_HOST": "0.0.0.0",
         "KEMBED_GATEWAY_PORT": str(GATEWAY_PORT),
-        "KEMBED_GATEWAY_WORKER_ADDRESSES": ",".join(worker_addresses(owner, spec, revision)),
+        "KEMBED_GATEWAY_WORKER_SERVICE": worker_service_address(owner, spec, revision),
         "KEMBED_GATEWAY_CHUNK_TOKENS": str(g.chunk_tokens),
         "KEMBED_GATEWAY_MAX_CHUNK_SEQUENCES": str(g.max_chunk_sequences),
         "KEMBED_GATEWAY_MAX_REQUEST_BYTES": str(g.max_request_bytes),
@@ -289,11 +286,6 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
         "KEMBED_GATEWAY_PROCESSES": str(g.processes),  # one core each: see placement.gateway_resources
     }
-    if spec.autoscaling.enabled:
-        # The autoscaler adds and removes worker pods: the gateway follows the headless Service's
-        # records (a channel per pod) rather than a fixed number of channels to its name.
-        del values["KEMBED_GATEWAY_WORKER_ADDRESSES"]
-        values["KEMBED_GATEWAY_WORKER_SERVICE"] = worker_addresses(owner, spec, revision)[0]
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
     # normalize is the worker's setting: the gateway normalises as the worker's Info says.

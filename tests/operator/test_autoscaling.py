@@ -273,7 +273,7 @@ def test_autoscaling_is_not_part_of_the_revision():
     assert revision_of(spec_with(ON), IMAGE) == revision_of(spec_with(), IMAGE)
 
 
-def test_an_autoscaled_gateway_follows_the_headless_service_records():
+def test_an_autoscaled_gateway_follows_the_headless_service_records_too():
     spec = spec_with(ON)
     env = {e["name"]: e.get("value") for e in m.gateway_env(OWNER, spec, "abcd1234")}
     assert "KEMBED_GATEWAY_WORKER_ADDRESSES" not in env

@@ -88,12 +88,13 @@ def test_pods_run_non_root_on_a_read_only_root_without_capabilities(name):
             assert security["allowPrivilegeEscalation"] is False
 
 
-def test_the_gateway_dials_the_revision_headless_service_once_per_worker():
+def test_the_gateway_follows_the_revision_headless_service_records():
     spec = parse_spec(example("bge-m3-gpu.yaml")["spec"])
     rev = revision_of(spec, IMAGE)
     gateway = m.gateway_deployment(OWNER, spec, rev, "gw")
     env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["KEMBED_GATEWAY_WORKER_ADDRESSES"] == ",".join([f"model-worker-{rev}.ml.svc:50051"] * 2)
+    assert env["KEMBED_GATEWAY_WORKER_SERVICE"] == f"model-worker-{rev}.ml.svc:50051"
+    assert "KEMBED_GATEWAY_WORKER_ADDRESSES" not in env  # replicas are found, not counted
     assert m.worker_service(OWNER, spec, rev)["spec"]["clusterIP"] == "None"
     assert gateway["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
 
