@@ -93,6 +93,11 @@ class KubeCluster:
             i for i in items if all(i["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
         ]
 
+    def serves(self, kind: str, namespace: str) -> bool:
+        """Whether the API server serves `kind` at all (a CRD's kind: its CRD is installed). A
+        missing object and a missing kind both answer 404 to a get, so ask for the collection."""
+        return self._call("GET", _path(kind, namespace), query=[("limit", "1")]) is not None
+
     def create(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         try:

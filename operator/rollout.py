@@ -15,6 +15,7 @@ prewarming (a restart loses its graphs), prewarming starts over as a new attempt
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,6 +67,7 @@ class World:
     workers: Mapping[str, Workers] = field(default_factory=dict)
     jobs: Mapping[JobKey, JobState] = field(default_factory=dict)
     gateway: Gateway | None = None
+    is_autoscaler_missing: bool = False  # autoscaling asked for, and the cluster serves no ScaledObject
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,26 @@ def decide(world: World, status: EmbeddingModelStatus) -> Plan:
     """The plan for `world`, given the status last written. Pure: same inputs, same plan."""
     status = status.model_copy(update={"observed_generation": world.generation})
     if status.active_revision and status.active_revision == world.revision:
-        return _serve(world, status, ())
-    return _roll(world, status)
+        plan = _serve(world, status, ())
+    else:
+        plan = _roll(world, status)
+    return dataclasses.replace(plan, status=_autoscaling(plan.status, world))
+
+
+def _autoscaling(status: EmbeddingModelStatus, world: World) -> EmbeddingModelStatus:
+    """The Autoscaling condition: whether KEDA can act on the ScaledObject; absent when off."""
+    if not world.spec.autoscaling.enabled:
+        return status.model_copy(
+            update={"conditions": [c for c in status.conditions if c.type != "Autoscaling"]}
+        )
+    if world.is_autoscaler_missing:
+        message = (
+            "the cluster serves no keda.sh/v1alpha1 ScaledObject (is KEDA installed?): nothing scales "
+            "the workers, which keep their current pod count"
+        )
+        return set_condition(status, "Autoscaling", False, "KedaMissing", message, world)
+    message = "KEDA scales the serving revision's workers on their queued tokens"
+    return set_condition(status, "Autoscaling", True, "ScaledObjectApplied", message, world)
 
 
 # --- serving: no rollout --------------------------------------------------------------------------

@@ -11,7 +11,9 @@ from pydantic import BaseModel, Field
 
 from kembed.operator.spec_base import SpecModel
 
-ConditionType = Literal["Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded"]
+ConditionType = Literal[
+    "Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded", "Autoscaling"
+]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
 Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
 
@@ -20,7 +22,9 @@ class Condition(SpecModel):
     """One observation, as in metav1.Condition."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked or Degraded."
+        description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked, Degraded or "
+        "Autoscaling (with spec.autoscaling: False, reason KedaMissing, when the cluster serves no "
+        "ScaledObject)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, machine-readable.")

@@ -52,6 +52,7 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
         self.events: list[tuple[str, str, str]] = []
+        self.unserved: set[str] = set()  # kinds whose CRD is not installed
 
     def _record(self, verb: str, kind: str) -> None:
         assert allows(verb, kind), f"RBAC_RULES do not allow {verb} on {kind}"
@@ -71,6 +72,11 @@ class FakeCluster:
             and ns == namespace
             and all(o["metadata"].get("labels", {}).get(a) == b for a, b in labels.items())
         ]
+
+    def serves(self, kind, namespace):
+        """Every kind is served (KEDA installed, say); `unserved` lists those that are not."""
+        self._record("list", kind)
+        return kind not in self.unserved
 
     def create(self, body):
         self._record("create", body["kind"])

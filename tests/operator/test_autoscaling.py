@@ -427,3 +427,20 @@ def test_the_gateway_hpa_owns_the_gateway_replicas_and_goes_when_turned_off(driv
     assert (
         cluster.objects[("Deployment", "ml", "minilm-gateway")]["spec"]["replicas"] == 1
     )  # gateway.replicas
+
+
+def test_a_cluster_without_keda_says_so_in_an_autoscaling_condition_and_keeps_serving(driver):
+    driver.cluster.unserved.add("ScaledObject")
+    revision = driver.promote()
+    condition = driver.condition("Autoscaling")
+    assert (condition["status"], condition["reason"]) == ("False", "KedaMissing")
+    assert "KEDA" in condition["message"]
+    assert driver.body["status"]["phase"] == "Ready"  # the workers serve at their count
+    driver.cluster.unserved.clear()  # KEDA installed
+    driver.step()
+    condition = driver.condition("Autoscaling")
+    assert (condition["status"], condition["reason"]) == ("True", "ScaledObjectApplied")
+    assert scaled_objects(driver.cluster) == {f"minilm-worker-{revision}": f"minilm-worker-{revision}"}
+    driver.edit("autoscaling", enabled=False)
+    driver.step()
+    assert "Autoscaling" not in {c["type"] for c in driver.body["status"]["conditions"]}
