@@ -98,6 +98,27 @@ def base_env() -> list[dict[str, str]]:
     return [{"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}]
 
 
+KERNEL_CACHE_MOUNT = "/var/cache/kembed"
+
+
+def kernel_cache(
+    spec: EmbeddingModelSpec,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, str]]]:
+    """(volumes, mounts, env) that keep the kernels a worker compiles: FlashAttention 4's disk cache
+    (off unless asked for) and Triton's, on the claim `worker.kernelCacheClaim` names, else in /tmp."""
+    claim = spec.worker.kernel_cache_claim
+    root = KERNEL_CACHE_MOUNT if claim else "/tmp/kernels"
+    env = [
+        {"name": "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "value": "1"},
+        {"name": "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "value": f"{root}/flash-attn4"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{root}/triton"},
+    ]
+    if not claim:
+        return [], [], env
+    volume = {"name": "kernel-cache", "persistentVolumeClaim": {"claimName": claim}}
+    return [volume], [{"name": "kernel-cache", "mountPath": KERNEL_CACHE_MOUNT}], env
+
+
 def worker_token_env(spec: EmbeddingModelSpec, name: str) -> list[dict[str, Any]]:
     """The workers' shared token from its Secret as variable `name` (none when the spec sets none)."""
     ref = spec.worker.auth_token_secret_ref
@@ -186,6 +207,7 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
     w = spec.worker
     name = n.workers_name(owner, revision)
     tmp_volume, tmp_mount = scratch()
+    cache_volumes, cache_mounts, cache_env = kernel_cache(spec)
     # The worker binds its port only once the model is loaded and its start-up prewarm is done, then
     # answers the standard gRPC health check SERVING, and NOT_SERVING once it drains. A check is
     # answered by its event loop, so a wedged worker fails it (a TCP probe only sees the kernel accept).
@@ -197,7 +219,7 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "imagePullPolicy": w.image_pull_policy,
         "command": ["kembed-worker"],
         "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
-        "env": base_env() + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),
+        "env": base_env() + cache_env + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),
         "ports": [
             {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
             {"name": "data", "containerPort": WORKER_DATA_PORT, "protocol": "TCP"},
@@ -205,7 +227,7 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         ],
         "resources": resources(w.resources),
         "securityContext": container_security(),
-        "volumeMounts": [model_mount(spec.model.source), tmp_mount],
+        "volumeMounts": [model_mount(spec.model.source), tmp_mount, *cache_mounts],
         # Weight load, allocation and the start-up prewarm (graphs.prewarmSeconds at most) can take
         # minutes on a large model: up to 30 min before liveness.
         "startupProbe": probe | {"periodSeconds": 5, "failureThreshold": 360},
@@ -231,7 +253,9 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
             "selector": {"matchLabels": n.selector(owner, "worker", revision)},
             "template": {
                 "metadata": {"labels": n.labels(owner, "worker", revision)},
-                "spec": pod_spec([container], [model_volume(spec.model.source), tmp_volume], **extra),
+                "spec": pod_spec(
+                    [container], [model_volume(spec.model.source), tmp_volume, *cache_volumes], **extra
+                ),
             },
         },
     }

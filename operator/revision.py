@@ -5,8 +5,8 @@ pinned-memory cap, CUDA graphs, the workers' side of the traffic classes), resou
 in it; `worker.replicas` is not — scaling is never a rollout — and neither are the gateway, graph-prewarm
 and rollout settings, which change how a revision is served or gated, not what it computes, nor the
 workers' disruption budget (a separate object, updated in place). Placement fields added later (the
-worker's priority class and topology spread) count only when set away from their defaults, so that an
-operator upgrade keeps every revision's hash. The class
+worker's priority class, topology spread and kernel cache claim) count only when set away from their
+defaults, so that an operator upgrade keeps every revision's hash. The class
 rule is in although it changes no output: a worker reads it once, at start, and it decides which
 batches (and so which CUDA-graph buckets) the revision runs, so a new rule goes through the same gates.
 """
@@ -20,7 +20,12 @@ from kembed.operator.spec import WORKER_CLASS_FIELDS, EmbeddingModelSpec, Traffi
 
 REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
 # Worker fields newer than the first revisions: in the hash only when set away from their defaults.
-LATER_WORKER_FIELDS = ("auth_token_secret_ref", "priority_class_name", "topology_spread")
+LATER_WORKER_FIELDS = (
+    "auth_token_secret_ref",
+    "priority_class_name",
+    "topology_spread",
+    "kernel_cache_claim",
+)
 
 
 def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:

@@ -259,6 +259,17 @@ class WorkerSpec(SpecModel):
         "Given to the workers (KEMBED_WORKER_AUTH_TOKEN), the gateway and the prewarm and smoke Jobs. "
         "Part of the revision: setting or changing it rolls the workers out through the gates.",
     )
+    kernel_cache_claim: str = Field(
+        "",
+        max_length=253,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+        description="PersistentVolumeClaim (in the model's namespace) where worker pods keep the GPU "
+        "kernels they compile: FlashAttention 4's and Triton's, 1.5-3 s each, compiled again by every "
+        "new pod otherwise. Its key includes the library's sources and versions, so pods of any "
+        "revision share it; with more than one pod, use a ReadWriteMany claim. Empty (the default): "
+        "the pod's own /tmp, which a restarted container keeps but a new pod does not. Part of the "
+        "revision when set.",
+    )
 
 
 # --- gateway ------------------------------------------------------------------------------------
