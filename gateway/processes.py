@@ -21,26 +21,31 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kembed.gateway.config import GatewayConfig
+
+if TYPE_CHECKING:  # workers.py loads gRPC and numpy: imported where serving starts, not with the config
+    from kembed.gateway.workers import Resolve
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 BACKLOG = 2048  # uvicorn's default
 
 
-def serve(config: GatewayConfig) -> None:
-    """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children."""
+def serve(config: GatewayConfig, resolve: Resolve | None = None) -> None:
+    """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children.
+    `resolve`: how worker_service's name is resolved; None: DNS (workers.resolve_dns). Another must
+    be picklable when `config.processes` > 1 (each child is spawned with it)."""
     if config.processes == 1:
-        serve_one(config)
+        serve_one(config, resolve=resolve)
         return
     metrics_dir = Path(tempfile.mkdtemp(prefix="kembed-gateway-metrics-"))
     # Read by prometheus_client when a child imports it, which is why it is set before they start.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     context = multiprocessing.get_context("spawn")
     children = [
-        context.Process(target=serve_one, args=(config, metrics_dir), name=f"kembed-gateway-{i}")
+        context.Process(target=serve_one, args=(config, metrics_dir, resolve), name=f"kembed-gateway-{i}")
         for i in range(config.processes)
     ]
     is_signalled = False
@@ -75,16 +80,17 @@ def serve(config: GatewayConfig) -> None:
         sys.exit(1)
 
 
-def serve_one(config: GatewayConfig, metrics_dir: Path | None = None) -> None:
+def serve_one(config: GatewayConfig, metrics_dir: Path | None = None, resolve: Resolve | None = None) -> None:
     """One gateway on uvicorn (uvloop, httptools). A child of `serve` (given `metrics_dir`) binds its
     own SO_REUSEPORT socket; a lone gateway lets uvicorn bind."""
     import uvicorn  # only needed to serve; keeps the config importable cheaply in tests
 
     from kembed.gateway.app import create_app
+    from kembed.gateway.workers import resolve_dns
 
     if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
         logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
-    app = create_app(config, metrics_dir=metrics_dir)
+    app = create_app(config, metrics_dir=metrics_dir, resolve=resolve or resolve_dns)
     server = uvicorn.Server(uvicorn_config(config, app))
     freeze_startup_objects()
     # uvicorn drains on SIGTERM/SIGINT, then restores the handlers it found and raises the signal
