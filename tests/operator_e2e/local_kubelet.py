@@ -12,13 +12,19 @@ A thread polls the emulator through its HTTP API (as a controller would list/wat
   times, `activeDeadlineSeconds` kills it; the pod's termination message is the log tail
   (`FallbackToLogsOnError`).
 - plays the garbage collector: an object whose owner (by uid) is gone is deleted.
+- stops a pod as the kubelet does, without holding up the loop: it leaves the API (and so cluster
+  DNS) at once, its preStop sleep runs, then SIGTERM, then SIGKILL once terminationGracePeriodSeconds
+  have passed. A Deployment's pod deleted through the API (`kubectl delete pod`) is stopped so, and
+  replaced.
 
 Translation from a pod to a local process, each the local stand-in of a node fact: `kembed-worker`
-/ `kembed-gateway` are the images' entry points (`python -P -m kembed.worker|gateway`); a volume is a
-local directory (hostPath through `host_paths`, emptyDir a fresh one) and any environment value or
-argument under a mount path points into it; `0.0.0.0` (all of the pod's addresses) is the pod IP; a
-Service name `<svc>.<ns>.svc` is resolved as cluster DNS would, once at pod start, to the ready pods
-the Service selects (headless). Images, resources, security contexts and node placement are ignored.
+is the image's entry point (`python -P -m kembed.worker`), `kembed-gateway` is gateway_entry.py (the
+gateway with the stand-in's cluster DNS); a volume is a local directory (hostPath through
+`host_paths`, emptyDir a fresh one) and any environment value or argument under a mount path points
+into it; `0.0.0.0` (all of the pod's addresses) is the pod IP. A Service name `<svc>.<ns>.svc` is
+resolved as cluster DNS would (cluster_dns.py): by the gateway itself at each lookup in
+KEMBED_GATEWAY_WORKER_SERVICE, elsewhere once at pod start, to one of the ready pods the Service
+selects (headless). Images, resources, security contexts and node placement are ignored.
 """
 
 from __future__ import annotations
@@ -40,11 +46,17 @@ from typing import Any
 
 import grpc
 import httpx
+from cluster_dns import SERVICE_HOST, ready_pod_ips
+from gateway_entry import API_URL_ENV
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "kembed.gateway"}
-SERVICE_HOST = re.compile(r"\b([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?\b")
+HERE = Path(__file__).resolve().parent
+ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "gateway_entry"}
+# Environment values holding a Service name that the process resolves itself, at each lookup
+# (gateway_entry.py), rather than once at pod start.
+SELF_RESOLVED_ENV = {"KEMBED_GATEWAY_WORKER_SERVICE"}
 TERMINATION_TAIL_BYTES = 2048  # what Kubernetes keeps of the log for FallbackToLogsOnError
+DEFAULT_GRACE_S = 30  # terminationGracePeriodSeconds when a pod spec names none
 POLL_S = 0.25
 
 
@@ -60,8 +72,34 @@ class LocalPod:
     popen: subprocess.Popen
     log: Path
     scratch: tempfile.TemporaryDirectory
+    grace_s: float = DEFAULT_GRACE_S  # the pod spec's terminationGracePeriodSeconds
     started: float = field(default_factory=time.monotonic)
     is_ready: bool = False
+    ready_at: float | None = None  # time.monotonic() its readiness probe first passed
+    sigterm_at: float = float("inf")  # while terminating: when SIGTERM is due (after preStop)
+    sigkill_at: float = float("inf")  # and when SIGKILL is (terminationGracePeriodSeconds)
+
+    def begin_termination(self) -> None:
+        """As the kubelet does on deletion: the preStop sleep, then SIGTERM; SIGKILL once the grace
+        period (which the preStop counts against) is over. `reap` carries it on."""
+        now = time.monotonic()
+        prestop = ((self.container.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+        self.sigterm_at = now + prestop.get("seconds", 0)
+        self.sigkill_at = now + self.grace_s
+        self.reap()
+
+    def reap(self) -> bool:
+        """Signals whatever is due; True (and its scratch space gone) once the process has exited."""
+        if self.popen.poll() is None:
+            now = time.monotonic()
+            if now >= self.sigkill_at:
+                self.popen.kill()
+            elif now >= self.sigterm_at:
+                self.popen.terminate()
+                self.sigterm_at = float("inf")  # once
+            return False
+        self.scratch.cleanup()
+        return True
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -91,7 +129,9 @@ class LocalKubelet:
         self._ns = namespace
         self._host_paths = host_paths
         self._log_dir = log_dir
+        self._api_url = api_url
         self._pods: dict[str, LocalPod] = {}
+        self._terminating: list[LocalPod] = []  # gone from the API, their processes stopping
         self._ips = (f"127.0.0.{i}" for i in itertools.count(10))
         self._names = itertools.count(1)
         self._dns_turn = 0
@@ -110,7 +150,7 @@ class LocalKubelet:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(30)
-        for pod in list(self._pods.values()):
+        for pod in [*self._pods.values(), *self._terminating]:
             pod.stop()
         self._api.close()
 
@@ -146,8 +186,10 @@ class LocalKubelet:
 
     def sync(self) -> None:
         self._collect_garbage()
+        self._sync_deleted_pods()
         self._sync_deployments()
         self._sync_jobs()
+        self._terminating = [p for p in self._terminating if not p.reap()]
 
     def _collect_garbage(self) -> None:
         kinds = [
@@ -167,6 +209,14 @@ class LocalKubelet:
                 owners = obj["metadata"].get("ownerReferences") or []
                 if owners and not any(o["uid"] in uids for o in owners):
                     self._delete(prefix, plural, obj["metadata"]["name"])
+
+    def _sync_deleted_pods(self) -> None:
+        """A Deployment's pod deleted through the API is stopped (its ReplicaSet then replaces it).
+        Every pod run here was created in the API in an earlier pass, so one not listed was deleted."""
+        listed = {p["metadata"]["name"] for p in self._items("/api/v1", "pods")}
+        for pod in [p for p in self._pods.values() if p.owner_kind == "Deployment"]:
+            if pod.name not in listed:
+                self._terminate(pod)
 
     # --- Deployments ------------------------------------------------------------------------------
 
@@ -199,7 +249,7 @@ class LocalKubelet:
             current.append(pod)
         for pod in current:
             if not pod.is_ready and self._probe(pod):
-                pod.is_ready = True
+                pod.is_ready, pod.ready_at = True, time.monotonic()
                 self._write_pod(pod, deployment["spec"]["template"], phase="Running", is_ready=True)
         num_ready = sum(p.is_ready for p in current)
         if num_ready >= want:
@@ -328,14 +378,18 @@ class LocalKubelet:
                 raise NotImplementedError(f"env {item['name']}: only literal values are played")
             env[item["name"]] = item["value"]
         try:
-            env = {k: self._translate(v, mounts, ip) for k, v in env.items()}
+            env = {
+                k: self._translate(v, mounts, ip, is_dns_kept=k in SELF_RESOLVED_ENV) for k, v in env.items()
+            }
             args = [self._translate(a, mounts, ip) for a in container["command"] + container.get("args", [])]
         except LookupError:
             scratch.cleanup()
             return None
         if args[0] in ENTRY_POINTS:
             args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
-        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1"}
+        # PYTHONPATH: gateway_entry and cluster_dns live beside this file; the API is the pod's DNS.
+        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HERE)}
+        env[API_URL_ENV] = self._api_url
         name = f"{owner_name}-{next(self._names)}"
         log = self._log_dir / f"{name}.log"
         with log.open("w") as out:
@@ -353,6 +407,7 @@ class LocalKubelet:
             popen,
             log,
             scratch,
+            pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S),
         )
         self._pods[name] = pod
         body = {
@@ -405,9 +460,14 @@ class LocalKubelet:
         self._patch_status("/api/v1", "pods", pod.name, status)
 
     def _remove(self, pod: LocalPod) -> None:
-        pod.stop()
-        self._pods.pop(pod.name, None)
+        """Delete it from the API (its endpoint, and so its DNS record, goes at once) and stop it."""
         self._delete("/api/v1", "pods", pod.name)
+        self._terminate(pod)
+
+    def _terminate(self, pod: LocalPod) -> None:
+        self._pods.pop(pod.name, None)
+        pod.begin_termination()
+        self._terminating.append(pod)
 
     def _mounts(self, pod_spec: dict[str, Any], container: dict[str, Any], scratch: Path) -> dict[str, Path]:
         volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
@@ -424,30 +484,17 @@ class LocalKubelet:
             mounts[mount["mountPath"]] = local / mount.get("subPath", "")
         return mounts
 
-    def _translate(self, value: str, mounts: dict[str, Path], ip: str) -> str:
+    def _translate(self, value: str, mounts: dict[str, Path], ip: str, is_dns_kept: bool = False) -> str:
         for path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
             if value == path or value.startswith(path + "/"):
                 return str(local) + value[len(path) :]
         value = value.replace("0.0.0.0", ip)
-        return SERVICE_HOST.sub(self._resolve, value)
+        return value if is_dns_kept else SERVICE_HOST.sub(self._resolve, value)
 
     def _resolve(self, match: re.Match) -> str:
-        """Cluster DNS for a headless Service: one of its ready pods' IPs, spread over repeats."""
+        """Cluster DNS for a headless Service, once: one of its ready pods' IPs, spread over repeats."""
         service, namespace = match.group(1), match.group(2)
-        answer = self._api.get(f"/api/v1/namespaces/{namespace}/services/{service}")
-        if answer.status_code != 200:
-            raise LookupError(service)
-        selector = answer.json()["spec"].get("selector", {})
-        pods = self._api.get(f"/api/v1/namespaces/{namespace}/pods").json()["items"]
-        ips = sorted(
-            p["status"]["podIP"]
-            for p in pods
-            if all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
-            and any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in p.get("status", {}).get("conditions", [])
-            )
-        )
+        ips = ready_pod_ips(self._api, service, namespace)
         if not ips:
             raise LookupError(service)
         self._dns_turn += 1

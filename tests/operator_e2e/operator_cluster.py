@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kubernetes
 import pytest
 from local_kubelet import LocalKubelet
 
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "charts/kembed/crds/embeddingmodels.kembed.dev.yaml"
 EXAMPLE = ROOT / "charts/kembed/examples/minilm-cpu.yaml"
 NAMESPACE = "default"
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # the example's servedName
 MODELS = "/apis/kembed.dev/v1alpha1/namespaces/default/embeddingmodels"
 NODE_MODEL_DIR = "/var/lib/kembed/models/all-MiniLM-L6-v2"  # the example's hostPath
 CORRUPT_MODEL_DIR = "/var/lib/kembed/models/corrupt"  # scenario 3's hostPath
@@ -103,6 +105,43 @@ class Cluster:
 def condition(model: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     conditions = ((model or {}).get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == type_), {})
+
+
+def apply(cluster: Cluster, body: dict[str, Any]) -> None:
+    """Create through the kubernetes client, as `kubectl apply` of a new object would."""
+    client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    with client:
+        kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
+            "kembed.dev", "v1alpha1", NAMESPACE, "embeddingmodels", body
+        )
+
+
+def is_ready(cluster: Cluster) -> bool:
+    model = cluster.model()
+    return (
+        bool(model)
+        and (model.get("status") or {}).get("phase") == "Ready"
+        and condition(model, "Ready")["status"] == "True"
+    )
+
+
+def start_ready(cluster: Cluster, body: dict[str, Any]) -> str:
+    """Apply `body` and wait for phase Ready; its serving revision."""
+    apply(cluster, body)
+    cluster.wait("phase Ready", lambda: is_ready(cluster), timeout_s=120)
+    return cluster.model()["status"]["activeRevision"]
+
+
+def patch_spec(cluster: Cluster, spec: dict[str, Any]) -> None:
+    answer = cluster.api.patch(
+        f"{MODELS}/minilm", json={"spec": spec}, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    answer.raise_for_status()
+
+
+def gateway_url(cluster: Cluster) -> str:
+    (pod,) = cluster.kubelet.pods_of("minilm-gateway")
+    return f"http://{pod.ip}:8080"
 
 
 def _free_port() -> int:

@@ -11,36 +11,20 @@ from __future__ import annotations
 import time
 
 import httpx
-import kubernetes
 import pytest
-from operator_cluster import CORRUPT_MODEL_DIR, EXAMPLE, MODELS, NAMESPACE, condition
+from operator_cluster import (
+    CORRUPT_MODEL_DIR,
+    EXAMPLE,
+    MODEL_NAME,
+    MODELS,
+    condition,
+    gateway_url,
+    is_ready,
+    patch_spec,
+    start_ready,
+)
 
 pytestmark = pytest.mark.slow
-
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def apply(cluster, body) -> None:
-    """Create through the kubernetes client, as `kubectl apply` of a new object would."""
-    client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    with client:
-        kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
-            "kembed.dev", "v1alpha1", NAMESPACE, "embeddingmodels", body
-        )
-
-
-def is_ready(cluster) -> bool:
-    model = cluster.model()
-    return (
-        bool(model)
-        and (model.get("status") or {}).get("phase") == "Ready"
-        and condition(model, "Ready")["status"] == "True"
-    )
-
-
-def gateway_url(cluster) -> str:
-    (pod,) = cluster.kubelet.pods_of("minilm-gateway")
-    return f"http://{pod.ip}:8080"
 
 
 def embed(url: str, text: str = "hello kubernetes") -> list[float]:
@@ -73,22 +57,9 @@ def test_example_becomes_ready_and_answers(cluster, kubectl):
     print(f"ready and answering after {time.monotonic() - started:.1f} s")
 
 
-def patch_spec(cluster, spec: dict) -> None:
-    answer = cluster.api.patch(
-        f"{MODELS}/minilm", json={"spec": spec}, headers={"Content-Type": "application/merge-patch+json"}
-    )
-    answer.raise_for_status()
-
-
 def serves(cluster, revision: str) -> bool:
     status = (cluster.model() or {}).get("status") or {}
     return status.get("activeRevision") == revision and is_ready(cluster)
-
-
-def start_ready(cluster, example) -> str:
-    apply(cluster, example)
-    cluster.wait("phase Ready", lambda: is_ready(cluster), timeout_s=120)
-    return cluster.model()["status"]["activeRevision"]
 
 
 def new_candidate(cluster, old: str) -> str:
