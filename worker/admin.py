@@ -33,10 +33,28 @@ Metadata = Sequence[tuple[str, str]]
 GoldenCase = tuple[str, list[list[int]], np.ndarray]
 
 
-def _stub(address: str, timeout_s: float) -> pb_grpc.EmbedderStub:
+CONNECT_TIMEOUT_S = 10.0  # a worker that is up accepts at once; one that is not should say so soon
+
+
+class Unreachable(Exception):
+    """No worker accepted a connection at the address in time."""
+
+
+def _stub(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> pb_grpc.EmbedderStub:
     channel = grpc.insecure_channel(address)
-    grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise Unreachable(
+            f"worker unreachable: none answered at {address} within {connect_timeout_s:g} s"
+        ) from None
     return pb_grpc.EmbedderStub(channel)
+
+
+def _connect_timeout(args: argparse.Namespace) -> float:
+    """A connection waits --connect-timeout, and no longer than a whole call may (--timeout)."""
+    return float(min(args.connect_timeout, args.timeout))
 
 
 def _buckets(text: str) -> list[Bucket]:
@@ -55,18 +73,24 @@ def _bucket(message: pb.Bucket) -> Bucket:
     return Bucket(message.num_sequences, message.num_tokens)
 
 
-def hot_buckets(addresses: list[str], count: int, timeout_s: float, metadata: Metadata = ()) -> list[Bucket]:
+def hot_buckets(
+    addresses: list[str],
+    count: int,
+    timeout_s: float,
+    metadata: Metadata = (),
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+) -> list[Bucket]:
     """The `count` buckets with the most hits summed over the serving workers at `addresses`."""
     hits: Counter[Bucket] = Counter()
     for address in addresses:
-        stub = _stub(address, timeout_s)
+        stub = _stub(address, connect_timeout_s)
         for stat in stub.BucketStats(pb.BucketStatsRequest(), timeout=timeout_s, metadata=metadata).buckets:
             hits[_bucket(stat.bucket)] += stat.hits
     return [bucket for bucket, n in hits.most_common(count) if n > 0]
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    stats = _stub(args.target[0], args.timeout).BucketStats(
+    stats = _stub(args.target[0], _connect_timeout(args)).BucketStats(
         pb.BucketStatsRequest(), timeout=args.timeout, metadata=args.metadata
     )
     print(f"{'bucket':>12} {'hits':>10} captured")
@@ -77,14 +101,16 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def run_prewarm(args: argparse.Namespace) -> int:
     hot = [
-        b for b in hot_buckets(args.hot_from, args.hot, args.timeout, args.metadata) if b not in args.buckets
+        b
+        for b in hot_buckets(args.hot_from, args.hot, args.timeout, args.metadata, _connect_timeout(args))
+        if b not in args.buckets
     ]
     if not args.buckets and not hot:
         print("prewarm: nothing to capture (no buckets listed, none hot)")
         return 0
     failed = False
     for address in args.target:
-        stub = _stub(address, args.timeout)
+        stub = _stub(address, _connect_timeout(args))
         # The listed buckets must all be the target's; a hot bucket of the serving revision may not be
         # (other budgets): it is skipped, with a note, rather than failing the rollout.
         listed = pb.PrewarmRequest(buckets=[_pb(b) for b in args.buckets])
@@ -151,7 +177,9 @@ def run_smoke(args: argparse.Namespace) -> int:
         request = pb.SmokeTestRequest(
             buckets=[_pb(b) for b in args.buckets], min_cosine=args.min_cosine, seed=args.seed
         )
-        reply = _stub(address, args.timeout).SmokeTest(request, timeout=args.timeout, metadata=args.metadata)
+        reply = _stub(address, _connect_timeout(args)).SmokeTest(
+            request, timeout=args.timeout, metadata=args.metadata
+        )
         print(f"smoke {address}: {'PASSED' if reply.passed else 'FAILED'} ({len(reply.results)} buckets)")
         for result in reply.results:
             verdict = "ok  " if result.passed else "FAIL"
@@ -162,7 +190,7 @@ def run_smoke(args: argparse.Namespace) -> int:
         if not reply.results:
             print("  no bucket was tested: nothing captured and none listed")
         failed |= not reply.passed
-        stub = _stub(address, args.timeout)
+        stub = _stub(address, _connect_timeout(args))
         for line in check_golden(stub, golden, args.min_cosine, args.timeout, args.metadata):
             print(f"  {line}")
             failed |= line.startswith("FAIL")
@@ -179,7 +207,19 @@ def main(argv: list[str]) -> int:
     ):
         sub = commands.add_parser(name, help=helptext)
         sub.add_argument("--target", action="append", required=True, metavar="ADDR", help="worker host:port")
-        sub.add_argument("--timeout", type=float, default=600.0, help="seconds per worker call")
+        sub.add_argument(
+            "--timeout",
+            type=float,
+            default=600.0,
+            help="seconds a worker call may take once connected (default: %(default)s: a prewarm of "
+            "hundreds of buckets takes minutes)",
+        )
+        sub.add_argument(
+            "--connect-timeout",
+            type=float,
+            default=CONNECT_TIMEOUT_S,
+            help="seconds to wait for each worker to accept a connection (default: %(default)s)",
+        )
         sub.add_argument(
             "--auth-token-file",
             type=Path,
@@ -221,6 +261,9 @@ def main(argv: list[str]) -> int:
         return run(args)
     except (OSError, ValueError, KeyError) as error:  # a golden file missing or malformed
         print(f"{args.command}: bad golden input: {error}", file=sys.stderr)
+        return 2
+    except Unreachable as error:
+        print(f"{args.command}: {error}", file=sys.stderr)
         return 2
     except (grpc.RpcError, grpc.FutureTimeoutError) as error:
         details = error.details() if isinstance(error, grpc.RpcError) else "no answer in time"
