@@ -29,25 +29,32 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@trap 'trap - INT TERM EXIT; kill 0' INT TERM EXIT; \
-	workers=""; \
+	@trap 'trap - INT TERM EXIT; kill 0 2>/dev/null' INT TERM EXIT; \
+	workers=""; pids=""; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
 	  $(PY) -m kembed.worker --port $$port --metrics-port $$(($(WORKER_METRICS_PORT) + i)) & \
+	  pids="$$pids $$!"; \
 	  workers="$$workers --worker 127.0.0.1:$$port"; \
 	done; \
 	$(PY) -m kembed.gateway --port $(PORT) $$workers & \
+	pids="$$pids $$!"; \
+	gone() { for pid in $$pids; do kill -0 $$pid 2>/dev/null || return 0; done; return 1; }; \
+	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT)"; \
 	ready=0; \
 	for _ in $$(seq 1 240); do \
-	  curl -fsS -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && { ready=1; break; }; sleep 0.5; \
+	  curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && { ready=1; break; }; \
+	  if gone; then echo; echo "kembed did not start: a process exited (see its log above). If a port is taken, choose others, e.g. PORT=8081 make run; the ports asked for: $$taken."; exit 1; fi; \
+	  sleep 0.5; \
 	done; \
 	echo; \
-	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; wait; exit 1; fi; \
+	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; exit 1; fi; \
 	echo "kembed is serving on http://127.0.0.1:$(PORT) ($(WORKERS) worker(s)). Try:"; \
 	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
 	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
 	echo "Ctrl-C stops the gateway and the workers."; \
-	wait
+	while ! gone; do sleep 1; done; \
+	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
 test: $(STAMP) lint prometheus-tools
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
