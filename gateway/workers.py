@@ -144,6 +144,7 @@ class WorkerPool:
         self.replicas: list[Replica] = []
         self._health_task: asyncio.Task[None] | None = None
         self._resolve_task: asyncio.Task[None] | None = None
+        self._was_ready: bool | None = None  # at the last probe; None before the first
         self._num_picks = 0
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
@@ -156,6 +157,7 @@ class WorkerPool:
         if self._config.worker_service:
             await self._discover()
         await self._probe_all()
+        self._say_readiness()
         self._health_task = asyncio.create_task(self._health_loop(), name="kembed-gateway-health")
         if self._config.worker_service:
             self._resolve_task = asyncio.create_task(self._resolve_loop(), name="kembed-gateway-resolve")
@@ -394,8 +396,23 @@ class WorkerPool:
             await asyncio.sleep(self._config.health_interval_s)
             try:
                 await self._probe_all()
+                self._say_readiness()
             except Exception:  # a bug in probing must not stop it for good
                 log.exception("health probe failed")
+
+    def _say_readiness(self) -> None:
+        """Logs when the gateway starts or stops having a worker to send to: a user starting it
+        before the workers (which load a model first) sees what it waits for, then that it serves."""
+        is_ready = self.is_ready()
+        if is_ready == self._was_ready:
+            return
+        self._was_ready = is_ready
+        serving = sum(self._is_available(r, asyncio.get_running_loop().time()) for r in self.replicas)
+        if is_ready:
+            log.info("serving: %d of %d worker(s) ready", serving, len(self.replicas))
+        else:
+            where = ", ".join(r.address for r in self.replicas) or self._config.worker_service
+            log.warning("waiting for a worker to serve (%s); /ready answers 503 until then", where)
 
     def _pick(self, tried: Sequence[Replica]) -> Replica | None:
         """The available, untried replica with the fewest outstanding tokens. Ties go round-robin

@@ -173,3 +173,19 @@ async def test_requests_over_the_concurrency_cap_are_refused_at_once(gateway_wit
         assert (await first).status_code == 200
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
     assert "its limit" in refused.json()["error"]["message"]
+
+
+async def test_the_gateway_says_what_it_waits_for_and_when_it_serves(gateway_with, caplog):
+    fake = FakeEmbedder(status=2)  # NOT_SERVING: still loading its model
+    caplog.set_level("INFO", logger="kembed.gateway.workers")
+    async with gateway_with(fake, health_interval_s=0.05) as client:
+        assert any("waiting for a worker to serve (127.0.0.1:" in r.message for r in caplog.records)
+        fake.status = 1  # SERVING
+        for _ in range(200):
+            if (await client.get("/ready")).status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+    messages = [r.message for r in caplog.records]
+    assert "serving: 1 of 1 worker(s) ready" in messages
+    assert sum(m.startswith("waiting for a worker") for m in messages) == 1  # said once, not per probe
