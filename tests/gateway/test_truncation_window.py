@@ -7,6 +7,7 @@ import random
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR
@@ -76,7 +77,18 @@ def bert() -> Tokenizer:
     return _load_base(load_model_spec(BUNDLED_MODEL_DIR))
 
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
 def trained(kind: str) -> Tokenizer:
+    """A small tokenizer of `kind` trained on the corpus, frozen in tests/gateway/fixtures: the
+    tokenizers library's trainers are not deterministic (six trainings of the Unigram model gave
+    six different models, with or without parallelism), and a model whose scores tie on a
+    repetitive long word made a test fail one run in a few. `train(kind)` made the frozen ones."""
+    return Tokenizer.from_file(str(FIXTURES / f"trained-{kind}.json"))
+
+
+def train(kind: str) -> Tokenizer:
     rng = random.Random(0)
     texts = [corpus(rng, 200, style) for style in ("spaces", "cjk", "long-words", "punctuation")] * 5
     if kind == "byte-level-bpe":  # Qwen3-like
