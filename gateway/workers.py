@@ -269,21 +269,27 @@ class WorkerPool:
 
     async def _call(self, replica: Replica, kind: str, request: Any, timeout_s: float) -> Any:
         """One Embed or Score over the replica's data port, else its gRPC stream, else unary."""
-        if replica.frames is not None:
+        # Several requests may find the same path gone at once: the first to come back drops it
+        # (if it is still the replica's), the others just go on to the next path.
+        frames = replica.frames
+        if frames is not None:
             try:
-                return await replica.frames.request(kind, request, timeout_s)
+                return await frames.request(kind, request, timeout_s)
             except DataPortUnreachable as error:
-                log.warning("%s; using gRPC, trying it again in %.0f s", error, DATA_PORT_RETRY_S)
-                frames, replica.frames = replica.frames, None
-                replica.data_port_lost_at = asyncio.get_running_loop().time()
-                await frames.close()
-        if replica.stream is not None:
+                if replica.frames is frames:
+                    log.warning("%s; using gRPC, trying it again in %.0f s", error, DATA_PORT_RETRY_S)
+                    replica.frames = None
+                    replica.data_port_lost_at = asyncio.get_running_loop().time()
+                    await frames.close()
+        stream = replica.stream
+        if stream is not None:
             try:
-                return await replica.stream.request(kind, request, timeout_s)
+                return await stream.request(kind, request, timeout_s)
             except StreamUnsupported:
-                log.info("worker %s has no Stream: using unary RPCs for it", replica.address)
-                stream, replica.stream = replica.stream, None
-                await stream.close()
+                if replica.stream is stream:
+                    log.info("worker %s has no Stream: using unary RPCs for it", replica.address)
+                    replica.stream = None
+                    await stream.close()
         call = replica.stub.Embed if kind == "embed" else replica.stub.Score
         return await call(request, timeout=timeout_s, metadata=self._metadata)
 

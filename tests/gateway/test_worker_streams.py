@@ -151,3 +151,22 @@ async def test_the_data_port_connection_is_open_before_the_first_request(gateway
         assert fake.frame_connections == 1 and fake.frame_requests == 0
         assert (await client.post("/embed", json={"inputs": "first"})).status_code == 200
     assert fake.frame_connections == 1
+
+
+async def test_requests_that_find_the_data_port_gone_at_once_all_go_over_grpc(gateway_with):
+    """Info advertises a data port where nothing listens (a worker going away, a network policy):
+    concurrent requests all fail to connect, and every one is answered over gRPC (the first to come
+    back drops the port; none trips over that)."""
+    import socket
+
+    fake = FakeEmbedder(has_data_port=False)
+    with socket.socket() as closed:  # a port bound and not listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        fake.data_port = closed.getsockname()[1]
+        async with gateway_with(fake) as client:
+            responses = await asyncio.gather(
+                *(client.post("/embed", json={"inputs": f"query {i}"}) for i in range(8))
+            )
+            workers = (await client.get("/info")).json()["workers"]
+    assert [r.status_code for r in responses] == [200] * 8
+    assert workers[0]["transport"] in ("stream", "unary")
