@@ -165,6 +165,32 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         default=default("bulk_queue_share", WorkerConfig.bulk_queue_share),
         help="bulk is refused once the queue holds this share of --max-queued-tokens (default: 0.75)",
     )
+    parser.add_argument(
+        "--interactive-lane",
+        action=argparse.BooleanOptionalAction,
+        default=str(default("interactive_lane", WorkerConfig.interactive_lane)).lower()
+        in ("1", "true", "yes", "on"),
+        help="on CUDA with the classes on: interactive batches on a high-priority stream of their own, "
+        "beside the bulk steps (default: on)",
+    )
+    parser.add_argument(
+        "--lane-max-batch-tokens",
+        type=int,
+        default=default("lane_max_batch_tokens", WorkerConfig.lane_max_batch_tokens),
+        help="the interactive lane's token budget per step (default: 2048)",
+    )
+    parser.add_argument(
+        "--lane-max-batch-sequences",
+        type=int,
+        default=default("lane_max_batch_sequences", WorkerConfig.lane_max_batch_sequences),
+        help="the interactive lane's sequence cap per step (default: 32)",
+    )
+    parser.add_argument(
+        "--lane-inflight-batches",
+        type=int,
+        default=default("lane_inflight_batches", WorkerConfig.lane_inflight_batches),
+        help="interactive lane batches in flight at once (default: 2)",
+    )
     parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
     parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
     parser.add_argument(
@@ -219,6 +245,10 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
         max_batch_sequences=config.max_batch_sequences,
         hooks=metrics.hooks(),
         policy=config.class_policy(),
+        lane=getattr(engine, "lane", None),
+        lane_max_batch_tokens=config.lane_max_batch_tokens,
+        lane_max_batch_sequences=config.lane_max_batch_sequences,
+        lane_inflight_batches=config.lane_inflight_batches,
     )
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     metrics_server = None

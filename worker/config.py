@@ -153,6 +153,24 @@ class WorkerConfig:
     every step launched before it; 1 bounds that to the rest of one step, at the cost of the GPU
     idling between bulk steps while the next is packed and launched."""
 
+    interactive_lane: bool = True
+    """On a CUDA device with the classes on: interactive batches run on a lane of their own (a
+    second, high-priority stream with its own graphs), beside the bulk steps instead of behind
+    them, whenever the main path is busy. Needs a stateless attention backend (not flashinfer, which
+    plans each batch into one workspace). Costs the lane's graphs (small buckets, their own memory
+    pool) and a pinned ring of `lane_inflight_batches` small slots."""
+
+    lane_max_batch_tokens: int = 2048
+    """The interactive lane's token budget per step, in tokens (also its largest bucket): an
+    interactive sequence longer than this runs on the main path."""
+
+    lane_max_batch_sequences: int = 32
+    """The interactive lane's sequence cap per step."""
+
+    lane_inflight_batches: int = 2
+    """Interactive lane batches launched and not yet collected. Each lane step costs the bulk steps
+    beside it some GPU time; fewer in flight makes fuller, fewer lane steps."""
+
     bulk_queue_share: float = 0.75
     """Bulk requests are refused (RESOURCE_EXHAUSTED) once the queue holds this share of
     max_queued_tokens, so interactive requests find room when the queue fills with bulk."""
@@ -199,6 +217,10 @@ class WorkerConfig:
             raise ValueError(f"bulk_queue_share must be in (0, 1], not {self.bulk_queue_share}")
         if self.max_inflight_batches < 1:
             raise ValueError("max_inflight_batches must be at least 1")
+        if min(self.lane_max_batch_tokens, self.lane_max_batch_sequences, self.lane_inflight_batches) < 1:
+            raise ValueError(
+                "need lane_max_batch_tokens, lane_max_batch_sequences, lane_inflight_batches >= 1"
+            )
         if not -1 <= self.data_port < 65536:
             raise ValueError(
                 f"data_port must be -1 (off), 0 (any free port) or a port number, not {self.data_port}"

@@ -15,6 +15,12 @@ second of each that has more, each request's sequences in order. A step (`ClassQ
    what is left; and a step with no interactive work takes at least one bulk sequence, whatever its
    length.
 
+With an interactive lane (a CUDA engine's second stream, whose steps run beside the main path's
+instead of behind them) the rule changes: while the main path is busy, interactive sequences go to
+the lane (`take_lane`), and the main path takes bulk alone, in full steps (no cap, no hold: no query
+waits behind them). An idle main path still takes interactive work itself (no lane hop), and so
+does it with an interactive sequence longer than the lane's steps.
+
 With the classes off (`ClassPolicy.is_enabled` False) every request joins one queue: plain first
 come, first served (round robin across requests).
 """
@@ -135,6 +141,13 @@ class RoundRobin:
         waiting, self._waiting = list(self._waiting), deque()
         return waiting
 
+    def next_num_tokens(self) -> int | None:
+        """Tokens of the sequence the next batch would take first (None: nothing waits)."""
+        for request in self._waiting:
+            if not request.future.done():
+                return int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
+        return None
+
     def take(self, max_tokens: int, max_sequences: int, *, at_least_one: bool = True) -> list[QueuedSequence]:
         """The next batch; a request finished early (cancelled, failed) is dropped when reached.
         With `at_least_one`, a first sequence longer than `max_tokens` is taken alone; without, the
@@ -185,8 +198,10 @@ class RoundRobin:
 class ClassQueues:
     """The two classes' queues and the rule that takes the next batch from them (module docstring)."""
 
-    def __init__(self, policy: ClassPolicy) -> None:
+    def __init__(self, policy: ClassPolicy, lane_tokens: int = 0) -> None:
         self.policy = policy
+        # the interactive lane's step budget (0: no lane); only with the classes on
+        self.lane_tokens = lane_tokens if policy.is_enabled else 0
         self.interactive = RoundRobin()
         self.bulk = RoundRobin()
         self._interactive_seen_at = -math.inf
@@ -217,6 +232,7 @@ class ClassQueues:
         limit = self.policy.max_bulk_inflight
         return (
             self.policy.is_enabled
+            and not self.lane_tokens
             and limit > 0
             and num_inflight >= limit
             and not self.interactive
@@ -224,13 +240,31 @@ class ClassQueues:
             and self.is_interactive_about(now)
         )
 
-    def take(self, max_tokens: int, max_sequences: int, now: float) -> list[QueuedSequence]:
+    def has_lane_work(self) -> bool:
+        """Whether the lane could take a sequence now."""
+        head = self.interactive.next_num_tokens()
+        return bool(self.lane_tokens) and head is not None and head <= self.lane_tokens
+
+    def take_lane(self, max_tokens: int, max_sequences: int) -> list[QueuedSequence]:
+        """The interactive lane's next batch: interactive sequences only, none longer than
+        `max_tokens` (such a one is left, with those behind it, to the main path)."""
+        return self.interactive.take(max_tokens, max_sequences, at_least_one=False)
+
+    def take(
+        self, max_tokens: int, max_sequences: int, now: float, *, with_interactive: bool = True
+    ) -> list[QueuedSequence]:
         """The next batch: at most `max_tokens` tokens (but one longer sequence alone) and
-        `max_sequences` sequences."""
+        `max_sequences` sequences. With a lane, `with_interactive` False leaves interactive
+        sequences to it (all but one longer than its steps): the batch is bulk alone, in full."""
         if not self.policy.is_enabled:
             return self.interactive.take(max_tokens, max_sequences)
+        if self.lane_tokens and not with_interactive and not self._head_needs_main():
+            batch = self.bulk.take(max_tokens, max_sequences)
+            if batch:
+                self._bulk_served_at = now
+            return batch
         bulk_tokens = max_tokens
-        if self.is_interactive_about(now):
+        if not self.lane_tokens and self.is_interactive_about(now):
             bulk_tokens = min(self.policy.bulk_step_tokens, max_tokens)
         if self.bulk and now - self._bulk_served_at >= self.policy.bulk_max_wait_s:
             batch = self.bulk.take(bulk_tokens, max_sequences)
@@ -247,3 +281,7 @@ class ClassQueues:
         if any(seq.request.priority == Priority.BULK for seq in batch):
             self._bulk_served_at = now
         return batch
+
+    def _head_needs_main(self) -> bool:
+        head = self.interactive.next_num_tokens()
+        return head is not None and head > self.lane_tokens

@@ -20,6 +20,11 @@ every call that captures or runs eagerly, go through the launcher thread. The ro
 at a time are polled for on the loop when the engine's result can say it is ready without blocking
 (a CUDA event query), saving the waiter thread's wake-up of the loop as well.
 
+An engine with an interactive lane (the CUDA engine's `lane`: a second stream whose steps run beside
+the main path's) gets a second path: its own loop, in-flight bound, launcher and waiter threads.
+While the main path is busy, interactive batches go to the lane and the main path runs bulk alone
+(queues.py); an idle main path still takes a query itself.
+
 Span pooling (a sequence pooled once per span of its tokens) rides along per sequence: a batch holding
 any span sequence passes every sequence's spans (None for the others) to `pack`, and its rows, one
 per span of a span sequence and one per other sequence, are split back per sequence.
@@ -104,6 +109,10 @@ class Scheduler:
         max_batch_sequences: int = 256,
         idle_capture_check_s: float = 0.5,
         policy: ClassPolicy | None = None,
+        lane: BatchRunner | None = None,
+        lane_max_batch_tokens: int = 2048,
+        lane_max_batch_sequences: int = 32,
+        lane_inflight_batches: int = 2,
     ) -> None:
         self._runner = runner
         self._can_launch_inline = getattr(runner, "can_launch_inline", None)
@@ -114,7 +123,11 @@ class Scheduler:
         self.max_queued_tokens = max_queued_tokens
         self._hooks = hooks or SchedulerHooks()
         self.policy = policy or ClassPolicy()
-        self._queue = ClassQueues(self.policy)
+        policy_on = self.policy.is_enabled
+        self._lane = lane if policy_on else None
+        self._lane_tokens = min(lane_max_batch_tokens, max_batch_tokens)
+        self._lane_seqs = min(lane_max_batch_sequences, max_batch_sequences)
+        self._queue = ClassQueues(self.policy, self._lane_tokens if self._lane is not None else 0)
         self._queued_tokens = 0
         self._queued_bulk_tokens = 0  # of which bulk
         self._has_work = asyncio.Event()
@@ -135,6 +148,13 @@ class Scheduler:
         self._num_batches = 0  # batches launched since start
         self._num_inflight = 0  # batches taken and not yet finished
         self._num_polled = 0  # batches whose completion the loop is polling for now (0 or 1)
+        # the interactive lane's path (unused without one)
+        self._has_lane_work = asyncio.Event()
+        self._lane_inflight = asyncio.Semaphore(lane_inflight_batches)
+        self._lane_launcher = ThreadPoolExecutor(1, thread_name_prefix="kembed-lane")
+        self._lane_waiter = ThreadPoolExecutor(1, thread_name_prefix="kembed-lane-wait")
+        self._lane_task: asyncio.Task[None] | None = None
+        self.num_lane_batches = 0  # batches the lane ran since start
 
     @property
     def queued_tokens(self) -> int:
@@ -147,8 +167,14 @@ class Scheduler:
         bulk = self._queued_bulk_tokens
         return {"interactive": self._queued_tokens - bulk, "bulk": bulk}
 
+    @property
+    def has_lane(self) -> bool:
+        return self._lane is not None
+
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
+        if self._lane is not None:
+            self._lane_task = asyncio.create_task(self._run_lane(), name="kembed-lane")
         if self._capture_deferred is not None:
             self._idle_task = asyncio.create_task(
                 self._capture_when_idle(self._capture_deferred), name="kembed-idle-capture"
@@ -157,15 +183,15 @@ class Scheduler:
     async def close(self) -> None:
         """Stop taking work, fail what is queued, let launched batches finish."""
         self._closed = True
-        tasks = [task for task in (self._loop_task, self._idle_task) if task is not None]
+        tasks = [task for task in (self._loop_task, self._idle_task, self._lane_task) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for request in self._queue.pop_all():
             self._fail(request, Unavailable("worker is shutting down"))
         await asyncio.gather(*self._inflight_tasks, return_exceptions=True)
-        self._launcher.shutdown(wait=True)
-        self._waiter.shutdown(wait=True)
+        for executor in (self._launcher, self._waiter, self._lane_launcher, self._lane_waiter):
+            executor.shutdown(wait=True)
 
     async def run_on_device(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the launcher thread, in order with the batches (prewarm, smoke tests):
@@ -232,6 +258,8 @@ class Scheduler:
             self._queued_bulk_tokens += num_tokens
         self._queue.push(request, request.admitted_at)
         self._has_work.set()
+        if self._lane is not None and klass != Priority.BULK:
+            self._has_lane_work.set()
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -258,6 +286,30 @@ class Scheduler:
             task = asyncio.create_task(self._execute(batch))
             self._inflight_tasks.add(task)
             task.add_done_callback(self._inflight_tasks.discard)
+            if self._lane is not None and self._queue.has_lane_work():
+                self._has_lane_work.set()  # the main path is busy now: queries go to the lane
+
+    def _is_main_idle(self) -> bool:
+        """Nothing in flight on the main path and no bulk waiting: a query is best served there."""
+        return self._num_inflight == 0 and not self._queue.bulk
+
+    async def _run_lane(self) -> None:
+        """The interactive lane's loop: while the main path is busy, interactive batches run here."""
+        while True:
+            await self._has_lane_work.wait()
+            await self._lane_inflight.acquire()
+            batch = [] if self._is_main_idle() else self._queue.take_lane(self._lane_tokens, self._lane_seqs)
+            if not batch:
+                self._lane_inflight.release()
+                self._has_lane_work.clear()  # set again by a query, or by the main path turning busy
+                if self._queue:
+                    self._has_work.set()  # the idle main path takes it
+                continue
+            self._num_batches += 1
+            self.num_lane_batches += 1
+            task = asyncio.create_task(self._execute(batch, on_lane=True))
+            self._inflight_tasks.add(task)
+            task.add_done_callback(self._inflight_tasks.discard)
 
     async def _capture_when_idle(self, capture_deferred: Callable[[float], int]) -> None:
         """Captures what the engine deferred, one short slice at a time and only while the worker is
@@ -280,10 +332,17 @@ class Scheduler:
                 log.exception("capturing deferred buckets failed")
 
     def _take_batch(self) -> list[QueuedSequence]:
-        return self._queue.take(self.max_batch_tokens, self.max_batch_sequences, time.perf_counter())
+        with_interactive = self._lane is None or self._is_main_idle()
+        return self._queue.take(
+            self.max_batch_tokens,
+            self.max_batch_sequences,
+            time.perf_counter(),
+            with_interactive=with_interactive,
+        )
 
-    async def _execute(self, batch: list[QueuedSequence]) -> None:
+    async def _execute(self, batch: list[QueuedSequence], on_lane: bool = False) -> None:
         started = time.perf_counter()
+        runner = self._lane if on_lane and self._lane is not None else self._runner
         for seq in batch:
             if not seq.request.is_started:
                 seq.request.is_started = True
@@ -298,16 +357,22 @@ class Scheduler:
             )
             spans = [s.spans() for s in batch] if any(s.request.spans is not None for s in batch) else None
             if spans is not None:
-                packed = self._runner.pack(token_ids, lengths, token_type_ids, spans)
+                packed = runner.pack(token_ids, lengths, token_type_ids, spans)
             elif token_type_ids is not None:
-                packed = self._runner.pack(token_ids, lengths, token_type_ids)
+                packed = runner.pack(token_ids, lengths, token_type_ids)
             else:
-                packed = self._runner.pack(token_ids, lengths)
+                packed = runner.pack(token_ids, lengths)
             packed_at = time.perf_counter()
-            if self._num_threaded == 0 and self._can_launch_inline and self._can_launch_inline(packed):
+            if on_lane:
+                rows, launched_at, ready_at = await self._on_device(
+                    packed, runner, self._lane_launcher, self._lane_waiter
+                )
+            elif self._num_threaded == 0 and self._can_launch_inline and self._can_launch_inline(packed):
                 rows, launched_at, ready_at = await self._inline(packed)
             else:
-                rows, launched_at, ready_at = await self._on_device(packed)
+                rows, launched_at, ready_at = await self._on_device(
+                    packed, self._runner, self._launcher, self._waiter
+                )
             per_sequence = rows if spans is None else _rows_per_sequence(rows, spans)
             finished = time.perf_counter()
             num_bulk = sum(s.num_tokens for s in batch if s.request.priority == Priority.BULK)
@@ -324,8 +389,13 @@ class Scheduler:
             for seq, row in zip(batch, per_sequence, strict=True):
                 self._deliver(seq, row)
         finally:
-            self._num_inflight -= 1
-            self._inflight.release()
+            if on_lane:
+                self._lane_inflight.release()
+                if self._queue.has_lane_work():
+                    self._has_lane_work.set()
+            else:
+                self._num_inflight -= 1
+                self._inflight.release()
             if self._queue:
                 self._has_work.set()  # a step held back for this one may go now
 
@@ -376,19 +446,22 @@ class Scheduler:
         loop.call_soon(check)
         return future
 
-    def _on_device(self, packed: Any) -> asyncio.Future[tuple[np.ndarray, float, float]]:
+    def _on_device(
+        self, packed: Any, runner: BatchRunner, launcher: ThreadPoolExecutor, waiter: ThreadPoolExecutor
+    ) -> asyncio.Future[tuple[np.ndarray, float, float]]:
         """(rows, launched_at, ready_at) of `packed`: launched on the launcher thread, which hands the
         pending result straight to the waiter thread, so the event loop is woken once per batch (when
         its rows are on the host), not once for the launch and once for the rows. The two times
         (perf_counter) are when `step` returned and when the rows were on the host."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[np.ndarray, float, float]] = loop.create_future()
-        self._num_threaded += 1
+        is_main = launcher is self._launcher  # the main launcher's jobs keep the loop from launching
+        self._num_threaded += is_main
 
         def settle(  # on the loop
             result: tuple[np.ndarray, float, float] | None, error: BaseException | None
         ) -> None:
-            self._num_threaded -= 1
+            self._num_threaded -= is_main
             if future.done():
                 return
             if error is not None:
@@ -413,12 +486,12 @@ class Scheduler:
 
         def launch() -> None:  # on the launcher thread
             try:
-                pending = self._runner.step(packed)
-                self._waiter.submit(wait, pending, time.perf_counter())
+                pending = runner.step(packed)
+                waiter.submit(wait, pending, time.perf_counter())
             except BaseException as error:
                 settle_threadsafe(None, error)
 
-        self._launcher.submit(launch)
+        launcher.submit(launch)
         return future
 
     def _deliver(self, seq: QueuedSequence, row: np.ndarray) -> None:

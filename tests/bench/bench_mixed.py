@@ -64,7 +64,8 @@ class Phase:
     bulk_tokens_per_s: float = 0.0
     interactive_per_s: float = 0.0
     num_refused: int = 0  # bulk requests answered 429 (and sent again)
-    cores: tuple[float, ...] = ()  # CPU cores busy, warm-up included: gateway, worker, these clients
+    cores: tuple[float, ...] = ()  # CPU cores busy, warm-up included: gateway(s), worker, these clients
+    worker_ms: dict[str, float] = field(default_factory=dict)  # the worker's means in the window (ms)
 
 
 def http_request(port: int, body: dict, headers: dict[str, str]) -> bytes:
@@ -144,19 +145,34 @@ async def closed_loop(port: int, requests: list[bytes], until: float, log: list[
 
 
 async def phase(
-    port: int, queries: list[list[bytes]], bulks: list[list[bytes]], warmup_s: float, phase_s: float
+    ports: tuple[int, int],
+    queries: list[list[bytes]],
+    bulks: list[list[bytes]],
+    warmup_s: float,
+    phase_s: float,
+    metrics_port: int,
 ):
-    """Every client from now to the window's end; the window is [now + warmup_s, + phase_s)."""
+    """Every client from now to the window's end; the window is [now + warmup_s, + phase_s).
+    Interactive clients post to `ports[0]`, bulk ones to `ports[1]`; the worker's metrics are read at
+    the window's start and end (on a thread, off the clients' loop)."""
     start = time.perf_counter()
     t0, t1 = start + warmup_s, start + warmup_s + phase_s
     interactive: list[Done] = []
     bulk: list[Done] = []
     refused: list[float] = []
+
+    async def scrape_at(when: float) -> dict[str, tuple[float, float]]:
+        await asyncio.sleep(max(0.0, when - time.perf_counter()))
+        return await asyncio.get_running_loop().run_in_executor(None, worker_sums, metrics_port)
+
+    scrapes = [asyncio.create_task(scrape_at(t0)), asyncio.create_task(scrape_at(t1))]
     await asyncio.gather(
-        *(closed_loop(port, q, t1, interactive, []) for q in queries),
-        *(closed_loop(port, b, t1, bulk, refused) for b in bulks),
+        *(closed_loop(ports[0], q, t1, interactive, []) for q in queries),
+        *(closed_loop(ports[1], b, t1, bulk, refused) for b in bulks),
     )
+    before, after = await asyncio.gather(*scrapes)
     result = Phase()
+    result.worker_ms = window_means(before, after)
     result.interactive_ms = sorted(
         (d.finished - d.started) * 1e3 for d in interactive if t0 <= d.started < t1
     )
@@ -191,6 +207,43 @@ def wait_ready(port: int, logs: dict[Path, subprocess.Popen], timeout_s: float) 
             time.sleep(0.2)
 
 
+# The worker's series whose means in a window split a request's time: (name, label) -> row label.
+WORKER_SERIES = {
+    ("kembed_worker_queue_wait_seconds", 'class="interactive"'): "interactive queue wait",
+    ("kembed_worker_request_duration_seconds", 'class="interactive"'): "interactive in worker",
+    ("kembed_worker_queue_wait_seconds", 'class="bulk"'): "bulk queue wait",
+    ("kembed_worker_batch_duration_seconds", ""): "batch",
+    ("kembed_worker_batch_stage_seconds", 'stage="pack"'): "batch pack",
+    ("kembed_worker_batch_stage_seconds", 'stage="launch"'): "batch launch",
+    ("kembed_worker_batch_stage_seconds", 'stage="device"'): "batch device",
+}
+
+
+def worker_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each WORKER_SERIES histogram, from the worker's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, tuple[float, float]] = {}
+    for (name, label), row in WORKER_SERIES.items():
+        values = []
+        for suffix in ("_sum", "_count"):
+            pattern = rf"^{name}{suffix}(?:\{{([^}}]*)\}})? (\S+)$"
+            found = [float(v) for labels, v in re.findall(pattern, text, re.MULTILINE) if label in labels]
+            values.append(sum(found))
+        sums[row] = (values[0], values[1])
+    return sums
+
+
+def window_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]):
+    """Mean ms of each series over the requests (or batches) recorded between the two scrapes."""
+    means = {}
+    for row, (total, count) in after.items():
+        num = count - before[row][1]
+        if num > 0:
+            means[row] = (total - before[row][0]) / num * 1e3
+    return means
+
+
 def class_counts(port: int) -> dict[str, float]:
     """The gateway's count of requests per class (kembed_gateway_class_requests_total)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -213,11 +266,12 @@ def model_dir(args: argparse.Namespace, tmp: Path) -> Path:
 
 
 def start(args: argparse.Namespace, tmp: Path, path: Path | None, classes: str):
-    """A fresh worker (classes on or off) and gateway: (gateway port, {log: process}, gateway first)."""
-    worker_port, gateway_port = free_port(), free_port()
+    """A fresh worker (classes on or off) and gateway (two with `--split-gateway`: the second for
+    bulk): ((interactive port, bulk port), worker metrics port, {log: process}, gateways first)."""
+    worker_port, gateway_port, metrics_port = free_port(), free_port(), free_port()
     classes_flag = "--priority-classes" if classes == "on" else "--no-priority-classes"
     max_queued_tokens = args.max_queued_tokens or 32 * args.max_batch_tokens
-    worker_flags = [f"--port={worker_port}", "--metrics-port=0", "--log-level=WARNING",
+    worker_flags = [f"--port={worker_port}", f"--metrics-port={metrics_port}", "--log-level=INFO",
                     f"--max-batch-tokens={args.max_batch_tokens}", f"--max-queued-tokens={max_queued_tokens}",
                     classes_flag]  # fmt: skip
     if args.device == "cuda":
@@ -231,13 +285,21 @@ def start(args: argparse.Namespace, tmp: Path, path: Path | None, classes: str):
         gateway_args += ["--model", str(path)]
     worker_log, gateway_log = tmp / f"worker-classes-{classes}.log", tmp / f"gateway-classes-{classes}.log"
     worker = spawn([*worker_args, *worker_flags, *args.worker_arg], worker_log)
-    processes = {gateway_log: spawn([*gateway_args, *args.gateway_arg], gateway_log), worker_log: worker}
+    processes = {gateway_log: spawn([*gateway_args, *args.gateway_arg], gateway_log)}
+    bulk_port = gateway_port
+    if args.split_gateway:
+        bulk_port = free_port()
+        bulk_log = tmp / f"gateway-bulk-classes-{classes}.log"
+        bulk_args = [*(a for a in gateway_args if not a.startswith("--port=")), f"--port={bulk_port}"]
+        processes[bulk_log] = spawn([*bulk_args, *args.gateway_arg], bulk_log)
+    processes[worker_log] = worker
     try:
-        wait_ready(gateway_port, processes, timeout_s=600 if args.device == "cuda" else 120)
+        for port in {gateway_port, bulk_port}:
+            wait_ready(port, processes, timeout_s=600 if args.device == "cuda" else 120)
     except BaseException:
         stop(processes)
         raise
-    return gateway_port, processes
+    return (gateway_port, bulk_port), metrics_port, processes
 
 
 def stop(processes: dict[Path, subprocess.Popen]) -> None:
@@ -250,8 +312,11 @@ def stop(processes: dict[Path, subprocess.Popen]) -> None:
             process.kill()
 
 
-def measure(args: argparse.Namespace, port: int, pids: list[int], words: list[str]) -> list[dict[str, Phase]]:
-    """`--rounds` rounds of the three phases, after a warm-up of both loads; `pids`: gateway, worker."""
+def measure(
+    args: argparse.Namespace, ports: tuple[int, int], metrics_port: int, pids: list[int], words: list[str]
+) -> list[dict[str, Phase]]:
+    """`--rounds` rounds of the three phases, after a warm-up of both loads; `pids`: gateway(s), worker."""
+    port = ports[0]
     formats = ["base64", "float"] if args.interactive_format == "mixed" else [args.interactive_format]
 
     def query(client: int, i: int) -> bytes:
@@ -261,7 +326,7 @@ def measure(args: argparse.Namespace, port: int, pids: list[int], words: list[st
     queries = [[query(c, i) for i in range(len(WORDS))] for c in range(args.interactive_clients)]
     headers = {"X-Kembed-Priority": "bulk"} if args.bulk_header else {}
     bulks = [
-        [http_request(port, body, headers) for body in bulk_bodies(args, words, c)]
+        [http_request(ports[1], body, headers) for body in bulk_bodies(args, words, c)]
         for c in range(args.bulk_clients)
     ]
 
@@ -270,7 +335,7 @@ def measure(args: argparse.Namespace, port: int, pids: list[int], words: list[st
             return [*(cpu_seconds(pid) for pid in pids), cpu_seconds(os.getpid(), with_children=False)]
 
         cpu_before, started = cpu(), time.perf_counter()
-        result = uvloop.run(phase(port, queries, bulks, warmup_s, args.phase_s))
+        result = uvloop.run(phase(ports, queries, bulks, warmup_s, args.phase_s, metrics_port))
         wall_s = time.perf_counter() - started
         result.cores = tuple(
             (after - before) / wall_s for after, before in zip(cpu(), cpu_before, strict=True)
@@ -295,6 +360,12 @@ def measure(args: argparse.Namespace, port: int, pids: list[int], words: list[st
             "interactive",
             flush=True,
         )
+        for name in ("interactive", "both"):
+            client_mean = statistics.fmean(rounds[-1][name].interactive_ms)
+            means = ", ".join(f"{row} {ms:.2f}" for row, ms in rounds[-1][name].worker_ms.items())
+            print(
+                f"    {name}: interactive client mean {client_mean:.2f} ms; worker means: {means}", flush=True
+            )
     return rounds
 
 
@@ -367,6 +438,12 @@ def main() -> None:
     parser.add_argument("--bulk-max-tokens", type=int, default=512)
     parser.add_argument("--bulk-variants", type=int, default=4, help="distinct requests per bulk client")
     parser.add_argument("--bulk-header", action="store_true", help="send X-Kembed-Priority: bulk")
+    parser.add_argument(
+        "--split-gateway",
+        action="store_true",
+        help="bulk clients post to a gateway process of their own (same worker): separates the "
+        "gateway's share of what bulk costs a query from the worker's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument(
@@ -411,10 +488,14 @@ def main() -> None:
     results = {}
     for classes in args.classes:
         print(f"classes {classes}:", flush=True)
-        port, processes = start(args, tmp, path, classes)
+        ports, metrics_port, processes = start(args, tmp, path, classes)
         try:
-            results[classes] = measure(args, port, [p.pid for p in processes.values()], words)
-            counts = ", ".join(f"{value:.0f} {name}" for name, value in sorted(class_counts(port).items()))
+            pids = [p.pid for p in processes.values()]
+            results[classes] = measure(args, ports, metrics_port, pids, words)
+            found = class_counts(ports[0])
+            if ports[1] != ports[0]:
+                found = {k: found.get(k, 0) + v for k, v in class_counts(ports[1]).items()}
+            counts = ", ".join(f"{value:.0f} {name}" for name, value in sorted(found.items()))
             print(f"  the gateway classed {counts} requests", flush=True)
         finally:
             stop(processes)

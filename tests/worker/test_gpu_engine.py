@@ -291,3 +291,44 @@ def test_span_batches_run_eagerly_and_match_transformers_per_span(
 
     assert cosines(spans, expected).min() >= 0.999, cosines(spans, expected)
     assert cosines(rows[[0, -1]], alone).min() >= 0.999
+
+
+async def test_queries_on_the_interactive_lane_beside_bulk_match_transformers(minilm_dir):
+    """Queries submitted while bulk steps run go to the lane (its own stream, graphs and pool) and
+    come back as transformers computes them; so do the bulk rows beside them."""
+    from kembed.worker.queues import Priority
+
+    engine = load_engine(
+        WorkerConfig(model=minilm_dir, device="cuda", dtype="bfloat16", max_batch_tokens=1024)
+    )
+    assert isinstance(engine, CudaEngine) and engine.lane is not None
+    engine.prewarm_at_start("all", (), 300)
+    assert engine.lane.graphs.num_resident > 0
+    scheduler = Scheduler(
+        engine, max_batch_tokens=1024, max_queued_tokens=1 << 20, lane=engine.lane, lane_max_batch_tokens=256
+    )
+    scheduler.start()
+    rng = np.random.default_rng(11)
+    vocab = engine.info.vocab_size
+    bulk = [ragged(rng, list(rng.integers(20, 200, 24)), vocab) for _ in range(12)]
+    queries = [ragged(rng, [int(rng.integers(4, 40))], vocab) for _ in range(60)]
+    try:
+        bulk_calls = [
+            asyncio.ensure_future(scheduler.submit(ids, lens, priority=Priority.BULK))
+            for _, ids, lens in bulk
+        ]
+        await asyncio.sleep(0)  # admitted: the main path is busy from here on
+        query_calls = []
+        for _, ids, lens in queries:  # spread over the bulk work
+            query_calls.append(
+                asyncio.ensure_future(scheduler.submit(ids, lens, priority=Priority.INTERACTIVE))
+            )
+            await asyncio.sleep(0.001)
+        results = await asyncio.gather(*bulk_calls, *query_calls)
+    finally:
+        await scheduler.close()
+    assert scheduler.num_lane_batches > 0, "no query took the lane while bulk ran"
+    model = transformers.AutoModel.from_pretrained(minilm_dir, torch_dtype=torch.float32).cuda().eval()
+    for (seqs, _, _), rows in zip([*bulk, *queries], results, strict=True):
+        assert cosine_rows(rows, reference_rows(model, seqs, "mean")).min() >= 0.999
+    assert engine.stats().num_graphs_resident == engine.graphs.num_resident + engine.lane.graphs.num_resident

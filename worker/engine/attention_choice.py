@@ -64,6 +64,11 @@ class RoutedAttention:
     ) -> torch.Tensor:
         return self._route(q.shape[0])(q, k, v, meta, causal)
 
+    @property
+    def plans_batches(self) -> bool:
+        """Whether a routed backend plans each batch on the host (flashinfer)."""
+        return any(getattr(attend, "plan_batch", None) is not None for _, attend in self._routes)
+
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """Hand the batch's host offsets to its backend when that one plans per batch (flashinfer)."""
         plan = getattr(self._route(int(cu_seqlens[-1])), "plan_batch", None)

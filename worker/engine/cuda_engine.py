@@ -12,11 +12,19 @@ cannot overwrite inputs still being copied, nor rows still being read.
 At start (`prewarm_at_start`) every reachable bucket is captured within a time budget; from then on
 the serving path never captures: a batch pads up to the smallest captured bucket that holds it, and
 one that none holds runs eagerly and waits for `capture_deferred`, called when the worker is idle.
+
+The interactive lane (`lane`): a second engine over the same weights, for small batches of queries,
+with its own stream (of the device's highest priority), static inputs, pinned ring, graphs and their
+memory pool and capture stream. Its steps run on the GPU beside the bulk steps instead of behind
+them: on an H200 (BGE-M3 shape) a 4 x 16-token query step took 3.9 ms p50 beside back-to-back
+8192-token steps, against 20.6 ms queued behind them on one stream, at 8 % of the bulk throughput.
+The owner prewarms, captures and reports for both; each is driven by one thread at a time (a lock).
 """
 
 import dataclasses
 import gc
 import logging
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -113,6 +121,7 @@ class CudaEngine:
         inflight: int,
         max_pinned_bytes: int,
         attention: Attend | None = None,
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.model = model
         # a backend that plans each batch on the host (flashinfer) gets the offsets before the forward
@@ -125,7 +134,20 @@ class CudaEngine:
             inflight, buckets.max_tokens, buckets.max_seqs, model.facts.output_size, max_pinned_bytes
         )
         policy = CapturePolicy(max_graphs, use_graphs, table=buckets)
-        self.graphs = GraphCache(self._forward_static, policy)
+        # None: torch's current stream. A lane's own stream, and a capture stream of the same pool
+        # (never one the owner's captures use: see GraphCache).
+        self.stream = stream
+        capture_stream = None if stream is None else torch.cuda.Stream(priority=stream.priority)
+        self.graphs = GraphCache(self._forward_static, policy, capture_stream)
+        # A lane's steps run on the lane's launcher thread while its owner may capture its graphs on
+        # another: one thread at a time in any of the entry points below.
+        self._lock = threading.RLock()
+        self.lane: CudaEngine | None = None
+
+    def add_lane(self, lane: "CudaEngine") -> None:
+        """Serve small interactive batches on `lane` (module docstring); prewarmed, captured and
+        counted with this engine."""
+        self.lane = lane
 
     def pack(
         self,
@@ -157,6 +179,10 @@ class CudaEngine:
     @torch.inference_mode()
     def step(self, batch: PaddedBatch) -> "CudaLazyTensor | LazyTensor":
         """Launch `batch`; return its rows lazily. No host synchronisation on this path."""
+        with self._lock, torch.cuda.stream(self.stream):
+            return self._step(batch)
+
+    def _step(self, batch: PaddedBatch) -> "CudaLazyTensor | LazyTensor":
         if not batch.is_bucketed:
             return self._step_unbucketed(batch)
         slot = self.ring.acquire()
@@ -220,9 +246,10 @@ class CudaEngine:
         return LazyTensor(rows, event, keepalive=(output,))
 
     def _capture(self, bucket: Bucket) -> None:
-        cu_seqlens = self.static.fill_neutral(bucket)
-        self._plan(torch.from_numpy(cu_seqlens), None)
-        self.graphs.capture(bucket)
+        with self._lock, torch.cuda.stream(self.stream):
+            cu_seqlens = self.static.fill_neutral(bucket)
+            self._plan(torch.from_numpy(cu_seqlens), None)
+            self.graphs.capture(bucket)
 
     @torch.inference_mode()
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
@@ -244,6 +271,9 @@ class CudaEngine:
         if not policy.is_enabled:
             log.info("prewarm: none (CUDA graphs are off)")
             return None
+        if self.lane is not None:  # few small buckets: all of them, whatever the setting
+            log.info("prewarm: the interactive lane's buckets first")
+            self.lane.prewarm_at_start("all", (), max_seconds)
         if prewarm == "none":
             log.info("prewarm: none at start; a bucket runs eagerly on its first hit, captured on its second")
             return None
@@ -288,8 +318,9 @@ class CudaEngine:
         the worker is idle. Returns how many were captured; if any, the new graphs' objects are
         frozen out of the garbage collector's full passes as prewarm's are."""
         policy = self.graphs.policy
+        num_lane = 0 if self.lane is None else self.lane.capture_deferred(max_seconds)
         if not policy.deferred and not policy.backlog:
-            return 0
+            return num_lane
         report = policy.capture_deferred(self._capture, max_seconds)
         if report.num_captured:
             log.info(
@@ -301,7 +332,7 @@ class CudaEngine:
             )
             gc.collect()
             gc.freeze()
-        return report.num_captured
+        return report.num_captured + num_lane
 
     def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
         """(bucket, hits, is_captured) for every bucket hit or captured."""
@@ -316,7 +347,7 @@ class CudaEngine:
         """Counters and memory now. Called from the metrics thread: it only reads (the ring's lock
         guards its free list; the allocator's counters are thread-safe)."""
         graphs = self.graphs
-        return EngineStats(
+        own = EngineStats(
             pinned_in_use_bytes=self.ring.in_use_bytes,
             pinned_reserved_bytes=self.ring.reserved_bytes,
             gpu_memory_bytes=torch.cuda.memory_reserved(self.device),
@@ -326,6 +357,23 @@ class CudaEngine:
             num_graphs_resident=graphs.num_resident,
             eager_steps=graphs.policy.eager_counts(),
             num_serving_captures=graphs.policy.num_serving_captures,
+        )
+        if self.lane is None:
+            return own
+        lane = self.lane.stats()  # the lane's ring, graphs and steps counted with this engine's
+        eager = dict(own.eager_steps)
+        for reason, count in lane.eager_steps.items():
+            eager[reason] = eager.get(reason, 0) + count
+        return EngineStats(
+            pinned_in_use_bytes=own.pinned_in_use_bytes + lane.pinned_in_use_bytes,
+            pinned_reserved_bytes=own.pinned_reserved_bytes + lane.pinned_reserved_bytes,
+            gpu_memory_bytes=own.gpu_memory_bytes,
+            num_captures=own.num_captures + lane.num_captures,
+            capture_seconds=own.capture_seconds + lane.capture_seconds,
+            num_replays=own.num_replays + lane.num_replays,
+            num_graphs_resident=own.num_graphs_resident + lane.num_graphs_resident,
+            eager_steps=eager,
+            num_serving_captures=own.num_serving_captures + lane.num_serving_captures,
         )
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
@@ -344,11 +392,12 @@ class CudaEngine:
         """(eager rows, replayed rows) of one bucketed batch, for the smoke test. Synchronous."""
         slot = self.ring.acquire()
         try:
-            slot.stage(batch)
-            self.static.load(slot, batch.bucket)
-            self._plan(slot.cu_seqlens(batch.bucket), slot)
-            eager = self._forward_static(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
-            replayed = self.graphs.replay(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
+            with self._lock, torch.cuda.stream(self.stream):
+                slot.stage(batch)
+                self.static.load(slot, batch.bucket)
+                self._plan(slot.cu_seqlens(batch.bucket), slot)
+                eager = self._forward_static(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
+                replayed = self.graphs.replay(batch.bucket)[: batch.num_seqs].float().cpu().numpy()
         finally:
             self.ring.release(slot)
         return eager, replayed

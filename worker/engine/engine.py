@@ -267,7 +267,7 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         max_batch_tokens=config.max_batch_tokens,
     )
     if device.type == "cuda" and is_varlen:
-        return CudaEngine(
+        engine = CudaEngine(
             model, info, device,
             buckets=buckets,
             max_graphs=config.max_graphs,
@@ -276,7 +276,42 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
             max_pinned_bytes=config.max_pinned_bytes,
             attention=attend,
         )  # fmt: skip
+        lane = _interactive_lane(config, engine, attend)
+        if lane is not None:
+            engine.add_lane(lane)
+        return engine
     return Engine(model, info, device, buckets)
+
+
+def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attend) -> CudaEngine | None:
+    """The interactive lane (cuda_engine.py) the configuration asks for, or None (and why, logged)."""
+    if not (config.interactive_lane and config.priority_classes):
+        return None
+    plans = attend.plans_batches if isinstance(attend, RoutedAttention) else hasattr(attend, "plan_batch")
+    if plans:
+        log.info("interactive lane: off (the attention backend plans each batch into one workspace)")
+        return None
+    tokens = min(config.lane_max_batch_tokens, config.max_batch_tokens)
+    seqs = min(config.lane_max_batch_sequences, config.max_batch_sequences)
+    # lower is higher: (0, -3) on an H200; a static method at run time, which torch's stub misses
+    highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]
+    lane = CudaEngine(
+        engine.model, engine.info, engine.device,
+        buckets=BucketTable(tokens, seqs, max_batch_tokens=tokens),
+        max_graphs=config.max_graphs,
+        use_graphs=config.cuda_graphs,
+        inflight=config.lane_inflight_batches,
+        max_pinned_bytes=config.max_pinned_bytes,
+        attention=attend,
+        stream=torch.cuda.Stream(device=engine.device, priority=highest),
+    )  # fmt: skip
+    log.info(
+        "interactive lane: on (steps of up to %d sequences and %d tokens, stream priority %d)",
+        seqs,
+        tokens,
+        highest,
+    )
+    return lane
 
 
 def _resolve_attention(

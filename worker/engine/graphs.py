@@ -200,11 +200,22 @@ class GraphCache:
     laid out for the bucket and returns its output tensor; captured, that tensor is the graph's
     static output, overwritten by each replay (the engine copies it out on the same stream first)."""
 
-    def __init__(self, forward: Callable[[Bucket], torch.Tensor], policy: CapturePolicy) -> None:
+    def __init__(
+        self,
+        forward: Callable[[Bucket], torch.Tensor],
+        policy: CapturePolicy,
+        capture_stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self._forward = forward
         self.policy = policy
         self._graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        # Every graph of this cache is captured on this one stream. cuBLAS keeps a workspace per
+        # stream and a graph bakes in the one of the stream it was captured on; its split-K kernels
+        # synchronise their blocks through it. Two caches whose graphs run at the same time (the
+        # interactive lane's beside the bulk steps') must capture on different streams: on H200
+        # two such graphs sharing torch's default capture stream hung the GPU.
+        self._capture_stream = capture_stream or torch.cuda.Stream()
         self.num_replays = 0
         self.capture_seconds: list[float] = []
 
@@ -228,15 +239,16 @@ class GraphCache:
         if bucket in self._graphs:
             return
         started = time.perf_counter()
-        stream = torch.cuda.Stream()
+        stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up outside capture: lazy inits, workspace allocation
             self._forward(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        # relaxed: the waiter thread may synchronise on events while this thread captures, and a
-        # JIT-compiled kernel (flash-attn-4's CuTe DSL) may load its module on the capturing thread.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="relaxed"):
+        # relaxed: the waiter thread may synchronise on events while this thread captures, another
+        # thread may launch the interactive lane's graphs, and a JIT-compiled kernel (flash-attn-4's
+        # CuTe DSL) may load its module on the capturing thread.
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="relaxed"):
             output = self._forward(bucket)
         self._graphs[bucket] = (graph, output)
         self.policy.captured(bucket)
