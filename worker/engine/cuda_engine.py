@@ -326,6 +326,7 @@ class CudaEngine:
             num_graphs_resident=graphs.num_resident,
             eager_steps=graphs.policy.eager_counts(),
             num_serving_captures=graphs.policy.num_serving_captures,
+            bucket_hits=graphs.policy.hit_counts(),
         )
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
