@@ -46,7 +46,7 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
                 memo.images,
                 now,
                 metrics.hooks(),
-                operator_namespace=memo.settings.operator_namespace,
+                operator_namespace=memo.settings.pod_namespace,
             )
             result = "ok"
         except InvalidSpec as error:

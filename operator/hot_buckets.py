@@ -6,7 +6,7 @@ the autoscaler or rescheduled onto another node has the shapes traffic hits now 
 
 - The counts come from each worker's metrics port (`kembed_worker_bucket_hits_total`, what Prometheus
   scrapes too): plain HTTP, no worker token and no gRPC in the operator. The worker NetworkPolicy
-  admits the operator's namespace to that port (policies.py).
+  admits the operator's namespace to that port (policies.py; the setting `pod_namespace`).
 - A ConfigMap of its own, mutable, not the revision's immutable engine ConfigMap: the pod template
   only names it, so writing the list never rolls a Deployment, and an environment variable from a
   ConfigMap key is read when a container starts, so a running pod keeps what it started with. The

@@ -33,8 +33,8 @@ class OperatorSettings:
     Traffic's shapes move over minutes to hours, not seconds: 5 minutes keeps the list current for
     one small HTTP GET per pod (at most 8) per model."""
 
-    operator_namespace: str = ""
-    """The namespace the operator runs in (the chart sets it from the downward API). The worker
+    pod_namespace: str = ""
+    """The namespace the operator's pod runs in (the chart sets it from the downward API). The worker
     NetworkPolicies admit it to the workers' metrics port, where the hot list is read, also when
     `networkPolicy.metricsNamespaces` leaves it out; empty adds no such rule."""
 

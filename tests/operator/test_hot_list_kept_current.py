@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import kopf
 import pytest
-from operator_fakes import Driver, example
+from operator_fakes import IMAGES, Driver, example
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kembed.operator import hot_buckets as h
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
 from kembed.operator.handlers import hot_buckets_handler, register
+from kembed.operator.reconcile import reconcile
 from kembed.operator.settings import OperatorSettings, parse_settings
 from kembed.worker.info import EngineStats
 from kembed.worker.metrics import EngineCollector
@@ -203,3 +204,14 @@ def test_the_handler_leaves_a_bad_spec_to_reconcile():
     memo = kopf.Memo(cluster=None, settings=OperatorSettings())
     body = {"metadata": {"name": "m", "namespace": "ml", "uid": "u"}, "spec": {"worker": {"replicas": -1}}}
     assert hot_buckets_handler(body=body, memo=memo) is None
+
+
+def test_reconcile_admits_the_operator_namespace_to_the_worker_metrics_port():
+    spec = example("minilm-cpu.yaml")["spec"]
+    spec["networkPolicy"] = {"enabled": True, "metricsNamespaces": ["monitoring"]}
+    driver = Driver(spec)
+    reconcile(driver.cluster, driver.body, IMAGES, driver.now, operator_namespace="kembed-system")
+    policy = driver.cluster.objects[("NetworkPolicy", "ml", "minilm-worker")]
+    _, metrics_rule = policy["spec"]["ingress"]
+    (peer,) = metrics_rule["from"]
+    assert peer["namespaceSelector"]["matchExpressions"][0]["values"] == ["kembed-system", "monitoring"]
