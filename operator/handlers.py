@@ -2,7 +2,8 @@
 
 Create, update (spec or scale), resume (operator start) and a timer all run the same idempotent
 `reconcile`; a per-model lock keeps the timer and an event handler from interleaving (sync handlers
-run in kopf's thread pool). The API client, default images, locks and metrics live in kopf's `memo`.
+run in kopf's thread pool). A second, slower timer keeps each model's hot list current
+(hot_buckets.py). The API client, default images, locks and metrics live in kopf's `memo`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from kembed.operator import hot_buckets
 from kembed.operator.cluster import ClusterError, KubeCluster
 from kembed.operator.metrics import OperatorMetrics
 from kembed.operator.reconcile import Images, InvalidSpec, invalid_status, reconcile
@@ -38,7 +40,14 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
     with memo.locks.setdefault(raw["metadata"]["uid"], threading.Lock()):
         started, result = time.perf_counter(), "error"
         try:
-            status = reconcile(memo.cluster, raw, memo.images, now, metrics.hooks())
+            status = reconcile(
+                memo.cluster,
+                raw,
+                memo.images,
+                now,
+                metrics.hooks(),
+                operator_namespace=memo.settings.pod_namespace,
+            )
             result = "ok"
         except InvalidSpec as error:
             result = "invalid"
@@ -54,6 +63,19 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
             metrics.reconcile_duration.observe(time.perf_counter() - started)
     if status != raw.get("status"):
         patch.status.update(status)
+
+
+def hot_buckets_handler(body: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    """Keep the model's hot list current (hot_buckets.py). It writes only that ConfigMap, so it takes
+    no lock; a spec `reconcile` refuses is left to it to report."""
+    try:
+        hot_buckets.refresh(memo.cluster, plain(body))
+    except InvalidSpec:
+        return
+    except ClusterError as error:
+        if error.is_retryable:
+            raise kopf.TemporaryError(str(error), delay=memo.settings.retry_delay_s) from None
+        raise
 
 
 def register(
@@ -89,3 +111,11 @@ def register(
         interval=settings.reconcile_interval_s,
         initial_delay=settings.reconcile_interval_s,
     )(reconcile_handler)
+    if settings.hot_buckets_interval_s > 0:
+        kopf.timer(
+            *resource,
+            registry=registry,
+            id="hot-buckets",
+            interval=settings.hot_buckets_interval_s,
+            initial_delay=settings.hot_buckets_interval_s,
+        )(hot_buckets_handler)

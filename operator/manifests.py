@@ -1,7 +1,9 @@
 """Pure manifest builders: spec in, Kubernetes objects (dicts) out. No I/O, no clock, no randomness.
 
 Per revision: an immutable ConfigMap of engine settings (`KEMBED_WORKER_*`), a worker Deployment and
-a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked).
+a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked);
+every worker pod also reads the model's hot list, a ConfigMap the operator's timer writes
+(hot_buckets.py).
 The Jobs are in `jobs.py`, the PodDisruptionBudgets and NetworkPolicies in `policies.py`, the pods'
 spread, priority and grace periods in `placement.py`. Every object carries an owner reference to its
 EmbeddingModel (so the garbage collector removes it with the model) and the `app.kubernetes.io/*`
@@ -203,6 +205,17 @@ def engine_config_map(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> 
     }
 
 
+HOT_LIST_KEY = "buckets"  # the key of the model's hot-buckets ConfigMap that holds the list
+
+
+def hot_list_env(owner: Owner) -> dict[str, Any]:
+    """The model's hot list (hot_buckets.py), read when the container starts: the template only names
+    the ConfigMap, so the operator rewriting the list never rolls the Deployment. Optional: a pod
+    starts before the first list is written, and then prewarms without one."""
+    ref = {"name": n.hot_buckets_name(owner), "key": HOT_LIST_KEY, "optional": True}
+    return {"name": "KEMBED_WORKER_PREWARM_OBSERVED", "valueFrom": {"configMapKeyRef": ref}}
+
+
 def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str) -> dict[str, Any]:
     w = spec.worker
     name = n.workers_name(owner, revision)
@@ -219,7 +232,10 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "imagePullPolicy": w.image_pull_policy,
         "command": ["kembed-worker"],
         "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
-        "env": base_env() + cache_env + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),
+        "env": base_env()
+        + cache_env
+        + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN")
+        + [hot_list_env(owner)],
         "ports": [
             {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
             {"name": "data", "containerPort": WORKER_DATA_PORT, "protocol": "TCP"},

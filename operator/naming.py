@@ -51,6 +51,11 @@ def engine_config_name(owner: Owner, revision: str) -> str:
     return f"{owner.name}-engine-{revision}"
 
 
+def hot_buckets_name(owner: Owner) -> str:
+    """The model's hot list (hot_buckets.py): one for all its revisions, read by every worker pod."""
+    return f"{owner.name}-hot-buckets"
+
+
 def network_policy_name(owner: Owner, component: str) -> str:
     """The NetworkPolicy over a component's pods (worker: every revision; gateway)."""
     return f"{owner.name}-{component}"

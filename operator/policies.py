@@ -5,8 +5,9 @@ pod of the model, all revisions; `<model>-gateway`). Owned and labelled like eve
 
 Who reaches a worker: the model's gateway pods (gRPC and the data port) and its prewarm and smoke Job
 pods (gRPC, against candidate pods and, for hot buckets, the serving revision's). The operator itself
-never connects to a worker: it reads pod addresses from the API server and leaves the dialling to the
-Jobs. The kubelet's gRPC and HTTP probes come from the node and are not subject to NetworkPolicy.
+never dials gRPC: it leaves that to the Jobs. It reads the serving workers' bucket hits from their
+metrics port for the hot list (hot_buckets.py), so its namespace is admitted there with the
+metricsNamespaces. The kubelet's gRPC and HTTP probes come from the node and are not subject to NetworkPolicy.
 Ports are named (grpc, data, metrics, http), so a policy holds for every revision even when
 `worker.port` differs between them.
 """
@@ -102,12 +103,14 @@ def peer(spec_peer: NetworkPeer) -> dict[str, Any]:
     return out
 
 
-def metrics_peers(spec: EmbeddingModelSpec) -> list[dict[str, Any]]:
-    """Pods of the namespaces named in metricsNamespaces; of every namespace when it is empty."""
+def metrics_peers(spec: EmbeddingModelSpec, also: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Pods of the namespaces named in metricsNamespaces (and `also`); of every namespace when it is
+    empty."""
     names = spec.network_policy.metrics_namespaces
     if not names:
         return [{"namespaceSelector": {}}]
-    expression = {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": sorted(set(names))}
+    values = sorted(set(names) | {name for name in also if name})
+    expression = {"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": values}
     return [{"namespaceSelector": {"matchExpressions": [expression]}}]
 
 
@@ -128,9 +131,12 @@ def _policy(owner: Owner, component: str, ingress: list[dict[str, Any]]) -> dict
     }
 
 
-def worker_network_policy(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+def worker_network_policy(
+    owner: Owner, spec: EmbeddingModelSpec, operator_namespace: str = ""
+) -> dict[str, Any]:
     """Every worker pod of the model: gRPC and data from its gateway and rollout Job pods (same
-    namespace, selected by the labels the operator gives them), metrics from metricsNamespaces."""
+    namespace, selected by the labels the operator gives them), metrics from metricsNamespaces and
+    the operator's namespace (it reads the hot list there)."""
     clients = [
         {"podSelector": {"matchLabels": n.selector(owner, component)}}
         for component in ("gateway", *ROLLOUT_JOB_KINDS)
@@ -140,7 +146,7 @@ def worker_network_policy(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, A
         "worker",
         [
             {"from": clients, "ports": _tcp("grpc", "data")},
-            {"from": metrics_peers(spec), "ports": _tcp("metrics")},
+            {"from": metrics_peers(spec, also=[operator_namespace]), "ports": _tcp("metrics")},
         ],
     )
 
@@ -156,8 +162,11 @@ def gateway_network_policy(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, 
     return _policy(owner, "gateway", [rule])
 
 
-def network_policies(owner: Owner, spec: EmbeddingModelSpec) -> list[dict[str, Any]]:
-    """The policies the spec wants: both, or none when spec.networkPolicy.enabled is off."""
+def network_policies(
+    owner: Owner, spec: EmbeddingModelSpec, operator_namespace: str = ""
+) -> list[dict[str, Any]]:
+    """The policies the spec wants: both, or none when spec.networkPolicy.enabled is off.
+    `operator_namespace` is where the operator runs (its settings; empty if unknown)."""
     if not spec.network_policy.enabled:
         return []
-    return [worker_network_policy(owner, spec), gateway_network_policy(owner, spec)]
+    return [worker_network_policy(owner, spec, operator_namespace), gateway_network_policy(owner, spec)]

@@ -126,7 +126,8 @@ def _with_unset(body: dict[str, Any]) -> dict[str, Any]:
 # --- reading the world ----------------------------------------------------------------------------
 
 
-def _is_ready(pod: dict[str, Any]) -> bool:
+def is_ready(pod: dict[str, Any]) -> bool:
+    """A pod with an address, not terminating, whose Ready condition is True."""
     if pod["metadata"].get("deletionTimestamp") or not pod.get("status", {}).get("podIP"):
         return False
     conditions = pod["status"].get("conditions", [])
@@ -140,7 +141,7 @@ def _container_port(deployment: dict[str, Any]) -> int:
 
 def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
     selector = n.selector(owner, "worker")
-    pods = [p for p in cluster.list("Pod", owner.namespace, selector) if _is_ready(p)]
+    pods = [p for p in cluster.list("Pod", owner.namespace, selector) if is_ready(p)]
     found = {}
     for deployment in cluster.list("Deployment", owner.namespace, selector):
         revision = deployment["metadata"]["labels"].get(n.REVISION_LABEL, "")
@@ -256,8 +257,12 @@ def reconcile(
     images: Images,
     now: datetime,
     hooks: ReconcileHooks | None = None,
+    *,
+    operator_namespace: str = "",
 ) -> dict[str, Any]:
-    """Bring the cluster to what `body` asks for, one step of its rollout further; return the status."""
+    """Bring the cluster to what `body` asks for, one step of its rollout further; return the status.
+    `operator_namespace` (where the operator runs, empty if unknown) is admitted to the workers'
+    metrics port by their NetworkPolicy."""
     hooks = hooks or ReconcileHooks()
     owner, spec = owner_of(body), typed_spec(body)
     worker_image = spec.worker.image or images.worker
@@ -281,7 +286,7 @@ def reconcile(
         and not cluster.serves("ScaledObject", owner.namespace),
     )
     plan = decide(world, parse_status(body.get("status")))
-    carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies)
+    carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies, operator_namespace)
     report_jobs(job_states, job_bodies, hooks)
     for event in plan.events:
         if event.reason in ROLLOUT_RESULTS:
@@ -297,6 +302,7 @@ def carry_out(
     worker_image: str,
     gateway_image: str,
     job_bodies: Iterable[dict[str, Any]],
+    operator_namespace: str = "",
 ) -> None:
     apply(cluster, m.gateway_service(owner, spec))
     if plan.deploy is not None:
@@ -319,16 +325,19 @@ def carry_out(
     if spec.metrics.service_monitor:
         apply(cluster, m.service_monitor(owner, spec))
         apply(cluster, m.worker_pod_monitor(owner, spec))
-    guard(cluster, owner, spec, plan)
+    guard(cluster, owner, spec, plan, operator_namespace)
     for event in plan.events:
         cluster.event(owner, event.type, event.reason, event.message)
     _retire(cluster, owner, plan, job_bodies)
 
 
-def guard(cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> None:
+def guard(
+    cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec, plan: Plan, operator_namespace: str = ""
+) -> None:
     """Make the model's PodDisruptionBudgets (one per kept worker revision, one for the gateway) and
     NetworkPolicies exactly those the spec wants: apply each, delete the others."""
-    wanted = policies.disruption_budgets(owner, spec, plan.revisions) + policies.network_policies(owner, spec)
+    wanted = policies.disruption_budgets(owner, spec, plan.revisions)
+    wanted += policies.network_policies(owner, spec, operator_namespace)
     ours = {n.MODEL_LABEL: owner.name, "app.kubernetes.io/managed-by": n.MANAGED_BY}
     for kind in ("PodDisruptionBudget", "NetworkPolicy"):
         names = {body["metadata"]["name"] for body in wanted if body["kind"] == kind}

@@ -27,6 +27,17 @@ class OperatorSettings:
     not watch Deployments and Jobs) and repairs drift, so a rollout stage ends at most this late;
     10 s is short next to a Job's duration and cheap (a handful of GETs per model)."""
 
+    hot_buckets_interval_s: float = 300.0
+    """Seconds between reads of each model's serving workers' bucket hits into its hot list, which
+    worker pods started later (scaling, rescheduling) prewarm first (hot_buckets.py); 0 turns it off.
+    Traffic's shapes move over minutes to hours, not seconds: 5 minutes keeps the list current for
+    one small HTTP GET per pod (at most 8) per model."""
+
+    pod_namespace: str = ""
+    """The namespace the operator's pod runs in (the chart sets it from the downward API). The worker
+    NetworkPolicies admit it to the workers' metrics port, where the hot list is read, also when
+    `networkPolicy.metricsNamespaces` leaves it out; empty adds no such rule."""
+
     retry_delay_s: float = 15.0
     """Delay before retrying after a transient API error (conflict, throttling, server error)."""
 

@@ -117,6 +117,13 @@ def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.envi
         help="buckets captured first at start, e.g. 1x128,8x512",
     )
     parser.add_argument(
+        "--prewarm-observed",
+        type=_bucket_list,
+        default=default("prewarm_observed", ""),
+        help="buckets the serving workers hit most (the operator's hot list), captured at start right "
+        "after --prewarm-hot",
+    )
+    parser.add_argument(
         "--prewarm-seconds",
         type=float,
         default=default("prewarm_seconds", WorkerConfig.prewarm_seconds),
@@ -260,7 +267,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
         # On the launcher thread, where steps and idle-time captures run, and before the gRPC port
         # is bound: no request (and no TCP probe) reaches a worker that is still capturing.
         await scheduler.run_on_device(
-            prewarm_at_start, config.prewarm, config.prewarm_hot, config.prewarm_seconds
+            prewarm_at_start, config.prewarm, hot_first(config), config.prewarm_seconds
         )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
@@ -305,6 +312,22 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     await scheduler.close()
     if metrics_server is not None:
         metrics_server.shutdown()
+
+
+def hot_first(config: WorkerConfig) -> tuple[Bucket, ...]:
+    """The buckets a start-up prewarm captures first: the listed hot ones, then those the operator
+    observed the serving workers hit most (logged, with where they came from)."""
+    observed = config.prewarm_observed
+    if observed and config.prewarm == "none":
+        log.info("prewarm: none at start; the %d observed hot buckets are not captured", len(observed))
+    elif observed:
+        log.info(
+            "prewarming %d hot buckets from the operator's hot list (KEMBED_WORKER_PREWARM_OBSERVED) "
+            "first: %s",
+            len(observed),
+            ", ".join(map(str, observed)),
+        )
+    return tuple(dict.fromkeys([*config.prewarm_hot, *observed]))
 
 
 ADMIN_COMMANDS = ("stats", "prewarm", "smoke")

@@ -107,6 +107,13 @@ class WorkerConfig:
     """Buckets captured first at start (the operator passes its spec's `graphs.prewarmBuckets`): the
     shapes traffic is known to hit, covered even when the budget runs out. Ignored with `none`."""
 
+    prewarm_observed: tuple[Bucket, ...] = ()
+    """The buckets the serving workers' traffic hits most, as the operator last observed them (it keeps
+    them in the model's hot-buckets ConfigMap; a pod reads it into KEMBED_WORKER_PREWARM_OBSERVED when
+    it starts): captured right after `prewarm_hot`, so that a pod added by scaling or rescheduling
+    has today's shapes before it serves. The operator bounds the list (`graphs.hotBuckets`), the
+    budget bounds the time. Ignored with `none`."""
+
     prewarm_seconds: float = 120.0
     """Budget of the start-up prewarm, in seconds: no capture starts after it (logged; what is left
     is captured when the worker is idle). 120 s is an order of magnitude above the ~200-400

@@ -37,3 +37,6 @@ class EngineStats:
     # captures made inside a step, on the serving path (the lazy policy's second hits); stays 0 on a
     # worker that prewarmed at start, whose captures happen at start and when idle
     num_serving_captures: int = 0
+    # batches per bucket (SEQSxTOKENS, the batch's own bucket, before any pad-up) since start, only
+    # buckets hit at least once: what the operator reads to keep the hot list current
+    bucket_hits: Mapping[str, int] = field(default_factory=dict)

@@ -219,6 +219,15 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "kembed_worker_graphs_resident", "CUDA graphs held now.", value=stats.num_graphs_resident
         )
+        hits = CounterMetricFamily(
+            "kembed_worker_bucket_hits",
+            "Batches by their bucket (SEQUENCESxTOKENS, the smallest that holds the batch), since start; "
+            "only buckets hit at least once. The operator reads the hottest to prewarm new pods.",
+            labels=["bucket"],
+        )
+        for bucket, count in sorted(stats.bucket_hits.items()):
+            hits.add_metric([bucket], count)
+        yield hits
         yield GaugeMetricFamily(
             "kembed_worker_gpu_memory_bytes",
             "Device memory held by torch's caching allocator (graph pool included); 0 on the CPU.",

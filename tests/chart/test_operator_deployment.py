@@ -118,3 +118,14 @@ def test_every_setting_the_chart_passes_is_one_the_operator_reads(helm_template)
     assert done.returncode == 0, f"python -m kembed.operator --help failed:\n{done.stderr[-3000:]}"
     known = set(re.findall(r"KEMBED_OPERATOR_[A-Z0-9_]+", done.stdout))
     assert passed <= known, f"the operator does not read {sorted(passed - known)}"
+
+
+def test_the_operator_knows_its_namespace_and_the_hot_list_interval(helm_template):
+    [container] = operator_pod(helm_template())["containers"]
+    env = {var["name"]: var for var in container["env"]}
+    assert env["KEMBED_OPERATOR_POD_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    assert env["KEMBED_OPERATOR_HOT_BUCKETS_INTERVAL_S"]["value"] == "300"
+    off = operator_env(helm_template({"operator": {"hotBucketsIntervalSeconds": 0}}))
+    assert off["KEMBED_OPERATOR_HOT_BUCKETS_INTERVAL_S"] == "0"

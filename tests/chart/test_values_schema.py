@@ -60,6 +60,22 @@ REJECTED = {
         {"prometheusRule": {"thresholds": {"latencyP99": 0.2}}},
         "at '/prometheusRule/thresholds': additional properties 'latencyP99'",
     ),
+    "network-policy-cidr-not-a-cidr": (
+        {"networkPolicy": {"apiServer": {"cidrs": ["kubernetes.default"]}}},
+        "at '/networkPolicy/apiServer/cidrs/0': 'kubernetes.default' does not match pattern",
+    ),
+    "network-policy-without-api-ports": (
+        {"networkPolicy": {"apiServer": {"ports": []}}},
+        "at '/networkPolicy/apiServer/ports': minItems",
+    ),
+    "network-policy-unknown-key": (
+        {"networkPolicy": {"egress": []}},
+        "at '/networkPolicy': additional properties 'egress'",
+    ),
+    "hot-list-interval-negative": (
+        {"operator": {"hotBucketsIntervalSeconds": -1}},
+        "at '/operator/hotBucketsIntervalSeconds': minimum",
+    ),
     "scrape-interval-not-a-duration": (
         {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "interval": "often"}}},
         "at '/metrics/serviceMonitor/interval': 'often' does not match pattern",

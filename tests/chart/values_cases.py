@@ -67,7 +67,17 @@ CUSTOMISED = {
         "thresholds": {"latencyP99Seconds": 0.25, "pinnedMemoryFraction": 0.8, "coldHitFraction": 0.05},
     },
     "grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}},
+    "networkPolicy": {
+        "enabled": True,
+        "apiServer": {"cidrs": ["10.0.0.1/32", "fd00::1/128"], "ports": [6443]},
+        "dns": False,
+        "metricsNamespaces": ["monitoring"],
+        "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.9.0.10/32"}}], "ports": [{"port": 3128}]}],
+    },
 }
+
+# The operator's NetworkPolicy at its defaults, in a namespaced install (one Role per namespace).
+NETWORK_POLICY = {"networkPolicy": {"enabled": True}}
 
 # Namespaced RBAC (the default) for two watched namespaces: a Role and RoleBinding in each.
 TWO_NAMESPACES = {"operator": {"watchNamespaces": ["search", "recommendations"]}}
@@ -77,4 +87,5 @@ VALUE_SETS = {
     "cluster-wide": CLUSTER_WIDE,
     "two-namespaces": TWO_NAMESPACES,
     "customised": CUSTOMISED,
+    "network-policy": NETWORK_POLICY,
 }

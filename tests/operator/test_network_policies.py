@@ -160,6 +160,23 @@ def test_worker_metrics_from_the_named_namespaces(names, expected):
     assert metrics["from"] == expected
 
 
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [([], [{"namespaceSelector": {}}]), (["monitoring"], ["kembed-system", "monitoring"])],
+    ids=["every-namespace", "named"],
+)
+def test_the_operator_namespace_may_read_worker_metrics_for_the_hot_list(names, expected):
+    policy = p.worker_network_policy(OWNER, spec_with(metricsNamespaces=names), "kembed-system")
+    _, metrics = policy["spec"]["ingress"]
+    if names:
+        ((peer,),) = [metrics["from"]]
+        assert peer["namespaceSelector"]["matchExpressions"][0]["values"] == expected
+    else:
+        assert metrics["from"] == expected  # every namespace already: nothing to add
+    gateway = p.gateway_network_policy(OWNER, spec_with(metricsNamespaces=names, gatewayFrom=GATEWAY_FROM))
+    assert "kembed-system" not in str(gateway)  # the operator reads workers only
+
+
 def test_the_gateway_takes_http_from_everyone_by_default():
     policy = p.gateway_network_policy(OWNER, spec_with())
     assert (

@@ -21,10 +21,12 @@ Translation from a pod to a local process, each the local stand-in of a node fac
 is the image's entry point (`python -P -m kembed.worker`), `kembed-gateway` is gateway_entry.py (the
 gateway with the stand-in's cluster DNS); a volume is a local directory (hostPath through
 `host_paths`, emptyDir a fresh one) and any environment value or argument under a mount path points
-into it; `0.0.0.0` (all of the pod's addresses) is the pod IP. A Service name `<svc>.<ns>.svc` is
-resolved as cluster DNS would (cluster_dns.py): by the gateway itself at each lookup in
-KEMBED_GATEWAY_WORKER_SERVICE, elsewhere once at pod start, to one of the ready pods the Service
-selects (headless). Images, resources, security contexts and node placement are ignored.
+into it; `0.0.0.0` (all of the pod's addresses) is the pod IP; an environment value from a
+ConfigMap key is read once, when the pod starts (an optional one that is missing is left out). A
+Service name `<svc>.<ns>.svc` is resolved as cluster DNS would (cluster_dns.py): by the gateway
+itself at each lookup in KEMBED_GATEWAY_WORKER_SERVICE, elsewhere once at pod start, to one of the
+ready pods the Service selects (headless). Images, resources, security contexts and node placement
+are ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import os
 import re
 import socket
 import subprocess
@@ -374,9 +377,19 @@ class LocalKubelet:
                 return None  # the kubelet waits for the ConfigMap
             env.update(answer.json().get("data", {}))
         for item in container.get("env", []):
-            if "value" not in item:
-                raise NotImplementedError(f"env {item['name']}: only literal values are played")
-            env[item["name"]] = item["value"]
+            if "value" in item:
+                env[item["name"]] = item["value"]
+                continue
+            ref = (item.get("valueFrom") or {}).get("configMapKeyRef")
+            if ref is None:
+                raise NotImplementedError(f"env {item['name']}: only values and configMapKeyRef are played")
+            answer = self._api.get(f"/api/v1/namespaces/{self._ns}/configmaps/{ref['name']}")
+            value = (answer.json().get("data") or {}).get(ref["key"]) if answer.status_code == 200 else None
+            if value is not None:
+                env[item["name"]] = value  # read once, at container start, as the kubelet does
+            elif not ref.get("optional"):
+                scratch.cleanup()
+                return None  # the kubelet waits for the ConfigMap and its key
         try:
             env = {
                 k: self._translate(v, mounts, ip, is_dns_kept=k in SELF_RESOLVED_ENV) for k, v in env.items()
@@ -387,8 +400,11 @@ class LocalKubelet:
             return None
         if args[0] in ENTRY_POINTS:
             args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
-        # PYTHONPATH: gateway_entry and cluster_dns live beside this file; the API is the pod's DNS.
-        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HERE)}
+        # PYTHONPATH: gateway_entry and cluster_dns live beside this file, before whatever the tests
+        # run with (so that pods run the code under test, not only an installed copy); the API is
+        # the pod's DNS.
+        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         env[API_URL_ENV] = self._api_url
         name = f"{owner_name}-{next(self._names)}"
         log = self._log_dir / f"{name}.log"

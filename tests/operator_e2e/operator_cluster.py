@@ -35,8 +35,9 @@ class Cluster:
     log_dir: Path
     operator: subprocess.Popen | None = None
 
-    def start_operator(self) -> None:
-        """`python -P -m kembed.operator` against the emulator, in the test namespace, fast timers."""
+    def start_operator(self, **settings: str) -> None:
+        """`python -P -m kembed.operator` against the emulator, in the test namespace, fast timers;
+        `settings` are more KEMBED_OPERATOR_* variables (hot_buckets_interval_s="1")."""
         env = dict(
             os.environ,
             KUBECONFIG=str(self.kubeconfig),
@@ -45,6 +46,7 @@ class Cluster:
             KEMBED_OPERATOR_RETRY_DELAY_S="1",
             KEMBED_OPERATOR_HEALTH_PORT=str(_free_port()),  # 8081 may be taken on a shared host
             KEMBED_OPERATOR_METRICS_PORT=str(_free_port()),  # and 9090 by a Prometheus
+            **{f"KEMBED_OPERATOR_{name.upper()}": value for name, value in settings.items()},
         )
         log = (self.log_dir / "operator.log").open("a")
         self.operator = subprocess.Popen(

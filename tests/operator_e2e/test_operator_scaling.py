@@ -4,18 +4,23 @@ While a few clients post small embedding requests the whole time (client_load.py
 Deployment is scaled 1 → 3 and 3 → 1 and a worker pod is deleted. The gateway follows the workers'
 headless Service through the stand-in's cluster DNS (gateway_entry.py, cluster_dns.py): a new pod
 must get work within seconds of being Ready, a leaving one must cost no request, and the gateway pod
-is never replaced (worker.replicas is not part of its template).
+is never replaced (worker.replicas is not part of its template). A pod added by scaling prewarms the
+hot list the operator keeps from the serving workers' bucket hits, which never rolls a Deployment.
 """
 
 from __future__ import annotations
 
 import time
 
+import grpc
 import httpx
 import pytest
 from client_load import ClientLoad
 from local_kubelet import LocalPod
 from operator_cluster import gateway_url, patch_spec, start_ready
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto import embedder_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +166,53 @@ def test_deleting_a_worker_pod_under_load_fails_no_request(cluster, example):
     assert the_gateway(cluster) == gateway
     assert {p.name for p in replaced} - {p.name for p in pods}
     print(f"worker pod deleted: replaced and serving after {back:.1f} s; {load.num_ok} answers, 0 failed")
+
+
+HOT_LIST = "/api/v1/namespaces/default/configmaps/minilm-hot-buckets"
+
+
+def hot_list(cluster) -> list[str]:
+    """The buckets in the model's hot-buckets ConfigMap (empty while there is none)."""
+    answer = cluster.api.get(HOT_LIST)
+    return answer.json()["data"]["buckets"].split(",") if answer.status_code == 200 else []
+
+
+def bucket_stats(pod: LocalPod) -> dict[str, tuple[int, bool]]:
+    """(hits, captured) by bucket, from the worker's own stats RPC (what `kembed-worker stats` reads)."""
+    with grpc.insecure_channel(f"{pod.ip}:50051") as channel:
+        reply = pb_grpc.EmbedderStub(channel).BucketStats(pb.BucketStatsRequest(), timeout=10)
+    return {f"{s.bucket.num_sequences}x{s.bucket.num_tokens}": (s.hits, s.captured) for s in reply.buckets}
+
+
+def test_a_pod_added_by_scaling_prewarms_the_hot_list_the_operator_keeps(cluster, example):
+    cluster.stop_operator()
+    cluster.start_operator(hot_buckets_interval_s="1")  # the chart's default is 300
+    example["spec"]["graphs"] = {"hotBuckets": 3}
+    revision = start_ready(cluster, example)
+    (first,) = worker_pods(cluster, revision)
+    deployment = f"/apis/apps/v1/namespaces/default/deployments/minilm-worker-{revision}"
+    before = cluster.api.get(deployment).json()
+    with ClientLoad(gateway_url(cluster)) as load:
+        cluster.wait("a hot list of 3 buckets", lambda: len(hot_list(cluster)) == 3, timeout_s=30)
+        load.wait_for_more(20)
+    assert load.failures == []
+    # The load has stopped, so the counts no longer move: the list settles on the hottest three.
+    served = {b: hits for b, (hits, _) in bucket_stats(first).items() if hits}
+    hottest = sorted(served, key=lambda b: (-served[b], int(b.split("x")[1]), int(b.split("x")[0])))[:3]
+    cluster.wait("the hot list of the final counts", lambda: hot_list(cluster) == hottest, timeout_s=15)
+    after = cluster.api.get(deployment).json()
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]  # never rolled
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert first.popen.poll() is None and worker_pods(cluster, revision) == [first]
+
+    pods = scale_to(cluster, revision, 2)
+    (added,) = [p for p in pods if p is not first]
+    log = added.log.read_text()
+    said = "prewarming 3 hot buckets from the operator's hot list (KEMBED_WORKER_PREWARM_OBSERVED) first"
+    assert f"{said}: {', '.join(hottest)}" in log
+    # On the CPU engine nothing is captured: its stats mark the buckets prewarm was given (a GPU
+    # worker reports them as captured graphs; tests/worker/test_gpu_prewarm.py).
+    stats = bucket_stats(added)
+    assert {b for b, (_, captured) in stats.items() if captured} == set(hottest)
+    assert "hot list from 1 pod(s) of revision" in (cluster.log_dir / "operator.log").read_text()
+    print(f"hot list {hottest} from {sum(served.values())} batches; the added pod prewarmed it first")

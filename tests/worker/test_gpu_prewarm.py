@@ -12,6 +12,7 @@ import torch
 import transformers
 from st_pipeline import write_random_minilm
 
+from kembed.worker.__main__ import hot_first
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
@@ -136,3 +137,22 @@ def test_one_block_one_copy_gives_the_rows_of_each_input_copied_on_its_own(model
             device(batch.input_ids), device(batch.position_ids), device(batch.token_type_ids), meta
         )[: batch.num_seqs]
     assert cosine_rows(rows, separate.float().cpu().numpy()).min() >= 0.9999
+
+
+def test_the_operators_hot_list_is_captured_first_at_start_and_hits_are_reported(model_dir):
+    """What a pod added by scaling does with KEMBED_WORKER_PREWARM_OBSERVED: the listed hot bucket,
+    then the observed ones, head the start-up prewarm's order and are captured as graphs; the
+    buckets serving hits are what the metrics port reports for the next hot list."""
+    hot = (Bucket(1, 64), Bucket(4, 128), Bucket(2, 64))
+    config = WorkerConfig(
+        model=model_dir, prewarm="all", prewarm_hot=hot[:1], prewarm_observed=hot[1:], prewarm_seconds=120.0
+    )
+    engine = new_engine(model_dir)
+    assert tuple(engine.buckets.prewarm_order(hot_first(config))[:3]) == hot
+    report = engine.prewarm_at_start(config.prewarm, hot_first(config), config.prewarm_seconds)
+    assert report is not None and not report.is_cut_short
+    assert set(hot) <= set(engine.captured_buckets())
+    assert engine.stats().bucket_hits == {}  # captures are not hits
+    ids, lengths = np.arange(1000, 1090, dtype=np.int32), np.array([30, 30, 30], np.int32)  # 4x128
+    engine.step(engine.pack(ids, lengths)).wait()
+    assert engine.stats().bucket_hits == {"4x128": 1}

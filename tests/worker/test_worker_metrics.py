@@ -42,6 +42,7 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_worker_eager_steps": {"reason"},
     "kembed_worker_graphs_resident": set(),
     "kembed_worker_gpu_memory_bytes": set(),
+    "kembed_worker_bucket_hits": {"bucket"},
     "kembed_worker_info": {"model", "dtype", "attention_backend", "revision"},
 }
 CLASSES = {"interactive", "bulk"}
@@ -226,3 +227,14 @@ def test_metrics_are_served_over_http(engine):
         server.server_close()
     names = {family.name for family in text_string_to_metric_families(text)}
     assert set(CONTRACT) <= names
+
+
+async def test_bucket_hits_count_batches_by_their_own_bucket(served):
+    stub, metrics = served
+    key = 'kembed_worker_bucket_hits_total{bucket="2x64"}'  # 2 sequences, 6 tokens: bucket 2x64
+    before = samples(metrics).get(key, 0.0)
+    for _ in range(3):
+        await stub.Embed(embed_request([101, 7592, 2088, 102], [101, 102]))
+    after = samples(metrics)
+    assert after[key] == before + 3
+    assert all(value > 0 for name, value in after.items() if name.startswith("kembed_worker_bucket_hits"))

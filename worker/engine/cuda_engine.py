@@ -357,6 +357,7 @@ class CudaEngine:
             num_graphs_resident=graphs.num_resident,
             eager_steps=graphs.policy.eager_counts(),
             num_serving_captures=graphs.policy.num_serving_captures,
+            bucket_hits=graphs.policy.hit_counts(),
         )
         if self.lane is None:
             return own

@@ -150,7 +150,11 @@ class Engine:
         """Counters and memory now (called from the metrics thread; only reads). No pinned ring and
         no graphs here: those read 0; every step is eager with reason "disabled"."""
         gpu_bytes = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
-        return EngineStats(gpu_memory_bytes=gpu_bytes, eager_steps=self.policy.eager_counts())
+        return EngineStats(
+            gpu_memory_bytes=gpu_bytes,
+            eager_steps=self.policy.eager_counts(),
+            bucket_hits=self.policy.hit_counts(),
+        )
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
         """Nothing to capture without CUDA graphs: records the buckets so a smoke test covers them."""
@@ -160,8 +164,16 @@ class Engine:
     def prewarm_at_start(
         self, prewarm: str | Sequence[Bucket], hot: Sequence[Bucket], max_seconds: float
     ) -> None:
-        """Nothing to capture without CUDA graphs (the CUDA engine's start-up prewarm)."""
-        log.info("prewarm: none (no CUDA graphs on the %s eager engine)", self.device)
+        """Nothing to capture without CUDA graphs (the CUDA engine's start-up prewarm). The buckets
+        it was given by name (`hot`, and a listed `prewarm`) are recorded as `prewarm` records them,
+        so stats and a smoke test cover them as they would on a GPU; `none` records nothing."""
+        named = [] if prewarm == "none" else [*hot, *(() if isinstance(prewarm, str) else prewarm)]
+        recorded = self.prewarm([b for b in dict.fromkeys(named) if self.buckets.fits(b)])
+        log.info(
+            "prewarm: none (no CUDA graphs on the %s eager engine); %d named buckets recorded",
+            self.device,
+            len(recorded),
+        )
 
     def capture_deferred(self, max_seconds: float) -> int:
         """Nothing is ever deferred without CUDA graphs: 0 captured."""

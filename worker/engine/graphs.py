@@ -113,6 +113,12 @@ class CapturePolicy:
         keys one by one (a Counter's missing key reads 0 without being inserted), never iterates."""
         return {reason: self.eager_reasons[reason] for reason in EAGER_REASONS}
 
+    def hit_counts(self) -> dict[str, int]:
+        """Hits per bucket (`"8x512"`), for buckets hit at least once. Safe from another thread: the
+        launcher thread adds keys to `states`, but `dict.copy` runs in C without calling back into
+        Python (the keys' hashes are stored), so no step can insert mid-copy; the hits are ints."""
+        return {str(bucket): state.hits for bucket, state in self.states.copy().items() if state.hits}
+
     def captured(self, bucket: Bucket) -> None:
         state = self.states.setdefault(bucket, BucketState())
         if not state.is_captured:

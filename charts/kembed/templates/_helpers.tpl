@@ -145,6 +145,12 @@ An empty KEMBED_OPERATOR_NAMESPACES means every namespace: only ever with the Cl
   value: {{ if and .Values.rbac.clusterWide (not .Values.operator.watchNamespaces) }}""{{ else }}{{ include "kembed.namespacedTargets" . | quote }}{{ end }}
 - name: KEMBED_OPERATOR_RECONCILE_INTERVAL_S
   value: {{ .Values.operator.reconcileIntervalSeconds | quote }}
+- name: KEMBED_OPERATOR_HOT_BUCKETS_INTERVAL_S
+  value: {{ .Values.operator.hotBucketsIntervalSeconds | quote }}
+- name: KEMBED_OPERATOR_POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
 - name: KEMBED_OPERATOR_RETRY_DELAY_S
   value: {{ .Values.operator.retryDelaySeconds | quote }}
 - name: KEMBED_OPERATOR_API_TIMEOUT_S
