@@ -9,6 +9,7 @@ import gc
 import importlib
 import logging
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,6 +42,10 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
 
+    # The gRPC and data ports are bound only once the model is loaded and prewarmed (minutes on a
+    # GPU): a port another process holds is found now, not then.
+    _check_free(config.host, config.port, "gRPC (--port)")
+    _check_free(config.host, config.data_port, "the data port (--data-port)")
     if engine is None:
         from kembed.worker.engine import load_engine
 
@@ -58,7 +63,12 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     metrics_server = None
     if config.metrics_port:  # up during prewarm: its captures show as they happen
-        metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
+        try:
+            metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
+        except OSError as error:
+            raise _cannot_listen(
+                config.host, config.metrics_port, "metrics (--metrics-port)", error
+            ) from None
         log.info("worker metrics on http://%s:%d/metrics", config.host, metrics_port)
     prewarm_at_start = getattr(engine, "prewarm_at_start", None)  # a benchmark's stand-in has none
     if prewarm_at_start is not None:
@@ -71,13 +81,18 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
     if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
-        frames, data_port = await serve_frames(
-            service.streams,
-            config.host,
-            config.data_port,
-            MAX_MESSAGE_BYTES,
-            config.auth_token if config.auth_data else "",
-        )
+        try:
+            frames, data_port = await serve_frames(
+                service.streams,
+                config.host,
+                config.data_port,
+                MAX_MESSAGE_BYTES,
+                config.auth_token if config.auth_data else "",
+            )
+        except OSError as error:
+            raise _cannot_listen(
+                config.host, config.data_port, "the data port (--data-port)", error
+            ) from None
         service.advertise_data_port(data_port)
     scheduler.start()
     await server.start()
@@ -110,6 +125,26 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     await scheduler.close()
     if metrics_server is not None:
         metrics_server.shutdown()
+
+
+def _check_free(host: str, port: int, what: str) -> None:
+    """Raise StartupError if `port` (> 0) cannot be bound on `host` now (a listener holds it)."""
+    if port <= 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return  # the real bind will say what is wrong with the host
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers: TIME_WAIT is fine
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise _cannot_listen(host, port, what, error) from None
+
+
+def _cannot_listen(host: str, port: int, what: str, error: OSError) -> StartupError:
+    return StartupError(f"cannot listen on {host}:{port} for {what}: {error.strerror or error}")
 
 
 def main(argv: list[str] | None = None) -> None:
