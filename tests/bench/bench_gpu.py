@@ -1,14 +1,14 @@
 """`make bench` on a GPU: kembed's engine against transformers `AutoModel` (sdpa, padded, bf16), same run.
 
 Models are built from real configs (tests/bench/configs/<name>) with random weights: speed does not
-depend on their values, and nothing is downloaded. Suites (issue numbering):
-1. low latency: batch 1 at 128 / 512 / 4096 tokens, p50 and p99 of a whole engine step
-   (pack, copy in, graph replay, copy out, wait), graphs prewarmed; cold (first, eager) hit too;
-2. low-latency scoring: a cross-encoder (bge-reranker-v2-m3 shape) over 5 / 25 / 50 query-document
-   pairs of 512 tokens, one step; baseline `AutoModelForSequenceClassification` on the same weights;
-3. throughput: batches of 100 from 4 concurrent clients through the scheduler, fixed 512 and mixed
-   32-512 lengths, tokens/s; the baseline runs the same batches padded;
-S. saturation: one step's latency against the bucket's token count, to set max_batch_tokens.
+depend on their values, and nothing is downloaded. Benchmarks (`--suites`, all by default):
+- latency: batch 1 at 128 / 512 / 4096 tokens, p50 and p99 of a whole engine step
+  (pack, copy in, graph replay, copy out, wait), graphs prewarmed; cold (first, eager) hit too;
+- scoring: a cross-encoder (bge-reranker-v2-m3 shape) over 5 / 25 / 50 query-document
+  pairs of 512 tokens, one step; baseline `AutoModelForSequenceClassification` on the same weights;
+- throughput: batches of 100 from 4 concurrent clients through the scheduler, fixed 512 and mixed
+  32-512 lengths, tokens/s; the baseline runs the same batches padded;
+- saturation: one step's latency against the bucket's token count, to set max_batch_tokens.
 Every kembed output is checked against the baseline's (cosine >= 0.999 per row). Prints markdown.
 """
 
@@ -31,6 +31,7 @@ from kembed.worker.scheduler import Scheduler
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 RERANKER = "bge-reranker-v2-m3"
+SUITES = ("latency", "scoring", "throughput", "saturation")
 
 
 def write_model_dir(name: str, tmp: Path):
@@ -145,7 +146,7 @@ def suite_latency(name, engine, baseline, rng, iters: int) -> list[str]:
 
 
 def suite_scoring(engine, baseline, rng, iters: int, label: str) -> list[str]:
-    """Suite 2: one step scoring N pairs of 512 tokens (query and document already joined)."""
+    """One step scoring N pairs of 512 tokens (query and document already joined)."""
     rows = []
     for num_docs in (5, 25, 50):
         print(f"  scoring {num_docs} x 512", flush=True)
@@ -245,8 +246,15 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["auto"], help="attention backends to compare")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--throughput-batches", type=int, default=40)
-    parser.add_argument("--suites", default="1,2,3,S")
+    parser.add_argument(
+        "--suites",
+        type=lambda text: set(text.split(",")),
+        default=set(SUITES),
+        help=f"comma-separated, of {','.join(SUITES)} (default: all)",
+    )
     args = parser.parse_args()
+    if args.suites - set(SUITES):
+        parser.error(f"unknown --suites {sorted(args.suites - set(SUITES))}; they are {', '.join(SUITES)}")
     rng = np.random.default_rng(0)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, transformers {transformers.__version__}\n")
@@ -258,16 +266,16 @@ def main() -> None:
                 engine = build(path, backend)
                 label = f"{name}, {engine.info.attention_backend}"
                 print(f"{label}: pooling {engine.info.pooling}", flush=True)
-                if "1" in args.suites:
+                if "latency" in args.suites:
                     latency += suite_latency(label, engine, baseline, rng, args.iters)
-                if "3" in args.suites:
+                if "throughput" in args.suites:
                     throughput += suite_throughput(label, engine, baseline, rng, args.throughput_batches)
-                if "S" in args.suites:
+                if "saturation" in args.suites:
                     saturation += suite_saturation(label, engine, rng, max(20, args.iters // 4))
                 del engine
                 torch.cuda.empty_cache()
             del baseline
-        if "2" in args.suites:
+        if "scoring" in args.suites:
             path, baseline = write_reranker_dir(Path(tmp))
             for backend in args.backends:
                 engine = build(path, backend, max_batch_tokens=32768)

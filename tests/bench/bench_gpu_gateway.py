@@ -1,4 +1,5 @@
-"""Suite 4 on a GPU: 1-16 concurrent single-query clients through the real gateway and worker processes.
+"""Concurrency through the gateway on a GPU: 1-16 concurrent single-query clients through the real
+gateway and worker processes.
 
 Tokenization, JSON, HTTP and the gRPC hop included: each client posts one short query at a time to
 /v1/embeddings (base64, as the OpenAI SDK does) and waits for it; latency is measured at the client.

@@ -1,7 +1,7 @@
 """One command for a whole GPU check (`make gpu-check`): the `gpu`-marked tests, the engine
-benchmarks (suites 1, 2, 3 and S, each attention backend), suite 4 through the gateway and mixed
-traffic (interactive queries beside bulk indexing); then a short summary. Each part's own output
-streams as it runs; the summary repeats their tables."""
+benchmarks (latency, scoring, throughput and saturation, each attention backend), concurrency
+through the gateway and mixed traffic (interactive queries beside bulk indexing); then a short
+summary. Each part's own output streams as it runs; the summary repeats their tables."""
 
 import importlib.util
 import re
@@ -20,7 +20,7 @@ PARTS = {
         *PY, str(HERE / "bench_gpu.py"), "--models", "bge-m3", "qwen3-0.6b",
         "--backends", "auto", "torch-varlen", *OPTIONAL,
     ],
-    "suite 4 (gateway)": [*PY, str(HERE / "bench_gpu_gateway.py")],
+    "concurrency through the gateway": [*PY, str(HERE / "bench_gpu_gateway.py")],
     "mixed traffic": [*PY, str(HERE / "bench_mixed.py"), "--device", "cuda"],
 }  # fmt: skip
 

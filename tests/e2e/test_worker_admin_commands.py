@@ -34,8 +34,9 @@ def test_prewarm_carries_over_the_serving_workers_hot_buckets_then_smoke_passes(
     )
     try:
         target = f"127.0.0.1:{candidate_port}"
+        # the candidate is still loading: wait for it as long as for the call (not the 10 s default)
         prewarm = admin("prewarm", "--target", target, "--buckets", "1x128,4x512", "--hot-from", address,
-                        "--hot", "1", "--timeout", "60")  # fmt: skip
+                        "--hot", "1", "--timeout", "60", "--connect-timeout", "60")  # fmt: skip
         assert prewarm.returncode == 0, prewarm.stdout + prewarm.stderr
         assert "captured 1x128, 4x512, 2x64" in prewarm.stdout
         smoke = admin("smoke", "--target", target, "--timeout", "60")
