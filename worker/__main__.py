@@ -308,6 +308,10 @@ def main(argv: list[str] | None = None) -> None:
         from kembed.worker.admin import main as admin_main
 
         sys.exit(admin_main(argv))
+    if argv and argv[0] == "check-model":  # whether a model directory can be served (check_model.py)
+        from kembed.worker.check_model import main as check_model_main
+
+        sys.exit(check_model_main(argv[1:]))
     config = parse_config(argv)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
