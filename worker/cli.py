@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("kembed.worker.admin", "per-bucket hit counts and capture state of a running worker"),
     "prewarm": ("kembed.worker.admin", "capture CUDA-graph buckets on running workers now"),
     "smoke": ("kembed.worker.admin", "replay captured graphs against eager runs; exit 1 on a mismatch"),
+    "check-model": ("kembed.worker.check_model", "whether and how a model directory can be served"),
 }
 
 # Where a field's command line is not simply derived from its name and type.
@@ -155,7 +156,7 @@ def _epilog() -> str:
     lines = [f"  {name:<{width}}{text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(
         [
-            "commands (client tools against running workers; `COMMAND --help` lists each one's flags):",
+            "commands (tools against running workers, and check-model; `COMMAND --help` gives flags):",
             *lines,
             "",
             "Every flag is also read from the environment variable named in its help (a flag wins over",

@@ -9,6 +9,8 @@ Dropout is the identity at inference. Activations (sigmoid, softmax) are the gat
 the worker answers logits, so `raw_scores` and every API's convention can be served from one output.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -59,12 +61,7 @@ class BertCrossEncoder(ServedModel):
     def load(cls, model_dir: ModelDir, attend: Attend) -> "BertCrossEncoder":
         """Build from a transformers *ForSequenceClassification directory, weights loaded."""
         config = model_dir.config
-        architecture = next((a for a in config["architectures"] if a in CROSS_ENCODER_ARCHITECTURES), None)
-        if architecture is None:
-            supported = ", ".join(CROSS_ENCODER_ARCHITECTURES)
-            raise InvalidInput(
-                f"architectures {config['architectures']} are not served (supported: {supported})"
-            )
+        architecture = cross_encoder_architecture(config)
         has_pooler = CROSS_ENCODER_ARCHITECTURES[architecture]
         weights = load_weights(model_dir.path)  # "bert." / "roberta." stripped; heads keep their names
         head = ("pooler.dense", "classifier") if has_pooler else ("classifier.dense", "classifier.out_proj")
@@ -77,3 +74,13 @@ class BertCrossEncoder(ServedModel):
         model.dense.load_state_dict({k: weights[f"{head[0]}.{k}"] for k in ("weight", "bias")})
         model.out_proj.load_state_dict({k: weights[f"{head[1]}.{k}"] for k in ("weight", "bias")})
         return model
+
+
+def cross_encoder_architecture(config: dict[str, Any]) -> str:
+    """The served head among config.json `architectures`; InvalidInput if none is."""
+    architectures: list[str] = config["architectures"]
+    architecture = next((a for a in architectures if a in CROSS_ENCODER_ARCHITECTURES), None)
+    if architecture is None:
+        supported = ", ".join(CROSS_ENCODER_ARCHITECTURES)
+        raise InvalidInput(f"architectures {config['architectures']} are not served (supported: {supported})")
+    return architecture

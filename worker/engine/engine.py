@@ -231,7 +231,7 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     """Read the model directory, build the encoder on the configured device and dtype."""
     started = time.perf_counter()
     device = _resolve_device(config.device)
-    dtype = _resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device)
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
@@ -364,7 +364,8 @@ def _resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def _resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """The dtype a worker runs in: `requested`, or for `auto` bfloat16 on CUDA and float32 on a CPU."""
     if requested == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[requested]

@@ -83,14 +83,26 @@ def _read_pooling(pooling_dir: Path) -> str:
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
     """All safetensors shards of the directory, keys stripped of task-head prefixes."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise InvalidInput(f"no *.safetensors weights in {path}")
     weights: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in weight_files(path):
         for key, tensor in load_file(file).items():
             weights[_strip_prefix(key)] = tensor
     return weights
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The directory's safetensors shards; InvalidInput if it has none (pickled `*.bin` weights
+    are never loaded: unpickling runs whatever code the file holds)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if files:
+        return files
+    pickled = sorted(p.name for p in Path(path).glob("*.bin"))
+    if pickled:
+        raise InvalidInput(
+            f"no *.safetensors weights in {path}, only pickled ones ({', '.join(pickled)}), which kembed "
+            "does not load: convert them to safetensors (docs/your-model.md)"
+        )
+    raise InvalidInput(f"no *.safetensors weights in {path}")
 
 
 def _strip_prefix(key: str) -> str:

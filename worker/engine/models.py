@@ -7,35 +7,67 @@ from kembed.worker.engine.attention import Attend, AttentionShape
 from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.model_dir import ModelDir, load_weights
-from kembed.worker.engine.qwen3 import Qwen3Shape, build_qwen3
+from kembed.worker.engine.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.errors import InvalidInput
 
-QWEN3_FAMILY = ("qwen3", "bidirectional_pplx_qwen3")
+
+def family_of(model_dir: ModelDir) -> str:
+    """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
+    sequence-classification head: scores), `bert` or `qwen3` (embedders); InvalidInput saying why not."""
+    model_type = model_dir.model_type
+    architectures = model_dir.config.get("architectures") or ()
+    if model_type in BERT_FAMILY and any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "cross-encoder"
+    if model_type in BERT_FAMILY:
+        return "bert"
+    if model_type in QWEN3_FAMILY:
+        return "qwen3"
+    supported = ", ".join((*BERT_FAMILY, *QWEN3_FAMILY))
+    custom = model_dir.config.get("auto_map")
+    if custom:  # the architecture exists only as the checkpoint's own Python code
+        raise InvalidInput(
+            f"model_type {model_type!r} is custom code (config.json auto_map: {', '.join(custom)}; "
+            "transformers loads it only with trust_remote_code=True): kembed runs its own code for "
+            f"the families it serves ({supported}) and never a model's"
+        )
+    raise InvalidInput(f"model_type {model_type!r} is not supported (supported: {supported})")
+
+
+def pooling_of(model_dir: ModelDir) -> str:
+    """The pooling an embedder of `model_dir` uses: its sentence-transformers pipeline's (or the
+    deployment's override), else its family's default; "" for a cross-encoder (its head reads the
+    first token)."""
+    family = family_of(model_dir)
+    if family == "qwen3":
+        return qwen3_pooling(model_dir, Qwen3Shape.from_config(model_dir.config))
+    if family == "bert":
+        return model_dir.pooling or "mean"
+    return ""
 
 
 def build_model(model_dir: ModelDir, attend: Attend) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
-    config = model_dir.config
-    model_type = model_dir.model_type
-    architectures = config.get("architectures") or ()
-    if model_type in BERT_FAMILY and any(a.endswith("ForSequenceClassification") for a in architectures):
+    family = family_of(model_dir)
+    if family == "cross-encoder":
         return BertCrossEncoder.load(model_dir, attend)
-    if model_type in BERT_FAMILY:
-        model = BertEmbedder(BertShape.from_config(config), attend, model_dir.pooling or "mean")
+    if family == "bert":
+        model = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))
         model.encoder.load_hf_weights(load_weights(model_dir.path))
         return model
-    if model_type in QWEN3_FAMILY:
-        return build_qwen3(model_dir, attend)
-    supported = (*BERT_FAMILY, *QWEN3_FAMILY)
-    raise InvalidInput(f"model_type {model_type!r} is not supported (supported: {', '.join(supported)})")
+    return build_qwen3(model_dir, attend)
+
+
+def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape:
+    """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
+    if model_dir.model_type in QWEN3_FAMILY:
+        return Qwen3Shape.from_config(model_dir.config)
+    return BertShape.from_config(model_dir.config)  # raises InvalidInput for an unsupported family
 
 
 def attention_shape(model_dir: ModelDir) -> AttentionShape:
     """The attention shape of `model_dir`'s network, before building it (for `auto` timing)."""
-    config = model_dir.config
-    if model_dir.model_type in QWEN3_FAMILY:
-        qwen = Qwen3Shape.from_config(config)
-        return AttentionShape(qwen.num_heads, qwen.num_kv_heads, qwen.head_dim, qwen.is_causal)
-    bert = BertShape.from_config(config)  # raises InvalidInput for an unsupported family
-    return AttentionShape(bert.num_heads, bert.num_heads, bert.hidden_size // bert.num_heads, False)
+    shape = shape_of(model_dir)
+    if isinstance(shape, Qwen3Shape):
+        return AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal)
+    return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False)

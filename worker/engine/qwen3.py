@@ -80,6 +80,10 @@ class Qwen3Shape:
             is_causal=not is_bidirectional(config),
         )
 
+    @property
+    def max_sequence_length(self) -> int:
+        return self.max_position_embeddings
+
 
 def is_bidirectional(config: dict[str, Any]) -> bool:
     """Whether the checkpoint was trained with bidirectional attention.
@@ -234,7 +238,7 @@ class Qwen3Embedder(ServedModel):
         self.decoder = Qwen3Decoder(shape, attend)
         self.pooling = pooling
         self.facts = ModelFacts(
-            "embed", shape.hidden_size, shape.max_position_embeddings, shape.vocab_size, pooling
+            "embed", shape.hidden_size, shape.max_sequence_length, shape.vocab_size, pooling
         )
 
     def forward(

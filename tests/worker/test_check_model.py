@@ -1,0 +1,274 @@
+"""`kembed-worker check-model`: every row of docs/your-model.md's compatibility table is a case here
+(read from the doc, so the two cannot drift), checked on a directory of the row's family and
+sentence-transformers files with tiny random weights, or the bundled model as it is; servable rows
+are also built by the engine on the CPU. A refusal is the worker's own: loading the directory fails
+with the same reason."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from st_pipeline import write_pipeline
+
+from kembed.worker.check_model import check
+from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.engine import load_engine
+from kembed.worker.errors import InvalidInput
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "your-model.md"
+BENCH_CONFIGS = REPO / "tests" / "bench" / "configs"
+BUNDLED = bundled_model_dir()
+# Small enough to build in a blink; the bundled tokenizer's vocabulary, so --load can embed a text.
+TINY = dict(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=130,
+)
+QWEN3_QUERY_PROMPT = (
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+)
+
+
+def table_rows() -> dict[str, tuple[str, str]]:
+    """The compatibility table: first cell -> (config.json cell, check-model cell)."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[0] not in ("model", "---"):
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def with_tokenizer(path: Path) -> Path:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUNDLED / name, path / name)
+    return path
+
+
+def save(model: transformers.PreTrainedModel, path: Path) -> None:
+    model.save_pretrained(path)  # safetensors, as hub models ship
+
+
+def pooling_config(mode: str) -> dict:
+    return {"word_embedding_dimension": TINY["hidden_size"], "pooling_mode": mode}
+
+
+def bert_embedder(pooling: str) -> Callable[[Path], Path]:
+    def build(path: Path) -> Path:
+        save(transformers.BertModel(transformers.BertConfig(**TINY), add_pooling_layer=False), path)
+        write_pipeline(path, pooling_config(pooling), normalize=True)
+        return with_tokenizer(path)
+
+    return build
+
+
+def xlm_roberta_embedder(pooling: str) -> Callable[[Path], Path]:
+    def build(path: Path) -> Path:
+        config = transformers.XLMRobertaConfig(**TINY)
+        save(transformers.XLMRobertaModel(config, add_pooling_layer=False), path)
+        write_pipeline(path, pooling_config(pooling), normalize=True)
+        return with_tokenizer(path)
+
+    return build
+
+
+def bge_m3(path: Path) -> Path:
+    """BAAI/bge-m3's config.json and sentence-transformers files, its sizes shrunk."""
+    real = json.loads((BENCH_CONFIGS / "bge-m3" / "config.json").read_text())
+    real = {k: v for k, v in real.items() if k != "_comment"}
+    config = transformers.XLMRobertaConfig(**{**real, **TINY})
+    save(transformers.XLMRobertaModel(config, add_pooling_layer=False), path)
+    shutil.copy(BENCH_CONFIGS / "bge-m3" / "modules.json", path)
+    shutil.copytree(BENCH_CONFIGS / "bge-m3" / "1_Pooling", path / "1_Pooling")
+    return with_tokenizer(path)
+
+
+def qwen3_embedding(path: Path) -> Path:
+    """Qwen3-Embedding's architecture, sentence-transformers files and query prompt, sizes shrunk."""
+    config = transformers.Qwen3Config(
+        **{**TINY, "num_key_value_heads": 1, "head_dim": 16}, tie_word_embeddings=True
+    )
+    save(transformers.Qwen3Model(config), path)
+    shutil.copy(BENCH_CONFIGS / "qwen3-0.6b" / "modules.json", path)
+    shutil.copytree(BENCH_CONFIGS / "qwen3-0.6b" / "1_Pooling", path / "1_Pooling")
+    prompts = {"prompts": {"query": QWEN3_QUERY_PROMPT, "document": ""}, "default_prompt_name": None}
+    (path / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    return with_tokenizer(path)
+
+
+def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
+    def build(path: Path) -> Path:
+        save(model_cls(config_cls(**TINY, num_labels=1)), path)
+        return with_tokenizer(path)
+
+    return build
+
+
+def config_only(config: dict) -> Callable[[Path], Path]:
+    def build(path: Path) -> Path:
+        (path / "config.json").write_text(json.dumps(config))
+        return with_tokenizer(path)
+
+    return build
+
+
+def pickled_bert(path: Path) -> Path:
+    """A checkpoint as older hub models ship it: config.json and a pickled pytorch_model.bin."""
+    model = transformers.BertModel(transformers.BertConfig(**TINY), add_pooling_layer=False)
+    model.config.save_pretrained(path)
+    torch.save(model.state_dict(), path / "pytorch_model.bin")
+    return with_tokenizer(path)
+
+
+def bert_without_tokenizer(path: Path) -> Path:
+    save(transformers.BertModel(transformers.BertConfig(**TINY), add_pooling_layer=False), path)
+    shutil.copy(BUNDLED / "vocab.txt", path / "vocab.txt")
+    return path
+
+
+def custom_code(model_type: str, module: str) -> dict:
+    return {
+        "model_type": model_type,
+        "architectures": [f"{module}Model"],
+        "auto_map": {"AutoConfig": f"{module}.Config", "AutoModel": f"{module}.Model"},
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[Path], Path]
+    refusal: str | None = None  # a piece of the reason, for a row that is not servable
+
+
+CASES = {
+    "`sentence-transformers/all-MiniLM-L6-v2` (bundled)": Case(lambda _: BUNDLED),
+    "`BAAI/bge-{small,base,large}-en-v1.5`": Case(bert_embedder("cls")),
+    "`BAAI/bge-m3`": Case(bge_m3),
+    "`intfloat/e5-base-v2`": Case(bert_embedder("mean")),
+    "`intfloat/multilingual-e5-large`": Case(xlm_roberta_embedder("mean")),
+    "`Qwen/Qwen3-Embedding-0.6B`, `-4B`, `-8B`": Case(qwen3_embedding),
+    "`BAAI/bge-reranker-v2-m3`, `bge-reranker-{base,large}`": Case(
+        cross_encoder(transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)
+    ),
+    "`cross-encoder/ms-marco-MiniLM-L-6-v2`": Case(
+        cross_encoder(transformers.BertConfig, transformers.BertForSequenceClassification)
+    ),
+    "`nomic-ai/nomic-embed-text-v1.5`": Case(
+        config_only(custom_code("nomic_bert", "NomicBert")), "custom code"
+    ),
+    "`Alibaba-NLP/gte-base-en-v1.5`, `gte-multilingual-base`": Case(
+        config_only(custom_code("new", "New")), "custom code"
+    ),
+    "`jinaai/jina-embeddings-v2-base-en`": Case(
+        config_only(
+            {
+                **transformers.BertConfig(**TINY).to_dict(),
+                **custom_code("bert", "JinaBert"),
+                "position_embedding_type": "alibi",
+            }
+        ),
+        "only absolute position embeddings",
+    ),
+    "`Alibaba-NLP/gte-modernbert-base`": Case(
+        config_only({"model_type": "modernbert", "architectures": ["ModernBertModel"]}),
+        "'modernbert' is not supported",
+    ),
+    "Qwen2-based embedders (`gte-Qwen2-*-instruct`, `stella_en_1.5B_v5`)": Case(
+        config_only({"model_type": "qwen2", "architectures": ["Qwen2Model"]}), "'qwen2' is not supported"
+    ),
+    "any model with only `pytorch_model.bin`": Case(pickled_bert, "only pickled ones (pytorch_model.bin)"),
+    "any model without `tokenizer.json`": Case(bert_without_tokenizer, "no tokenizer.json"),
+}
+ROWS = table_rows()
+
+
+def test_every_table_row_has_a_case_and_every_case_a_row():
+    assert set(ROWS) == set(CASES)
+
+
+@pytest.mark.parametrize("row", CASES, ids=lambda row: re.sub(r"[^\w.-]+", "-", row).strip("-"))
+def test_the_table_row_is_what_check_model_says(tmp_path, row):
+    config_cell, expected = ROWS[row]
+    case = CASES[row]
+    path = case.build(tmp_path)
+    result = check(path, load=case.refusal is None)
+    if case.refusal is None:
+        assert result.verdict == expected, result.reason
+        assert result.loaded, "servable rows are built on the CPU and run one input"
+        assert result.routes and ("POST /rerank" in result.routes) == (result.task == "score")
+    else:
+        assert expected.startswith("not servable: ")
+        assert not result.is_servable and case.refusal in result.reason, result.reason
+    model_type = re.match(r"`([\w-]+)`", config_cell)
+    if model_type:  # the config.json column names the model_type the directory has
+        assert result.model_type == model_type.group(1)
+
+
+def test_qwen3_embedding_prompts_come_from_its_sentence_transformers_config(tmp_path):
+    result = check(qwen3_embedding(tmp_path))
+    assert result.prompts == {"query": QWEN3_QUERY_PROMPT, "document": ""}
+    assert (result.pooling, result.pooling_source, result.dimensions) == ("last", "modules.json", 32)
+
+
+def test_a_bare_qwen3_directory_gets_the_family_default_pooling(tmp_path):
+    qwen3_embedding(tmp_path)
+    (tmp_path / "modules.json").unlink()
+    result = check(tmp_path)
+    assert (result.pooling, result.normalize) == ("last", False)
+    assert result.pooling_source == "no modules.json: the qwen3 default"
+
+
+@pytest.mark.parametrize(
+    "row", [row for row, case in CASES.items() if case.refusal and "tokenizer" not in case.refusal]
+)
+def test_a_refusal_is_the_workers_own(tmp_path, row):
+    """check-model says what loading the directory in a worker says: the same rule, not a copy."""
+    path = CASES[row].build(tmp_path)
+    with pytest.raises(InvalidInput) as raised:
+        load_engine(WorkerConfig(model=path, device="cpu"))
+    assert check(path).reason == str(raised.value)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "kembed.worker", "check-model", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_exits_zero_for_a_servable_directory_and_prints_json():
+    done = run_cli(str(BUNDLED), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["verdict"] == "servable: embeddings, mean pooling, normalised"
+    assert (report["task"], report["dimensions"], report["max_seq_length"]) == ("embed", 384, 256)
+
+
+def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
+    pickled_bert(tmp_path)
+    done = run_cli(str(tmp_path))
+    assert done.returncode == 1
+    assert "verdict" in done.stdout and "pytorch_model.bin" in done.stdout
+    missing = run_cli(str(tmp_path / "nowhere"))
+    assert missing.returncode == 1 and "is not a directory" in missing.stdout
+
+
+def test_cli_without_a_directory_is_a_usage_error():
+    done = run_cli()
+    assert done.returncode == 2 and "usage: kembed-worker check-model" in done.stderr
