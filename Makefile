@@ -5,7 +5,6 @@ VENV      ?= .venv
 # -P: do not put the working directory on sys.path. The repository root holds `operator/` (the
 # kembed.operator package), which would shadow the standard library's `operator` module.
 PY        := $(VENV)/bin/python -P
-STAMP     := $(VENV)/.kembed-installed
 WORKERS   ?= 1
 PORT      ?= 8080
 WORKER_PORT ?= 50051
@@ -15,20 +14,35 @@ WORKER_METRICS_PORT ?= 9091
 # TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
 TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
-PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
+# pip's own output (what it collects, its download bars): a fresh install takes minutes and must not
+# look hung. --progress-bar on draws the bars even when make's output is not a terminal.
+PIP       := $(PY) -m pip install --disable-pip-version-check --progress-bar on $(FIND_LINKS)
+# Two stamps: `make run` installs what serving needs (the gateway and worker extras), `make test`
+# and the other development targets add the dev extra (linters, test clients, reference libraries).
+RUN_STAMP := $(VENV)/.kembed-run-installed
+STAMP     := $(VENV)/.kembed-installed
 
 .PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(VENV)/bin/python || python3 -P -m venv $(VENV)
-	$(PIP) --upgrade pip
+$(RUN_STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || { echo "== creating $(VENV)"; python3 -P -m venv $(VENV); }
+	@echo "== installing what serving needs into $(VENV): $(TORCH_SPEC), then kembed[gateway,worker]"
+	@echo "   (a fresh machine: about 1-2 minutes and 1.1 GB; pip's output follows)"
+	$(PIP) --quiet --upgrade pip
 	$(PIP) '$(TORCH_SPEC)'
-	$(PIP) -e '.[gateway,worker,dev]'
-	@touch $(STAMP)
+	$(PIP) -e '.[gateway,worker]'
+	@touch $@
 
-run: $(STAMP)
+$(STAMP): $(RUN_STAMP)
+	@echo "== installing the development tools into $(VENV): kembed[dev] (ruff, mypy, import-linter,"
+	@echo "   pytest, the OpenAI and Cohere clients, sentence-transformers to compare against, the"
+	@echo "   operator's kopf and kmock; about 1-2 minutes and 0.6 GB more; pip's output follows)"
+	$(PIP) -e '.[gateway,worker,dev]'
+	@touch $@
+
+run: $(RUN_STAMP)
 	@trap 'trap - INT TERM EXIT; kill 0 2>/dev/null' INT TERM EXIT; \
 	workers=""; pids=""; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
