@@ -42,9 +42,18 @@ $(STAMP): $(RUN_STAMP)
 	$(PIP) -e '.[gateway,worker,dev]'
 	@touch $@
 
+# Ctrl-C (or SIGTERM) stops the workers and the gateway, waits for them and says "kembed stopped";
+# the recipe exits 0 then (make itself, interrupted too, ends by the same signal, silently). A process
+# that exits on its own stops the others and fails the recipe. Only the processes started here are
+# signalled, never the process group: that would reach make, which then reports "Terminated". sleep
+# and curl run in the background and are waited for: a signal interrupts the wait at once, and the
+# shell reports no "Terminated" for a background child that the signal ended too.
 run: $(RUN_STAMP)
-	@trap 'trap - INT TERM EXIT; kill 0 2>/dev/null' INT TERM EXIT; \
-	workers=""; pids=""; \
+	@workers=""; pids=""; \
+	stop() { trap '' INT TERM; trap - EXIT; [ -z "$$pids" ] || kill $$pids 2>/dev/null; wait 2>/dev/null; }; \
+	pause() { sleep "$$1" & wait $$! 2>/dev/null; }; \
+	trap 'stop; echo; echo "kembed stopped"; exit 0' INT TERM; \
+	trap 'status=$$?; stop; exit $$status' EXIT; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
 	  $(PY) -m kembed.worker --port $$port --metrics-port $$(($(WORKER_METRICS_PORT) + i)) & \
@@ -57,9 +66,9 @@ run: $(RUN_STAMP)
 	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT)"; \
 	ready=0; \
 	for _ in $$(seq 1 240); do \
-	  curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && { ready=1; break; }; \
+	  { curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null & wait $$! 2>/dev/null; } && { ready=1; break; }; \
 	  if gone; then echo; echo "kembed did not start: a process exited (see its log above). If a port is taken, choose others, e.g. PORT=8081 make run; the ports asked for: $$taken."; exit 1; fi; \
-	  sleep 0.5; \
+	  pause 0.5; \
 	done; \
 	echo; \
 	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; exit 1; fi; \
@@ -67,7 +76,7 @@ run: $(RUN_STAMP)
 	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
 	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
 	echo "Ctrl-C stops the gateway and the workers."; \
-	while ! gone; do sleep 1; done; \
+	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
 test: $(STAMP) lint prometheus-tools
