@@ -157,26 +157,51 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
 
 # Container images: $(IMAGE_PREFIX)/gateway, /worker (CUDA) and /operator, tagged with the package
-# version (the chart's appVersion, so its defaults find them). Needs a running Docker engine (BuildKit);
-# where there is none — as on the machines this repository is developed on — it says so and fails.
-IMAGE_PREFIX ?= ghcr.io/kembed
+# version (the chart's appVersion, so its default tag finds them). `make images push
+# IMAGE_PREFIX=my.registry/team` builds them and pushes them to a registry the cluster pulls from;
+# the chart then takes the same prefix (`--set imagePrefix=my.registry/team`). IMAGE_PREFIX defaults
+# to a local name, enough for `make images` and `make e2e-kind` (kind loads local images); `make
+# push` wants it said. Both need a running Docker engine (BuildKit); where there is none — as on the
+# machines this repository is developed on — they say so and fail.
+IMAGE_PREFIX ?= kembed
 IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DOCKER       ?= docker
 IMAGES       := gateway worker operator
 
-.PHONY: images e2e-kind
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifeq ($(origin IMAGE_PREFIX),file)
+$(error make push: say where to push, e.g. `make images push IMAGE_PREFIX=my.registry/team` (a registry path your cluster can pull from; the chart then takes --set imagePrefix=my.registry/team))
+endif
+endif
+
+# $(1): what the target does, for the message when it cannot.
+define need-docker
+@command -v $(DOCKER) >/dev/null 2>&1 || { \
+  echo "make $@: no '$(DOCKER)' command on this machine, so no images were $(1)."; \
+  echo "Install Docker (or set DOCKER=podman) and run it again."; exit 1; }
+@$(DOCKER) info >/dev/null 2>&1 || { \
+  echo "make $@: '$(DOCKER)' is installed but no Docker engine answers, so no images were $(1)."; \
+  echo "Start the engine (or point DOCKER_HOST at one) and run it again."; exit 1; }
+endef
+
+.PHONY: images push e2e-kind
 
 images:
-	@command -v $(DOCKER) >/dev/null 2>&1 || { \
-	  echo "make images: no '$(DOCKER)' command on this machine, so no images were built."; \
-	  echo "Install Docker (or set DOCKER=podman) and run it again."; exit 1; }
-	@$(DOCKER) info >/dev/null 2>&1 || { \
-	  echo "make images: '$(DOCKER)' is installed but no Docker engine answers, so no images were built."; \
-	  echo "Start the engine (or point DOCKER_HOST at one) and run it again."; exit 1; }
+	$(call need-docker,built)
 	@set -e; for image in $(IMAGES); do \
 	  echo "== $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; \
 	  DOCKER_BUILDKIT=1 $(DOCKER) build -f $$image/Dockerfile -t $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG) .; \
 	done
+
+# Pushes what `make images` built (run both: `make images push IMAGE_PREFIX=...`); a registry that
+# wants a login needs `docker login` first.
+push:
+	$(call need-docker,pushed)
+	@set -e; for image in $(IMAGES); do \
+	  echo "== push $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; \
+	  $(DOCKER) push $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG); \
+	done
+	@echo "pushed. Install the chart with: --set imagePrefix=$(IMAGE_PREFIX)$(if $(filter-out $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml),$(IMAGE_TAG)), --set-string imageTag=$(IMAGE_TAG))"
 
 # On a machine with Docker and kind: build the images, start a kind cluster, load them, install the
 # chart, apply an example EmbeddingModel and wait until it is Ready and answers. It cannot run on the
