@@ -52,6 +52,12 @@ def test_make_run_with_a_taken_port_exits_non_zero_in_seconds():
     assert "kembed did not start" in done.stdout and f"PORT={port} (gateway)" in done.stdout
 
 
+def as_a_terminal_job() -> None:
+    """SIGINT as a shell started from a terminal has it: a test run started in the background (`make
+    test &`, a CI runner) inherits it ignored, and a shell cannot trap a signal ignored at its start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("signal_", "to_group"),
     [(signal.SIGINT, True), (signal.SIGTERM, False)],
@@ -73,6 +79,7 @@ def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=as_a_terminal_job,
     )
     assert run.stdout is not None
     lines: list[str] = []
