@@ -80,6 +80,8 @@ run: $(RUN_STAMP)
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
 test: $(STAMP) lint prometheus-tools
+	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
+	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # prometheus and promtool (Debian's `prometheus` package) for the metrics tests: a real Prometheus
