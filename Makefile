@@ -5,7 +5,6 @@ VENV      ?= .venv
 # -P: do not put the working directory on sys.path. The repository root holds `operator/` (the
 # kembed.operator package), which would shadow the standard library's `operator` module.
 PY        := $(VENV)/bin/python -P
-STAMP     := $(VENV)/.kembed-installed
 WORKERS   ?= 1
 PORT      ?= 8080
 WORKER_PORT ?= 50051
@@ -15,22 +14,46 @@ WORKER_METRICS_PORT ?= 9091
 # TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
 TORCH_SPEC ?= torch==2.13.0
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
-PIP       := $(PY) -m pip install --quiet --disable-pip-version-check $(FIND_LINKS)
+# pip's own output (what it collects, its download bars): a fresh install takes minutes and must not
+# look hung. --progress-bar on draws the bars even when make's output is not a terminal.
+PIP       := $(PY) -m pip install --disable-pip-version-check --progress-bar on $(FIND_LINKS)
+# Two stamps: `make run` installs what serving needs (the gateway and worker extras), `make test`
+# and the other development targets add the dev extra (linters, test clients, reference libraries).
+RUN_STAMP := $(VENV)/.kembed-run-installed
+STAMP     := $(VENV)/.kembed-installed
 
 .PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(VENV)/bin/python || python3 -P -m venv $(VENV)
-	$(PIP) --upgrade pip
+$(RUN_STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || { echo "== creating $(VENV)"; python3 -P -m venv $(VENV); }
+	@echo "== installing what serving needs into $(VENV): $(TORCH_SPEC), then kembed[gateway,worker]"
+	@echo "   (~40 s and 1.5 GB from a fresh clone on a 2-core machine with a CPU torch wheel at hand)"
+	$(PIP) --quiet --upgrade pip
 	$(PIP) '$(TORCH_SPEC)'
-	$(PIP) -e '.[gateway,worker,dev]'
-	@touch $(STAMP)
+	$(PIP) -e '.[gateway,worker]'
+	@touch $@
 
-run: $(STAMP)
-	@trap 'trap - INT TERM EXIT; kill 0 2>/dev/null' INT TERM EXIT; \
-	workers=""; pids=""; \
+$(STAMP): $(RUN_STAMP)
+	@echo "== installing the development tools into $(VENV): kembed[dev] (ruff, mypy, import-linter,"
+	@echo "   pytest, the OpenAI and Cohere clients, sentence-transformers to compare against, the"
+	@echo "   operator's kopf and kmock; ~20 s and 0.6 GB more)"
+	$(PIP) -e '.[gateway,worker,dev]'
+	@touch $@
+
+# Ctrl-C (or SIGTERM) stops the workers and the gateway, waits for them and says "kembed stopped";
+# the recipe exits 0 then (make itself, interrupted too, ends by the same signal, silently). A process
+# that exits on its own stops the others and fails the recipe. Only the processes started here are
+# signalled, never the process group: that would reach make, which then reports "Terminated". sleep
+# and curl run in the background and are waited for: a signal interrupts the wait at once, and the
+# shell reports no "Terminated" for a background child that the signal ended too.
+run: $(RUN_STAMP)
+	@workers=""; pids=""; \
+	stop() { trap '' INT TERM; trap - EXIT; [ -z "$$pids" ] || kill $$pids 2>/dev/null; wait 2>/dev/null; }; \
+	pause() { sleep "$$1" & wait $$! 2>/dev/null; }; \
+	trap 'stop; echo; echo "kembed stopped"; exit 0' INT TERM; \
+	trap 'status=$$?; stop; exit $$status' EXIT; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
 	  $(PY) -m kembed.worker --port $$port --metrics-port $$(($(WORKER_METRICS_PORT) + i)) & \
@@ -43,9 +66,9 @@ run: $(STAMP)
 	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT)"; \
 	ready=0; \
 	for _ in $$(seq 1 240); do \
-	  curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null && { ready=1; break; }; \
+	  { curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null & wait $$! 2>/dev/null; } && { ready=1; break; }; \
 	  if gone; then echo; echo "kembed did not start: a process exited (see its log above). If a port is taken, choose others, e.g. PORT=8081 make run; the ports asked for: $$taken."; exit 1; fi; \
-	  sleep 0.5; \
+	  pause 0.5; \
 	done; \
 	echo; \
 	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; exit 1; fi; \
@@ -53,10 +76,12 @@ run: $(STAMP)
 	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
 	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
 	echo "Ctrl-C stops the gateway and the workers."; \
-	while ! gone; do sleep 1; done; \
+	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
 test: $(STAMP) lint prometheus-tools
+	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
+	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # prometheus and promtool (Debian's `prometheus` package) for the metrics tests: a real Prometheus
@@ -134,26 +159,51 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
 
 # Container images: $(IMAGE_PREFIX)/gateway, /worker (CUDA) and /operator, tagged with the package
-# version (the chart's appVersion, so its defaults find them). Needs a running Docker engine (BuildKit);
-# where there is none — as on the machines this repository is developed on — it says so and fails.
-IMAGE_PREFIX ?= ghcr.io/kembed
+# version (the chart's appVersion, so its default tag finds them). `make images push
+# IMAGE_PREFIX=my.registry/team` builds them and pushes them to a registry the cluster pulls from;
+# the chart then takes the same prefix (`--set imagePrefix=my.registry/team`). IMAGE_PREFIX defaults
+# to a local name, enough for `make images` and `make e2e-kind` (kind loads local images); `make
+# push` wants it said. Both need a running Docker engine (BuildKit); where there is none — as on the
+# machines this repository is developed on — they say so and fail.
+IMAGE_PREFIX ?= kembed
 IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 DOCKER       ?= docker
 IMAGES       := gateway worker operator
 
-.PHONY: images e2e-kind
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifeq ($(origin IMAGE_PREFIX),file)
+$(error make push: say where to push, e.g. `make images push IMAGE_PREFIX=my.registry/team` (a registry path your cluster can pull from; the chart then takes --set imagePrefix=my.registry/team))
+endif
+endif
+
+# $(1): what the target does, for the message when it cannot.
+define need-docker
+@command -v $(DOCKER) >/dev/null 2>&1 || { \
+  echo "make $@: no '$(DOCKER)' command on this machine, so no images were $(1)."; \
+  echo "Install Docker (or set DOCKER=podman) and run it again."; exit 1; }
+@$(DOCKER) info >/dev/null 2>&1 || { \
+  echo "make $@: '$(DOCKER)' is installed but no Docker engine answers, so no images were $(1)."; \
+  echo "Start the engine (or point DOCKER_HOST at one) and run it again."; exit 1; }
+endef
+
+.PHONY: images push e2e-kind
 
 images:
-	@command -v $(DOCKER) >/dev/null 2>&1 || { \
-	  echo "make images: no '$(DOCKER)' command on this machine, so no images were built."; \
-	  echo "Install Docker (or set DOCKER=podman) and run it again."; exit 1; }
-	@$(DOCKER) info >/dev/null 2>&1 || { \
-	  echo "make images: '$(DOCKER)' is installed but no Docker engine answers, so no images were built."; \
-	  echo "Start the engine (or point DOCKER_HOST at one) and run it again."; exit 1; }
+	$(call need-docker,built)
 	@set -e; for image in $(IMAGES); do \
 	  echo "== $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; \
 	  DOCKER_BUILDKIT=1 $(DOCKER) build -f $$image/Dockerfile -t $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG) .; \
 	done
+
+# Pushes what `make images` built (run both: `make images push IMAGE_PREFIX=...`); a registry that
+# wants a login needs `docker login` first.
+push:
+	$(call need-docker,pushed)
+	@set -e; for image in $(IMAGES); do \
+	  echo "== push $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG)"; \
+	  $(DOCKER) push $(IMAGE_PREFIX)/$$image:$(IMAGE_TAG); \
+	done
+	@echo "pushed. Install the chart with: --set imagePrefix=$(IMAGE_PREFIX)$(if $(filter-out $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml),$(IMAGE_TAG)), --set-string imageTag=$(IMAGE_TAG))"
 
 # On a machine with Docker and kind: build the images, start a kind cluster, load them, install the
 # chart, apply an example EmbeddingModel and wait until it is Ready and answers. It cannot run on the

@@ -78,6 +78,12 @@ async def resolve_dns(host: str, port: int) -> list[str]:
 # over gRPC; its Info is read again and the data port tried again this long after.
 DATA_PORT_RETRY_S = 30.0
 
+# While no replica serves (the gateway just started, or every worker is down), probes come this often
+# rather than every health interval: a first probe that missed its deadline on a loaded machine, or a
+# worker that finished loading its model, then makes the gateway ready within this long, not after a
+# whole interval of answering 503 with a worker that serves.
+UNREADY_PROBE_S = 0.25
+
 
 @dataclass(eq=False, slots=True)
 class Replica:
@@ -399,7 +405,8 @@ class WorkerPool:
 
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._config.health_interval_s)
+            interval = self._config.health_interval_s
+            await asyncio.sleep(interval if self.is_ready() else min(interval, UNREADY_PROBE_S))
             try:
                 await self._probe_all()
                 self._say_readiness()

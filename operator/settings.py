@@ -44,12 +44,14 @@ class OperatorSettings:
     api_timeout_s: float = 30.0
     """Timeout of one API call, in seconds."""
 
-    worker_image: str = "ghcr.io/kembed/worker:0.1.0"
+    worker_image: str = "kembed/worker:0.1.0"
     """Worker image for models that name none. Part of the revision: changing it rolls those models
-    out (gated like any other revision)."""
+    out (gated like any other revision). The default is what `make images` tags locally (its default
+    IMAGE_PREFIX, the package version), e.g. for a kind cluster; the chart always sets it, from its
+    imagePrefix and imageTag."""
 
-    gateway_image: str = "ghcr.io/kembed/gateway:0.1.0"
-    """Gateway image for models that name none."""
+    gateway_image: str = "kembed/gateway:0.1.0"
+    """Gateway image for models that name none (defaults as the worker's)."""
 
     health_port: int = 8081
     """Port of kopf's liveness endpoint (`/healthz`), which the chart's probe reads. 8081 by the

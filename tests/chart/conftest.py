@@ -19,6 +19,7 @@ from chart_tools import (
     parse_documents,
     run,
 )
+from values_cases import REQUIRED
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,8 @@ Render = Callable[..., list[dict]]
 
 @pytest.fixture(scope="session")
 def helm_template(k8s_tools, tmp_path_factory) -> Render:
-    """`helm template` of the chart with the given values; the rendered objects, or HelmFailed.
+    """`helm template` of the chart with the given values on top of REQUIRED (the image prefix); the
+    rendered objects, or HelmFailed.
 
     Values go through a file (as users pass them), so types arrive exactly as written.
     """
@@ -45,10 +47,9 @@ def helm_template(k8s_tools, tmp_path_factory) -> Render:
 
     def render(values: dict | None = None, *extra: str, chart: Path = CHART_DIR) -> list[dict]:
         command = [k8s_tools.helm, "template", RELEASE, chart, "--namespace", NAMESPACE, *extra]
-        if values is not None:
-            values_file = values_dir / f"values-{len(list(values_dir.iterdir()))}.json"
-            values_file.write_text(json.dumps(values))
-            command += ["--values", values_file]
+        values_file = values_dir / f"values-{len(list(values_dir.iterdir()))}.json"
+        values_file.write_text(json.dumps({**REQUIRED, **(values or {})}))
+        command += ["--values", values_file]
         done = run(command)
         if done.returncode != 0:
             raise HelmFailed(done.stderr.strip())

@@ -21,7 +21,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-IMAGE_PREFIX=${IMAGE_PREFIX:-ghcr.io/kembed}
+IMAGE_PREFIX=${IMAGE_PREFIX:-kembed}
 IMAGE_TAG=${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
 CLUSTER=${CLUSTER:-kembed-e2e}
 NAMESPACE=${NAMESPACE:-kembed-system}
@@ -92,9 +92,7 @@ say "helm upgrade --install kembed charts/kembed"
 "$HELM" upgrade --install kembed charts/kembed --kube-context "$CONTEXT" \
   --namespace "$NAMESPACE" --wait --timeout 5m \
   --set fullnameOverride=kembed \
-  --set operator.image.repository="$IMAGE_PREFIX/operator" --set operator.image.tag="$IMAGE_TAG" \
-  --set defaultImages.worker.repository="$IMAGE_PREFIX/worker" --set defaultImages.worker.tag="$IMAGE_TAG" \
-  --set defaultImages.gateway.repository="$IMAGE_PREFIX/gateway" --set defaultImages.gateway.tag="$IMAGE_TAG"
+  --set imagePrefix="$IMAGE_PREFIX" --set-string imageTag="$IMAGE_TAG"
 k wait --for=condition=Established crd/embeddingmodels.kembed.dev --timeout=60s
 
 say "apply $EXAMPLE"

@@ -6,13 +6,13 @@ import tomllib
 import pytest
 import yaml
 from chart_tools import CHART_DIR, REPO_ROOT, HelmFailed, run
-from values_cases import VALUE_SETS
+from values_cases import REQUIRED, VALUE_SETS
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_helm_lint_strict_passes(k8s_tools, tmp_path, values):
     values_file = tmp_path / "values.json"
-    values_file.write_text(json.dumps(values))
+    values_file.write_text(json.dumps({**REQUIRED, **values}))
     done = run([k8s_tools.helm, "lint", "--strict", CHART_DIR, "--values", values_file])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 chart(s) failed" in done.stdout

@@ -5,12 +5,12 @@ import json
 
 import pytest
 from chart_tools import CHART_DIR, NAMESPACE, RELEASE, run
-from values_cases import CLUSTER_WIDE, TWO_NAMESPACES
+from values_cases import CLUSTER_WIDE, REQUIRED, TWO_NAMESPACES
 
 
 def notes(k8s_tools, tmp_path, values: dict) -> str:
     values_file = tmp_path / "values.json"
-    values_file.write_text(json.dumps(values))
+    values_file.write_text(json.dumps({**REQUIRED, **values}))
     done = run(
         [
             k8s_tools.helm,

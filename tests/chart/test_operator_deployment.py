@@ -1,12 +1,14 @@
-"""The operator Deployment: hardened, a single replica, its settings taken from values, and every
-setting the chart passes known to the operator itself."""
+"""The operator Deployment: hardened, a single replica, its settings taken from values, its image and
+the default images it gives EmbeddingModels derived from one prefix, and every setting the chart
+passes known to the operator itself."""
 
 import os
 import re
 import subprocess
 import sys
 
-from chart_tools import NAMESPACE, REPO_ROOT, find
+import pytest
+from chart_tools import CHART_DIR, NAMESPACE, RELEASE, REPO_ROOT, find, run
 from values_cases import CLUSTER_WIDE, CUSTOMISED, TWO_NAMESPACES
 
 
@@ -48,7 +50,7 @@ def test_operator_is_one_replica_replaced_never_doubled(helm_template):
 def test_operator_runs_the_package_module(helm_template):
     [container] = operator_pod(helm_template())["containers"]
     assert container["command"] == ["python", "-P", "-m", "kembed.operator"]
-    assert container["image"] == "ghcr.io/kembed/operator:0.1.0"
+    assert container["image"] == "registry.test/kembed/operator:0.1.0"  # imagePrefix, appVersion
     # kembed.operator's __main__ serves kopf's liveness endpoint on 8081.
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
@@ -57,8 +59,62 @@ def test_operator_runs_the_package_module(helm_template):
 def test_default_settings_watch_the_release_namespace_with_default_images(helm_template):
     env = operator_env(helm_template())
     assert env["KEMBED_OPERATOR_NAMESPACES"] == NAMESPACE
-    assert env["KEMBED_OPERATOR_WORKER_IMAGE"] == "ghcr.io/kembed/worker:0.1.0"
-    assert env["KEMBED_OPERATOR_GATEWAY_IMAGE"] == "ghcr.io/kembed/gateway:0.1.0"
+    assert env["KEMBED_OPERATOR_WORKER_IMAGE"] == "registry.test/kembed/worker:0.1.0"
+    assert env["KEMBED_OPERATOR_GATEWAY_IMAGE"] == "registry.test/kembed/gateway:0.1.0"
+
+
+def images(docs: list[dict]) -> tuple[str, str, str]:
+    [container] = operator_pod(docs)["containers"]
+    env = operator_env(docs)
+    return container["image"], env["KEMBED_OPERATOR_WORKER_IMAGE"], env["KEMBED_OPERATOR_GATEWAY_IMAGE"]
+
+
+def test_one_prefix_and_tag_name_all_three_images(helm_template):
+    """`make images push IMAGE_PREFIX=P IMAGE_TAG=T` then `--set imagePrefix=P --set imageTag=T`: the
+    operator runs P/operator:T and gives models P/worker:T and P/gateway:T."""
+    docs = helm_template({"imagePrefix": "my.registry:5000/team/", "imageTag": "v2"})
+    assert images(docs) == (
+        "my.registry:5000/team/operator:v2",
+        "my.registry:5000/team/worker:v2",
+        "my.registry:5000/team/gateway:v2",
+    )
+
+
+def test_an_image_of_its_own_overrides_the_prefix_for_that_image_only(helm_template):
+    docs = helm_template(
+        {
+            "imagePrefix": "my.registry/team",
+            "defaultImages": {"worker": {"repository": "other.registry/kembed-worker-cu130", "tag": "cu130"}},
+            "operator": {"image": {"digest": "sha256:" + "ef" * 32}},
+        }
+    )
+    assert images(docs) == (
+        "my.registry/team/operator@sha256:" + "ef" * 32,
+        "other.registry/kembed-worker-cu130:cu130",
+        "my.registry/team/gateway:0.1.0",
+    )
+
+
+@pytest.mark.parametrize("given", ["none", "operator-only"])
+def test_without_an_image_prefix_the_install_fails_saying_what_to_set(k8s_tools, given):
+    """kembed publishes no images: a default pointing at a registry would install an operator that
+    never pulls (or, worse, pulls whatever someone else pushed there)."""
+    extra = ["--set", "operator.image.repository=my.registry/op"] if given == "operator-only" else []
+    done = run([k8s_tools.helm, "template", RELEASE, CHART_DIR, "--namespace", NAMESPACE, *extra])
+    assert done.returncode != 0
+    assert "imagePrefix is not set" in done.stderr and "make images push IMAGE_PREFIX=" in done.stderr
+    missing = "defaultImages.worker.repository" if given == "operator-only" else "operator.image.repository"
+    assert f"or set {missing}" in done.stderr, done.stderr
+
+
+def test_every_image_named_needs_no_prefix(k8s_tools):
+    repositories = [
+        "--set=operator.image.repository=r.example/op",
+        "--set=defaultImages.worker.repository=r.example/w",
+        "--set=defaultImages.gateway.repository=r.example/g",
+    ]
+    done = run([k8s_tools.helm, "template", RELEASE, CHART_DIR, "--namespace", NAMESPACE, *repositories])
+    assert done.returncode == 0, done.stderr
 
 
 def test_watch_scope_follows_rbac_scope(helm_template):

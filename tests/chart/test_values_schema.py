@@ -44,6 +44,11 @@ REJECTED = {
         {"operator": {"image": {"digest": "latest"}}},
         "at '/operator/image/digest': 'latest' does not match pattern",
     ),
+    "image-prefix-with-a-tag": (
+        {"imagePrefix": "my.registry/team/kembed:0.1.0"},
+        "at '/imagePrefix': 'my.registry/team/kembed:0.1.0' does not match pattern",
+    ),
+    "image-tag-as-number": ({"imageTag": 2}, "at '/imageTag': got number, want string"),
     "label-value-not-a-string": (
         {"commonLabels": {"team": 7}},
         "at '/commonLabels/team': got number, want string",

@@ -1,5 +1,9 @@
 """Values the chart is rendered with in the tests: the defaults and deliberately non-default sets."""
 
+# What every install must say (kembed publishes no images): where `make images push` put them. The
+# tests render the chart with it unless a test is about its absence.
+REQUIRED = {"imagePrefix": "registry.test/kembed"}
+
 DEFAULTS: dict = {}
 
 CLUSTER_WIDE = {"rbac": {"clusterWide": True}}

@@ -1,11 +1,14 @@
 """`make run`, the README's first command, fails fast and says why when it cannot serve: a taken port
-makes it exit non-zero within seconds, naming the ports and the variables that move them."""
+makes it exit non-zero within seconds, naming the ports and the variables that move them. Stopped
+with Ctrl-C it stops its processes and says so in one clean line."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -47,3 +50,67 @@ def test_make_run_with_a_taken_port_exits_non_zero_in_seconds():
     assert done.returncode != 0
     assert elapsed < 10, elapsed
     assert "kembed did not start" in done.stdout and f"PORT={port} (gateway)" in done.stdout
+
+
+def as_a_terminal_job() -> None:
+    """SIGINT as a shell started from a terminal has it: a test run started in the background (`make
+    test &`, a CI runner) inherits it ignored, and a shell cannot trap a signal ignored at its start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(
+    ("signal_", "to_group"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["ctrl-c-to-the-process-group", "sigterm-to-make"],
+)
+def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
+    """Ctrl-C reaches the whole foreground process group: make, its recipe, the worker and the gateway;
+    SIGTERM to make (`kill`, `timeout`) reaches make, which passes it to its recipe. Either way the
+    recipe stops its processes and ends on "kembed stopped", and make ends by the signal it got (GNU
+    make re-raises it once its recipe is done; shells print nothing for a SIGINT), never with make's
+    "Terminated" or an "Error" line."""
+    ports = {"PORT": free_port(), "WORKER_PORT": free_port(), "WORKER_METRICS_PORT": free_port()}
+    env = os.environ | {name: str(port) for name, port in ports.items()}
+    run = subprocess.Popen(
+        ["make", "--no-print-directory", "run"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=as_a_terminal_job,
+    )
+    assert run.stdout is not None
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in run.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("kembed is serving"):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(120), "\n".join(lines[-40:])
+        (os.killpg if to_group else os.kill)(run.pid, signal_)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        reader.join(timeout=10)
+        run.stdout.close()
+    output = "\n".join(lines)
+    assert run.returncode == -signal_, output[-3000:]
+    assert [line for line in lines if line.strip()][-1] == "kembed stopped", output[-3000:]
+    assert "Terminated" not in output and "Error" not in output, output[-3000:]
+    for name, port in ports.items():  # every process it started is gone: its port is free again
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as error:
+                pytest.fail(f"{name}={port} is still taken after make run stopped: {error}")

@@ -35,8 +35,8 @@ async def running_gateway(config: GatewayConfig) -> AsyncIterator[httpx.AsyncCli
 
 async def until_ready(client: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
     """Waits for /ready: the gateway probes its workers once at start, with a 1 s deadline that a
-    loaded CI machine can miss; the next probe comes one health interval later. A test then meets
-    the gateway as a load balancer would, once ready, not racing its first probe."""
+    loaded CI machine can miss; it probes again within a quarter second while no worker serves. A
+    test then meets the gateway as a load balancer would, once ready, not racing its first probe."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while (await client.get("/ready")).status_code != 200:
         assert asyncio.get_running_loop().time() < deadline, "the gateway never became ready"

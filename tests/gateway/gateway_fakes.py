@@ -70,6 +70,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     max_queued_tokens: int = 65536  # what its Info says its queue holds
     priorities: list[int] = field(default_factory=list)  # the class of each Embed/Score request
     bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
+    health_delays: list[float] = field(default_factory=list)  # each Health call sleeps the next one
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
@@ -156,6 +157,8 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
         )
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
+        if self.health_delays:
+            await asyncio.sleep(self.health_delays.pop(0))
         return pb.HealthResponse(status=self.status, queued_tokens=0)
 
 

@@ -8,7 +8,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from gateway_fakes import FakeEmbedder, fake_vector, unused_address
+from gateway_fakes import FakeEmbedder, fake_vector, serving, unused_address
 
 from kembed.gateway.errors import Overloaded
 from kembed.gateway.workers import gather_all
@@ -145,6 +145,25 @@ async def test_replica_joins_once_its_probe_says_serving(gateway_with):
         await asyncio.sleep(0.3)
         assert (await client.get("/ready")).status_code == 200
         assert (await client.post("/embed", json={"inputs": "hi"})).status_code == 200
+
+
+async def test_a_first_probe_that_misses_its_deadline_is_retried_soon_not_an_interval_later(gateway_with):
+    """On a loaded machine the gateway's first probe of a serving worker can miss its deadline. It
+    then answered 503 (/ready and every request) for a whole health interval; now it probes again
+    within a fraction of a second while no replica serves, and the interval applies once one does."""
+    slow_first = FakeEmbedder(health_delays=[0.5])  # past the probe's 0.2 s deadline, once
+    async with (
+        serving(slow_first) as address,  # by address: gateway_with would wait for /ready
+        gateway_with(address, health_timeout_s=0.2, health_interval_s=30.0) as client,
+    ):
+        assert (await client.get("/ready")).status_code == 503  # the start-up probe timed out
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while (await client.get("/ready")).status_code != 200:
+            assert loop.time() - started < 3.0, "still not ready: the next probe waits an interval"
+            await asyncio.sleep(0.02)
+        response = await client.post("/rerank", json={"query": "q", "texts": ["a"]})
+        assert response.status_code == 501, response.text  # an embedding model: known, not 503
 
 
 async def test_first_failure_cancels_sibling_chunks():

@@ -48,13 +48,22 @@ helm.sh/chart: {{ include "kembed.chart" . }}
 {{- end -}}
 {{- end -}}
 
-{{/* repository:tag or repository@digest; the tag defaults to the chart's appVersion. */}}
+{{/*
+repository:tag or repository@digest of one of the three images (name: operator, worker or gateway;
+value: its values path). The repository defaults to <imagePrefix>/<name>, the tag to imageTag, then
+to the chart's appVersion. No image is public, so without a prefix or a repository the chart fails.
+*/}}
 {{- define "kembed.image" -}}
-{{- $tag := default .root.Chart.AppVersion .image.tag -}}
+{{- $repository := .image.repository -}}
+{{- if not $repository -}}
+{{- $prefix := required (printf "imagePrefix is not set: kembed publishes no images, so say where `make images push IMAGE_PREFIX=my.registry/team` pushed them, e.g. --set imagePrefix=my.registry/team (or set %s.repository)" .value) .root.Values.imagePrefix -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $prefix) .name -}}
+{{- end -}}
+{{- $tag := .image.tag | default .root.Values.imageTag | default .root.Chart.AppVersion -}}
 {{- if .image.digest -}}
-{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
 {{- end -}}
 
@@ -160,9 +169,9 @@ An empty KEMBED_OPERATOR_NAMESPACES means every namespace: only ever with the Cl
 - name: KEMBED_OPERATOR_METRICS_PORT
   value: {{ if .Values.metrics.enabled }}{{ .Values.metrics.port | quote }}{{ else }}"0"{{ end }}
 - name: KEMBED_OPERATOR_WORKER_IMAGE
-  value: {{ include "kembed.image" (dict "root" . "image" .Values.defaultImages.worker) | quote }}
+  value: {{ include "kembed.image" (dict "root" . "image" .Values.defaultImages.worker "name" "worker" "value" "defaultImages.worker") | quote }}
 - name: KEMBED_OPERATOR_GATEWAY_IMAGE
-  value: {{ include "kembed.image" (dict "root" . "image" .Values.defaultImages.gateway) | quote }}
+  value: {{ include "kembed.image" (dict "root" . "image" .Values.defaultImages.gateway "name" "gateway" "value" "defaultImages.gateway") | quote }}
 {{- end -}}
 
 {{/* kopf's liveness endpoint, where kembed.operator's __main__ serves it. */}}
