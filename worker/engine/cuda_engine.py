@@ -361,14 +361,16 @@ class CudaEngine:
         )
         if self.lane is None:
             return own
-        lane = self.lane.stats()  # the lane's ring, graphs and steps counted with this engine's
+        # the lane's ring, graphs and steps counted with this engine's; its bucket hits are not (the
+        # hot list is about the main path's buckets: the lane captures all of its own at start)
+        lane = self.lane.stats()
         eager = dict(own.eager_steps)
         for reason, count in lane.eager_steps.items():
             eager[reason] = eager.get(reason, 0) + count
-        return EngineStats(
+        return dataclasses.replace(
+            own,
             pinned_in_use_bytes=own.pinned_in_use_bytes + lane.pinned_in_use_bytes,
             pinned_reserved_bytes=own.pinned_reserved_bytes + lane.pinned_reserved_bytes,
-            gpu_memory_bytes=own.gpu_memory_bytes,
             num_captures=own.num_captures + lane.num_captures,
             capture_seconds=own.capture_seconds + lane.capture_seconds,
             num_replays=own.num_replays + lane.num_replays,
