@@ -173,6 +173,8 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         "KEMBED_REVISION": revision,
     }
+    if not t.interactive_lane:  # the worker's default is on; set only when off, so templates of
+        env["KEMBED_WORKER_INTERACTIVE_LANE"] = "false"  # revisions from before it stay unchanged
     # What a pod captures at start, before it binds its port (and so before it is ready). Not part
     # of the revision: a change replaces this ConfigMap and reaches pods started after it.
     g = spec.graphs

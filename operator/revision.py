@@ -28,6 +28,10 @@ LATER_WORKER_FIELDS = (
 )
 
 
+# Class fields added after revisions were first hashed (see LATER_WORKER_FIELDS).
+LATER_CLASS_FIELDS = ("interactive_lane",)
+
+
 def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
     """The revision `spec` deploys, with `worker_image` the resolved image (spec or operator default)."""
     at_default = {
@@ -44,8 +48,13 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
     }
     # The workers' class rule, left out at its defaults: revisions from before it existed keep their
     # hash, so upgrading the operator rolls no worker out.
+    # A field added later is left out at its default too, so a rule set before it keeps its hash.
     classes = spec.traffic_classes.model_dump(mode="json", include=set(WORKER_CLASS_FIELDS))
-    if classes != TrafficClassesSpec().model_dump(mode="json", include=set(WORKER_CLASS_FIELDS)):
+    defaults = TrafficClassesSpec().model_dump(mode="json", include=set(WORKER_CLASS_FIELDS))
+    for name in LATER_CLASS_FIELDS:
+        if classes[name] == defaults[name]:
+            del classes[name], defaults[name]
+    if classes != defaults:
         shaping["traffic_classes"] = classes
     canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_CHARS]

@@ -37,6 +37,7 @@ SHAPING = {
     "bulk-step-tokens": ("trafficClasses", {"bulkStepTokens": 2048}),
     "interactive-hold": ("trafficClasses", {"interactiveHoldSeconds": 0.25}),
     "bulk-max-wait": ("trafficClasses", {"bulkMaxWaitSeconds": 2}),
+    "no-interactive-lane": ("trafficClasses", {"interactiveLane": False}),
 }
 NOT_SHAPING = {
     "worker-replicas": ("worker", {"replicas": 7}),
@@ -46,6 +47,7 @@ NOT_SHAPING = {
     "startup-prewarm": ("graphs", {"startupPrewarm": "listed", "prewarmSeconds": 30}),
     "min-cosine": ("rollout", {"minCosine": 0.99}),
     "interactive-inputs": ("trafficClasses", {"interactiveMaxInputs": 4}),
+    "interactive-lane-at-its-default": ("trafficClasses", {"interactiveLane": True}),
     "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
     "worker-budget": ("worker", {"disruptionBudget": {"minAvailable": 1}}),

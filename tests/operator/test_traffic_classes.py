@@ -88,6 +88,10 @@ RENDERED = {
         {"interactiveHoldSeconds": 2.5},
         ("worker", "KEMBED_WORKER_INTERACTIVE_HOLD_S", "2.5", "interactive_hold_s", 2.5),
     ),
+    "no-lane": (
+        {"interactiveLane": False},
+        ("worker", "KEMBED_WORKER_INTERACTIVE_LANE", "false", "interactive_lane", False),
+    ),
     "max-wait-zero": (
         {"bulkMaxWaitSeconds": 0},
         ("worker", "KEMBED_WORKER_BULK_MAX_WAIT_S", "0.0", "bulk_max_wait_s", 0.0),
@@ -165,6 +169,7 @@ def test_the_schema_describes_each_field_with_its_range_and_variable():
         "bulkStepTokens",
         "interactiveHoldSeconds",
         "bulkMaxWaitSeconds",
+        "interactiveLane",
     }
     for name, field in fields.items():
         assert "KEMBED_" in field["description"], name  # where it goes, for `kubectl explain`
