@@ -256,6 +256,22 @@ def batching() -> Dashboard:
                 ],
             ),
             ("Classes", classes()),
+            ("Interactive lane", [lane_panel()]),
+        ],
+    )
+
+
+def lane_panel() -> timeseries.Panel:
+    """How often queries met bulk on the workers: the batches their interactive lane ran."""
+    return graph(
+        "Batches per second: all, and on the interactive lane",
+        "On CUDA workers, while bulk keeps the main path busy, interactive batches run on a lane of "
+        "their own (a second stream, beside the bulk steps): the lane's share of batches shows how "
+        "often queries met bulk. No lane (CPU, flashinfer, or turned off): the lane's line stays 0.",
+        "ops",
+        [
+            Query(worker_rate("kembed_worker_batch_tokens_count", ()), "all batches"),
+            Query(worker_rate("kembed_worker_lane_batches_total", ()), "interactive lane"),
         ],
     )
 

@@ -49,6 +49,7 @@ class QueueState(Protocol):
     max_batch_tokens: int
     max_batch_sequences: int
     max_queued_tokens: int
+    num_lane_batches: int  # batches run on the interactive lane since start (0 without one)
 
 
 class WorkerMetrics:
@@ -167,6 +168,12 @@ class EngineCollector(Collector):
         for klass in CLASSES:
             queued.add_metric([klass], by_class.get(klass, 0))
         yield queued
+        yield CounterMetricFamily(
+            "kembed_worker_lane_batches",
+            "Batches run on the interactive lane (CUDA workers: queries on a stream of their own, beside "
+            "the bulk steps), since start; 0 without a lane. All batches: kembed_worker_batch_tokens_count.",
+            value=queue.num_lane_batches,
+        )
         yield GaugeMetricFamily(
             "kembed_worker_max_queued_tokens",
             "The admission cap: past this many queued tokens a request is refused (max_queued_tokens).",

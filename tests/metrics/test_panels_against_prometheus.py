@@ -34,6 +34,8 @@ GPU_ONLY = {
     "kembed-graph-cache / Captures per second / A": "no CUDA graphs on the CPU",
     "kembed-graph-cache / Capture time (p50, p99) / A": "no captures: a quantile of an empty histogram",
     "kembed-graph-cache / Capture time (p50, p99) / B": "no captures: a quantile of an empty histogram",
+    "kembed-batching / Batches per second: all, and on the interactive lane / B": "the interactive "
+    "lane is the CUDA engine's (a second stream); the CPU engine has none (ref A, all batches, is real)",
 }
 ALERTS_GPU_ONLY = {
     "KembedPinnedMemoryNearCap": "pinned memory in use is 0 without the CUDA engine's ring",

@@ -90,6 +90,13 @@ def test_the_batching_dashboard_shows_each_class():
         assert "{{class}}" in target["legendFormat"], title
 
 
+def test_the_batching_dashboard_shows_the_interactive_lanes_share_of_batches():
+    [panel] = row(load("kembed-batching"), "Interactive lane")
+    exprs = [target["expr"] for target in panel["targets"]]
+    assert any("kembed_worker_lane_batches_total{" in expr for expr in exprs)
+    assert any("kembed_worker_batch_tokens_count{" in expr for expr in exprs)
+
+
 @pytest.mark.parametrize("name", DASHBOARDS)
 def test_a_gauge_split_by_class_is_summed_over_it_or_kept_by_it(name):
     for panel in (p for p in load(name)["panels"] if p["type"] != "row"):

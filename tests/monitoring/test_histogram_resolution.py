@@ -92,7 +92,11 @@ MODEL_INFO = ModelInfo(
     attention_backend="sdpa",
 )
 QUEUE = SimpleNamespace(
-    queued_tokens_by_class={}, max_batch_tokens=512, max_batch_sequences=64, max_queued_tokens=4096
+    queued_tokens_by_class={},
+    max_batch_tokens=512,
+    max_batch_sequences=64,
+    max_queued_tokens=4096,
+    num_lane_batches=0,
 )
 INTERACTIVE = {"class": "interactive"}  # `class` is a keyword: passed as **INTERACTIVE
 

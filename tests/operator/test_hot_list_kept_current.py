@@ -29,7 +29,11 @@ def metrics(a: float, b: float, c: float) -> str:
     registry = CollectorRegistry()
     stats = EngineStats(bucket_hits={"1x64": a, "8x512": b, "2x128": c})
     queue = SimpleNamespace(
-        queued_tokens_by_class={}, max_batch_tokens=1, max_batch_sequences=1, max_queued_tokens=1
+        queued_tokens_by_class={},
+        max_batch_tokens=1,
+        max_batch_sequences=1,
+        max_queued_tokens=1,
+        num_lane_batches=0,
     )
     registry.register(EngineCollector(lambda: stats, queue, 0))
     return generate_latest(registry).decode()

@@ -198,3 +198,32 @@ def test_the_lane_takes_only_interactive_sequences_that_fit_it(requests, lane_to
     assert not queues
     for request in made:
         assert taken[id(request)] == list(range(request.num_seqs))
+
+
+async def test_the_metrics_count_the_lanes_batches(make_scheduler):
+    from prometheus_client import generate_latest
+
+    from kembed.worker.info import EngineStats, ModelInfo
+    from kembed.worker.metrics import WorkerMetrics
+
+    info = ModelInfo("m", "bert", "embed", 3, 512, 1000, "mean", True, "float32", "cpu", "sdpa")
+    metrics = WorkerMetrics(info, revision="r1")
+    main, lane = RecordingRunner(gated=True), RecordingRunner()
+    scheduler = make_scheduler(main, lane, max_inflight_batches=2, hooks=metrics.hooks())
+    metrics.watch(EngineStats, scheduler, 1 << 20)
+
+    def lane_batches() -> float:
+        text = generate_latest(metrics.registry).decode()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith("kembed_worker_lane_batches_total ")]
+        return float(line.split()[1])
+
+    assert lane_batches() == 0
+    bulk = asyncio.create_task(scheduler.submit(*ragged(*[30] * 4), priority=BULK))
+    await wait_for(lambda: len(main.batches) == 2)
+    for i in range(3):
+        await scheduler.submit(*ragged(5, first=100 + i), priority=INTERACTIVE)
+    assert lane_batches() == len(lane.batches) == 3
+    while not bulk.done():
+        for gate in main.gates:
+            gate.set()
+        await asyncio.sleep(0.005)
