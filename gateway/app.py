@@ -283,6 +283,7 @@ def create_app(
         with_overrides(load_model_spec(config.model_dir), config),
         config.tokenization_workers,
         config.max_inline_tokenize_chars,
+        config.bulk_tokenization_processes if config.priority_classes else 0,
     )
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics, resolve)

@@ -216,6 +216,14 @@ class GatewayConfig:
     tokenizing a query (~60 µs against ~35 µs for 80 characters; tokenizing takes ~0.3 µs a
     character), and 512 characters block the loop for ~150 µs at most. 0: always on the threads."""
 
+    bulk_tokenization_processes: int = 0
+    """Child processes that tokenize the texts of requests classed bulk (tokenizer_processes.py),
+    off this process's GIL and event loop, spawned on the first such request; each holds its own
+    copy of the tokenizer (~100 MB for BGE-M3's). Off by default: on a 2-core machine it did not
+    lower a query's latency beside bulk (the cores, not the GIL, were short there), though it raised
+    bulk throughput beside queries (docs/benchmarks.md); worth trying where the gateway has cores to
+    spare. 0: bulk requests are tokenized on the tokenization threads like the others."""
+
     max_grpc_message_bytes: int = 64 * MIB
     """gRPC send/receive cap, in bytes. A chunk's response is at most max_chunk_sequences x dims x 4
     bytes (1 MiB for 4096-dim models); the default 4 MiB gRPC cap would be too tight for larger chunks."""
@@ -273,6 +281,7 @@ class GatewayConfig:
             "max_inline_tokenize_chars",
             "max_inflight_rpcs",
             "max_document_tokens",
+            "bulk_tokenization_processes",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

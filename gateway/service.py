@@ -240,6 +240,7 @@ class EmbeddingService:
                     direction=direction,
                     prompt_name=prompt_name,
                     vocab_size=vocab_size,
+                    is_bulk=admitted.is_bulk,
                 )
                 num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
                 raw = await self.pool.embed(

@@ -1,4 +1,5 @@
-"""Tokenization with the Rust `tokenizers` library: small requests on the event loop, larger ones off it.
+"""Tokenization with the Rust `tokenizers` library: small requests on the event loop, larger ones off it
+(on threads; a bulk request's texts in child processes when there are some: tokenizer_processes.py).
 
 Truncation is state of a `tokenizers.Tokenizer` instance, so there is one instance per variant (right,
 left, none) built at start and never reconfigured: concurrent requests can share them safely. The
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +22,7 @@ from tokenizers import Tokenizer, normalizers
 from kembed.gateway.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction, ModelSpec
+from kembed.gateway.tokenizer_processes import TokenizerProcesses
 from kembed.gateway.windows import (
     MARGIN_TOKENS,
     WINDOW_CHARS_PER_TOKEN,
@@ -63,7 +66,13 @@ def _truncating(base: Tokenizer, max_length: int, direction: Direction) -> Token
 class Tokenization:
     """Turns request inputs into int32 token-id arrays exactly as sentence-transformers would."""
 
-    def __init__(self, spec: ModelSpec, num_threads: int, max_inline_chars: int = 0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        num_threads: int,
+        max_inline_chars: int = 0,
+        num_bulk_processes: int = 0,
+    ) -> None:
         self.spec = spec
         # Tokenizing a short query takes less time than handing it to a thread and waking the loop
         # when it is done; past `max_inline_chars` the threads keep the loop free (the Rust calls
@@ -76,9 +85,17 @@ class Tokenization:
                 self._truncated[direction] = _truncating(self._untruncated, spec.max_seq_length, direction)
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kembed-tokenize")
         self._single = SingleTemplate.of(self._untruncated)
+        self._processes = TokenizerProcesses(spec, num_bulk_processes) if num_bulk_processes else None
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()
+
+    @property
+    def num_bulk_in_processes(self) -> int:
+        """Requests tokenized in the bulk processes since start."""
+        return 0 if self._processes is None else self._processes.num_requests
 
     @property
     def max_length(self) -> int | None:
@@ -112,9 +129,11 @@ class Tokenization:
         direction: Direction | None,
         prompt_name: str | None,
         vocab_size: int,
+        is_bulk: bool = False,
     ) -> list[np.ndarray]:
         """One int32 array per input, in order: texts get the prompt and special tokens, then
-        truncation; token-id inputs are checked against `vocab_size` and truncated as they are."""
+        truncation; token-id inputs are checked against `vocab_size` and truncated as they are.
+        `is_bulk`: the texts of a request classed bulk, tokenized in the bulk processes if any."""
         prompt = self.prompt(prompt_name)
         result: list[np.ndarray | None] = [None] * len(inputs)
         text_positions = [i for i, item in enumerate(inputs) if isinstance(item, str)]
@@ -126,20 +145,38 @@ class Tokenization:
             limit = self.spec.max_seq_length
             if truncate and limit is not None:  # only what truncation keeps is paid for
                 side = direction or self.spec.truncation_side
-                args = (self._tokenizer(True, direction), self._untruncated, texts, limit, side)
                 num_chars = sum(min(len(text), limit * WINDOW_CHARS_PER_TOKEN) for text in texts)
-                encoded = await self._run(num_chars, _encode_ids_truncated, *args)
+                encoded = await self._in_processes(is_bulk, num_chars, texts, (limit, side))
+                if encoded is None:
+                    args = (self._tokenizer(True, direction), self._untruncated, texts, limit, side)
+                    encoded = await self._run(num_chars, _encode_ids_truncated, *args)
             else:
                 if (
                     limit is not None
                 ):  # an over-long text is refused from a window, before all of it is paid for
                     self._refuse_over_long(texts, text_positions, limit)
                 num_chars = sum(len(text) for text in texts)
-                encoded = await self._run(num_chars, _encode_ids, self._tokenizer(truncate, direction), texts)
+                encoded = await self._in_processes(is_bulk, num_chars, texts, None)
+                if encoded is None:
+                    tokenizer = self._tokenizer(truncate, direction)
+                    encoded = await self._run(num_chars, _encode_ids, tokenizer, texts)
             for i, ids in zip(text_positions, encoded, strict=True):
                 self._check_length(i, len(ids))
                 result[i] = ids
         return result  # type: ignore[return-value]
+
+    async def _in_processes(
+        self, is_bulk: bool, num_chars: int, texts: list[str], truncation: tuple[int, Direction] | None
+    ) -> list[np.ndarray] | None:
+        """A bulk request's ids from the bulk processes; None where they are not for it (no
+        processes, a small request, or the pool broken: the threads then take it)."""
+        processes = self._processes
+        if not is_bulk or processes is None or processes.is_broken or num_chars <= self._max_inline_chars:
+            return None
+        try:
+            return await processes.encode(texts, truncation)
+        except BrokenProcessPool:
+            return None
 
     def _refuse_over_long(self, texts: list[str], positions: list[int], limit: int) -> None:
         """PayloadTooLarge for the first text whose first window already holds more than `limit`

@@ -12,7 +12,11 @@ requests started in the window; bulk tokens/s the tokens (the response's `usage`
 requests finished in it. A bulk request refused (429) waits its Retry-After and is sent again.
 
 `--device cpu` (default) runs the stand-in engine of standin_worker.py, whose emulated step grows
-with its tokens (`--step-ms` + `--step-us-per-token`, by default ~an H200's BGE-M3 step); `--device
+with its tokens (`--step-ms` + `--step-us-per-token`, by default ~an H200's BGE-M3 step) and which,
+like the CUDA engine, has an interactive lane beside its main path (`--worker-arg=--lane-slowdown=X`
+sets how much slower a lane step runs beside bulk, `--worker-arg=--no-interactive-lane` drops it).
+On a machine of few cores the clients, gateway(s) and worker share them, so the gateway's figures
+there include waiting for a core. `--device
 cuda` a BGE-M3-shape model with random weights (tests/bench/configs, as bench_gpu_gateway.py),
 bf16. Prints a markdown table: each figure the median round, the worst in brackets. A benchmark, not
 a test: nothing asserts speed.

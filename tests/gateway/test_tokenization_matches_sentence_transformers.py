@@ -248,3 +248,22 @@ async def test_both_encoding_paths_give_the_reference_ids_pairs_and_offsets(
         ("wörld", 6, 12),  # UTF-8 bytes
         ("😀", 13, 17),
     ]
+
+
+@pytest.mark.parametrize("truncate", [True, False], ids=["truncated", "whole"])
+async def test_bulk_processes_ids_equal_sentence_transformers_encode(
+    model_dir: Path, reference: Encoder, truncate: bool
+):
+    """A bulk request's texts, tokenized in the bulk processes, get the ids the threads give, which
+    are sentence-transformers' (without truncation the over-long texts are left out: refused)."""
+    texts = [text for name, text in TEXTS.items() if truncate or not name.startswith("over-")] * 4
+    pooled = Tokenization(load_model_spec(model_dir), 1, max_inline_chars=64, num_bulk_processes=1)
+    try:
+        encoded = await pooled.encode(
+            texts, truncate=truncate, direction=None, prompt_name=None, vocab_size=VOCAB_SIZE, is_bulk=True
+        )
+        assert pooled.num_bulk_in_processes == 1
+    finally:
+        pooled.close()
+    assert [ids.tolist() for ids in encoded] == [reference(text, None) for text in texts]
+    assert all(ids.dtype == np.int32 for ids in encoded)
