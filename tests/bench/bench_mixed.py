@@ -148,6 +148,43 @@ async def closed_loop(port: int, requests: list[bytes], until: float, log: list[
         writer.close()
 
 
+async def open_loop(port: int, requests: list[list[bytes]], rate: float, until: float, log: list[Done]):
+    """Queries arriving at `rate` per second (Poisson, seeded) until `until`, each sent on the first
+    free one of `len(requests)` kept-alive connections (connection c posts requests[c] in turn). A
+    query's time counts from its arrival, so one that waits for a free connection (or for this loop)
+    waits on the clock, as a user's would: the rate is the load, whatever the latency."""
+    free: asyncio.Queue[tuple[int, asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for c in range(len(requests)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        free.put_nowait((c, reader, writer))
+    sent = [0] * len(requests)
+    rng = random.Random(len(requests) * 7919 + int(rate))
+
+    async def one(arrival: float) -> None:
+        c, reader, writer = await free.get()
+        try:
+            status, _, body = await post(reader, writer, requests[c][sent[c] % len(requests[c])])
+            sent[c] += 1
+            if status != 200:
+                raise SystemExit(f"HTTP {status}: {body[:300]!r}")
+            log.append(Done(arrival, time.perf_counter(), 0))
+        finally:
+            free.put_nowait((c, reader, writer))
+
+    tasks: set[asyncio.Task[None]] = set()
+    arrival = time.perf_counter()
+    while arrival < until:
+        await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
+        task = asyncio.create_task(one(arrival))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        arrival += rng.expovariate(rate)
+    await asyncio.gather(*tasks)
+    while not free.empty():
+        free.get_nowait()[2].close()
+
+
 async def phase(
     ports: tuple[int, int],
     queries: list[list[bytes]],
@@ -155,10 +192,12 @@ async def phase(
     warmup_s: float,
     phase_s: float,
     metrics_port: int,
+    interactive_rate: float = 0.0,
 ):
     """Every client from now to the window's end; the window is [now + warmup_s, + phase_s).
-    Interactive clients post to `ports[0]`, bulk ones to `ports[1]`; the worker's metrics are read at
-    the window's start and end (on a thread, off the clients' loop)."""
+    Interactive clients post to `ports[0]` (in a closed loop each, or, with `interactive_rate`, as
+    an open loop over that many connections), bulk ones to `ports[1]`; the worker's metrics are read
+    at the window's start and end (on a thread, off the clients' loop)."""
     start = time.perf_counter()
     t0, t1 = start + warmup_s, start + warmup_s + phase_s
     interactive: list[Done] = []
@@ -170,10 +209,11 @@ async def phase(
         return await asyncio.get_running_loop().run_in_executor(None, worker_sums, metrics_port)
 
     scrapes = [asyncio.create_task(scrape_at(t0)), asyncio.create_task(scrape_at(t1))]
-    await asyncio.gather(
-        *(closed_loop(ports[0], q, t1, interactive, []) for q in queries),
-        *(closed_loop(ports[1], b, t1, bulk, refused) for b in bulks),
-    )
+    if interactive_rate > 0 and queries:
+        interactive_clients = [open_loop(ports[0], queries, interactive_rate, t1, interactive)]
+    else:
+        interactive_clients = [closed_loop(ports[0], q, t1, interactive, []) for q in queries]
+    await asyncio.gather(*interactive_clients, *(closed_loop(ports[1], b, t1, bulk, refused) for b in bulks))
     before, after = await asyncio.gather(*scrapes)
     result = Phase()
     result.worker_ms = window_means(before, after)
@@ -339,7 +379,9 @@ def measure(
             return [*(cpu_seconds(pid) for pid in pids), cpu_seconds(os.getpid(), with_children=False)]
 
         cpu_before, started = cpu(), time.perf_counter()
-        result = uvloop.run(phase(ports, queries, bulks, warmup_s, args.phase_s, metrics_port))
+        result = uvloop.run(
+            phase(ports, queries, bulks, warmup_s, args.phase_s, metrics_port, args.interactive_rate)
+        )
         wall_s = time.perf_counter() - started
         result.cores = tuple(
             (after - before) / wall_s for after, before in zip(cpu(), cpu_before, strict=True)
@@ -436,6 +478,15 @@ def main() -> None:
     parser.add_argument("--classes", nargs="+", choices=["on", "off"], default=["on", "off"])
     parser.add_argument("--interactive-clients", type=int, default=16)
     parser.add_argument("--interactive-format", choices=["base64", "float", "mixed"], default="base64")
+    parser.add_argument(
+        "--interactive-rate",
+        type=float,
+        default=0.0,
+        help="queries per second arriving as an open loop (Poisson) over --interactive-clients "
+        "connections, each timed from its arrival; 0: each client a closed loop. With a fixed rate "
+        "bulk's throughput beside queries compares at equal query load, which closed loops do not give "
+        "(a faster query path sends more queries)",
+    )
     parser.add_argument("--bulk-clients", type=int, default=4)
     parser.add_argument("--bulk-texts", type=int, default=100, help="texts per bulk request")
     parser.add_argument("--bulk-min-tokens", type=int, default=32)
@@ -481,9 +532,12 @@ def main() -> None:
         else f"stand-in engine, {args.step_ms} ms + {args.step_us_per_token} µs/token a step"
     )
     bulk_class = "X-Kembed-Priority: bulk" if args.bulk_header else "classed by size"
+    rate = args.interactive_rate
+    interactive = f"connections, {rate:g} queries/s open loop" if rate else "clients"
     print(
         f"{engine}; max_batch_tokens {args.max_batch_tokens}; {args.interactive_clients} interactive "
-        f"clients (12-word queries, {args.interactive_format}), {args.bulk_clients} bulk clients "
+        f"{interactive} "
+        f"(12-word queries, {args.interactive_format}), {args.bulk_clients} bulk clients "
         f"({args.bulk_texts} texts of {args.bulk_min_tokens}-{args.bulk_max_tokens} tokens, {bulk_class}); "
         f"phases of {args.phase_s:g} s after {args.warmup_s:g} s, {args.rounds} rounds; gateway "
         f"{' '.join(args.gateway_arg) or '(defaults)'}; worker {' '.join(args.worker_arg) or '(defaults)'}",
