@@ -15,6 +15,11 @@ the autoscaler or rescheduled onto another node has the shapes traffic hits now 
   start with the serving revision's list too (its prewarm Job then finds those captured).
 - Bounded: at most MAX_PODS_READ pods per pass, each within READ_TIMEOUT_S. An idle revision (no hits)
   or one that cannot be read leaves the last list as it is rather than emptying it.
+- Current, not cumulative: a pod's counters grow from its start, so the operator remembers each pod's
+  last reading and ranks by a score that halves every pass before the hits since the last one are
+  added (`Recent`): a shape traffic stopped using falls out within a few passes, however long it
+  was hot before. A pod whose counters went down restarted: its reading counts whole. The memory is
+  the operator process's; after a restart the first pass ranks by the counters as they are.
 """
 
 from __future__ import annotations
@@ -70,6 +75,46 @@ def _size(bucket: str) -> tuple[int, int]:
     return int(tokens), int(seqs)
 
 
+DECAY = 0.5  # each pass keeps this share of a bucket's score before adding its new hits
+
+
+class Recent:
+    """Per model, the last reading of each pod (by metrics URL) and the decayed score per bucket."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+        self._scores: dict[tuple[str, str], dict[str, float]] = {}
+
+    def update(
+        self, model: tuple[str, str], readings: Mapping[str, Mapping[str, float]]
+    ) -> dict[str, float] | None:
+        """The model's scores after this pass's `readings` (URL -> hits by bucket); None when no pod
+        saw a hit since the last pass (an idle model keeps its list, and its scores)."""
+        last = self._last.get(model, {})
+        new: Counter[str] = Counter()
+        for url, hits in readings.items():
+            before = last.get(url, {})
+            restarted = any(hits.get(bucket, 0.0) < count for bucket, count in before.items())
+            for bucket, count in hits.items():
+                new[bucket] += count if restarted else count - before.get(bucket, 0.0)
+        self._last[model] = {url: dict(hits) for url, hits in readings.items()}
+        scores = self._scores.get(model, {})
+        if not any(count > 0 for count in new.values()):
+            return None
+        decayed = {bucket: score * DECAY for bucket, score in scores.items()}
+        for bucket, count in new.items():
+            decayed[bucket] = decayed.get(bucket, 0.0) + count
+        self._scores[model] = {bucket: score for bucket, score in decayed.items() if score > 0.01}
+        return dict(self._scores[model])
+
+    def forget(self, model: tuple[str, str]) -> None:
+        self._last.pop(model, None)
+        self._scores.pop(model, None)
+
+
+RECENT = Recent()  # the operator process's memory of the readings
+
+
 def choose_hot(per_pod: Iterable[Mapping[str, float]], count: int) -> list[str]:
     """The `count` buckets with the most hits summed over the pods, most first; a tie goes to the
     smaller bucket (fewer tokens, then fewer sequences), so that the same counts give the same list.
@@ -106,12 +151,17 @@ def serving_pod_urls(cluster: Cluster, owner: Owner, revision: str) -> list[str]
     return [_metrics_url(p) for p in ready[:MAX_PODS_READ]]
 
 
-def refresh(cluster: Cluster, body: dict[str, Any], fetch: Fetch = fetch_url) -> list[str] | None:
-    """Write the hot list of the model in `body` from its serving workers' hits; the list written,
-    or None when nothing was written. Raises reconcile.InvalidSpec for a spec it cannot read."""
+def refresh(
+    cluster: Cluster, body: dict[str, Any], fetch: Fetch = fetch_url, recent: Recent | None = None
+) -> list[str] | None:
+    """Write the hot list of the model in `body` from its serving workers' recent hits; the list
+    written, or None when nothing was written. Raises reconcile.InvalidSpec for a spec it cannot read."""
     owner, spec = owner_of(body), typed_spec(body)
     name = n.hot_buckets_name(owner)
+    model = (owner.namespace, owner.name)
+    recent = recent or RECENT
     if spec.graphs.hot_buckets == 0:  # asked for none: a list left from before must not be prewarmed
+        recent.forget(model)
         if cluster.get("ConfigMap", owner.namespace, name) is not None:
             cluster.delete("ConfigMap", owner.namespace, name)
             log.info("%s/%s: graphs.hotBuckets is 0, hot list removed", owner.namespace, owner.name)
@@ -120,13 +170,15 @@ def refresh(cluster: Cluster, body: dict[str, Any], fetch: Fetch = fetch_url) ->
     if not revision:
         return None  # nothing serves yet: no traffic to learn from
     urls = serving_pod_urls(cluster, owner, revision)
-    per_pod = []
+    readings: dict[str, dict[str, float]] = {}
     for url in urls:
         try:
-            per_pod.append(parse_bucket_hits(fetch(url, READ_TIMEOUT_S)))
+            readings[url] = parse_bucket_hits(fetch(url, READ_TIMEOUT_S))
         except (OSError, ValueError) as error:
             log.warning("%s/%s: bucket hits unreadable at %s: %s", owner.namespace, owner.name, url, error)
-    hot = choose_hot(per_pod, spec.graphs.hot_buckets)
+    per_pod = list(readings.values())
+    scores = recent.update(model, readings)
+    hot = [] if scores is None else choose_hot([scores], spec.graphs.hot_buckets)
     if not hot:
         return None  # idle or unreadable: the last list stays
     live = cluster.get("ConfigMap", owner.namespace, name)

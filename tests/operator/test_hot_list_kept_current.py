@@ -61,6 +61,12 @@ def test_the_hottest_buckets_are_chosen_from_the_summed_hits(per_pod, count, exp
     assert h.choose_hot(per_pod, count) == expected
 
 
+@pytest.fixture(autouse=True)
+def fresh_memory(monkeypatch):
+    """Each test starts with an operator that has read no pod yet."""
+    monkeypatch.setattr(h, "RECENT", h.Recent())
+
+
 class Workers:
     """What the workers answer at each metrics URL; a URL mapped to an exception raises it."""
 
@@ -219,3 +225,37 @@ def test_reconcile_admits_the_operator_namespace_to_the_worker_metrics_port():
     _, metrics_rule = policy["spec"]["ingress"]
     (peer,) = metrics_rule["from"]
     assert peer["namespaceSelector"]["matchExpressions"][0]["values"] == ["kembed-system", "monitoring"]
+
+
+def test_the_list_follows_recent_traffic_not_a_pods_lifetime(serving):
+    """Counters grow from a pod's start: ranked on them, a bucket hot for a long time would stay on
+    the list long after traffic moved on. The score halves each pass before the new hits count."""
+    driver, _ = serving
+    # a long history of 1x64 and 8x512 (metrics(a, b, c): 1x64, 8x512, 2x128)
+    assert h.refresh(
+        driver.cluster, driver.body, Workers({URL1: metrics(5000, 4000, 0), URL2: metrics(0, 0, 0)})
+    )
+    assert hot_list(driver)["data"]["buckets"] == "1x64,8x512"
+    # traffic moves to 2x128 (and a little 8x512): a few passes later the list says so
+    a, b, c = 5000, 4000, 0
+    for _ in range(4):
+        a, b, c = a, b + 300, c + 1000
+        h.refresh(driver.cluster, driver.body, Workers({URL1: metrics(a, b, c), URL2: metrics(0, 0, 0)}))
+    assert hot_list(driver)["data"]["buckets"] == "2x128,8x512"
+    # a pod restarted (its counters went down): its reading counts whole, not as a negative delta
+    hot = h.refresh(driver.cluster, driver.body, Workers({URL1: metrics(0, 0, 2000), URL2: metrics(0, 0, 0)}))
+    assert hot == ["2x128", "8x512"]
+
+
+def test_an_idle_pass_keeps_the_scores_and_the_list(serving):
+    driver, _ = serving
+    busy = Workers({URL1: metrics(10, 0, 30), URL2: metrics(0, 0, 0)})
+    assert h.refresh(driver.cluster, driver.body, busy) == ["2x128", "1x64"]
+    for _ in range(5):  # the same counters: nothing new, nothing decays
+        assert h.refresh(driver.cluster, driver.body, busy) is None
+    assert h.refresh(
+        driver.cluster, driver.body, Workers({URL1: metrics(10, 1, 30), URL2: metrics(0, 0, 0)})
+    ) == [
+        "2x128",
+        "1x64",
+    ]

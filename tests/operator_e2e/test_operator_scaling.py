@@ -196,10 +196,20 @@ def test_a_pod_added_by_scaling_prewarms_the_hot_list_the_operator_keeps(cluster
         cluster.wait("a hot list of 3 buckets", lambda: len(hot_list(cluster)) == 3, timeout_s=30)
         load.wait_for_more(20)
     assert load.failures == []
-    # The load has stopped, so the counts no longer move: the list settles on the hottest three.
+    # The load has stopped, so no pass sees new hits: the list settles and stays (an idle model keeps
+    # its list; which three rank first by recent hits is tested in tests/operator). Settled: the same
+    # three buckets over 3 s, three passes of the timer.
     served = {b: hits for b, (hits, _) in bucket_stats(first).items() if hits}
-    hottest = sorted(served, key=lambda b: (-served[b], int(b.split("x")[1]), int(b.split("x")[0])))[:3]
-    cluster.wait("the hot list of the final counts", lambda: hot_list(cluster) == hottest, timeout_s=15)
+    readings: list[list[str]] = []
+
+    def settled() -> bool:
+        readings.append(hot_list(cluster))
+        time.sleep(1)
+        return len(readings) >= 4 and len(readings[-1]) == 3 and all(r == readings[-1] for r in readings[-4:])
+
+    cluster.wait("the hot list to settle", settled, timeout_s=20)
+    hottest = readings[-1]
+    assert set(hottest) <= set(served), (hottest, served)  # buckets traffic hit, on the serving pod
     after = cluster.api.get(deployment).json()
     assert after["metadata"]["generation"] == before["metadata"]["generation"]  # never rolled
     assert after["spec"]["template"] == before["spec"]["template"]
