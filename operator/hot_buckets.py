@@ -91,12 +91,12 @@ class Recent:
         """The model's scores after this pass's `readings` (URL -> hits by bucket); None when no pod
         saw a hit since the last pass (an idle model keeps its list, and its scores)."""
         last = self._last.get(model, {})
-        new: Counter[str] = Counter()
+        new: dict[str, float] = {}
         for url, hits in readings.items():
             before = last.get(url, {})
             restarted = any(hits.get(bucket, 0.0) < count for bucket, count in before.items())
             for bucket, count in hits.items():
-                new[bucket] += count if restarted else count - before.get(bucket, 0.0)
+                new[bucket] = new.get(bucket, 0.0) + (count if restarted else count - before.get(bucket, 0.0))
         self._last[model] = {url: dict(hits) for url, hits in readings.items()}
         scores = self._scores.get(model, {})
         if not any(count > 0 for count in new.values()):
