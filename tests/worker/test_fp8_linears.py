@@ -3,18 +3,18 @@ quantisation math (the plain-torch form the GPU kernels are checked against) emu
 per-token and per-channel e4m3 round trips, the emulated GEMM, which linears are quantised, and the
 accuracy it costs the bundled all-MiniLM-L6-v2, whose weights are real."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from real_minilm import corpus_texts, real_minilm_dir
 from tokenizers import Tokenizer
 from torch import nn
 
 from kembed.worker.cli import parse_config
-from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 from kembed.worker.engine.attention import ATTENTION_BACKENDS, build_metadata
 from kembed.worker.engine.bert import BertEmbedder, BertShape
@@ -35,7 +35,7 @@ from kembed.worker.engine.qwen3 import Qwen3Embedder, Qwen3Shape
 from kembed.worker.errors import StartupError
 
 SDPA = ATTENTION_BACKENDS["sdpa"]
-BUNDLED = bundled_model_dir()
+MINILM = real_minilm_dir()
 
 
 def test_config_refuses_fp8_on_the_cpu():
@@ -65,7 +65,7 @@ def test_the_cpu_has_no_fp8_gemms():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="device auto resolves to a GPU here")
 def test_engine_refuses_fp8_when_auto_finds_no_gpu():
     with pytest.raises(StartupError, match=r"--linear-dtype fp8: fp8 GEMMs need a CUDA GPU .* on the cpu"):
-        load_engine(WorkerConfig(model=BUNDLED or Path("m"), device="auto", linear_dtype="fp8"))
+        load_engine(WorkerConfig(model=MINILM or Path("m"), device="auto", linear_dtype="fp8"))
 
 
 def test_rows_round_trip_within_e4m3_rounding():
@@ -171,28 +171,17 @@ def test_a_linear_fp8_gemms_cannot_take_is_named():
         quantize_linears(BertEmbedder(bert_shape(hidden=40), SDPA, "mean"))
 
 
-def corpus_texts(count: int) -> list[str]:
-    """The end-to-end tests' varied texts (tests/e2e/corpus.py)."""
-    path = Path(__file__).resolve().parents[1] / "e2e" / "corpus.py"
-    spec = importlib.util.spec_from_file_location("e2e_corpus", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    texts: list[str] = module.texts(count)
-    return texts
-
-
-@pytest.mark.skipif(BUNDLED is None, reason="needs the bundled model package")
+@pytest.mark.skipif(MINILM is None, reason="needs the bundled model package")
 def test_fp8_emulation_on_the_real_minilm_stays_above_cosine_0_98():
     """The bundled model with its 24 encoder linears emulated in fp8, against itself in float32 over
     varied texts: below the 0.999 bar (why fp8 is opt-in), above 0.98 (what the opt-in promises)."""
-    tokenizer = Tokenizer.from_file(str(BUNDLED / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     tokenizer.enable_truncation(128)
     seqs = [np.array(e.ids, np.int64) for e in tokenizer.encode_batch(corpus_texts(48))]
     lengths = np.array([len(s) for s in seqs])
     meta, positions = build_metadata(lengths)
     ids = torch.from_numpy(np.concatenate(seqs))
-    model_dir = read_model_dir(BUNDLED)
+    model_dir = read_model_dir(MINILM)
 
     def embed(model: torch.nn.Module) -> np.ndarray:
         with torch.inference_mode():
