@@ -11,7 +11,11 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+import numpy as np
+import torch
+import transformers
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
 from kembed.worker.config import bundled_model_dir
 
@@ -40,6 +44,25 @@ def corpus_texts(count: int = 240) -> list[str]:
     spec.loader.exec_module(module)
     texts: list[str] = module.texts(count)
     return texts
+
+
+def tokenized_corpus(path: Path, count: int = 240, max_tokens: int = 256) -> list[np.ndarray]:
+    """`corpus_texts(count)` as the model's tokenizer encodes them (int32 ids), truncated to the
+    model's 256-token limit as sentence-transformers does."""
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.enable_truncation(max_tokens)
+    return [np.array(e.ids, np.int32) for e in tokenizer.encode_batch(corpus_texts(count))]
+
+
+def float32_rows(path: Path, seqs: list[np.ndarray], device: str) -> np.ndarray:
+    """transformers in float32, one unpadded sequence at a time, mean-pooled (the model's pooling)."""
+    model = transformers.AutoModel.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    rows = []
+    with torch.inference_mode():
+        for seq in seqs:
+            ids = torch.from_numpy(seq.astype(np.int64))[None].to(device)
+            rows.append(model(input_ids=ids).last_hidden_state[0].mean(0).float().cpu().numpy())
+    return np.stack(rows)
 
 
 def write_copy(target: Path = COPY) -> Path:

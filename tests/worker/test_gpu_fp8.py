@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from real_minilm import CARRY_HINT, corpus_texts, real_minilm_dir
-from tokenizers import Tokenizer
+from real_minilm import CARRY_HINT, float32_rows, real_minilm_dir, tokenized_corpus
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
@@ -130,16 +129,8 @@ def minilm():
     """(directory, token ids of the e2e corpus' 240 texts, their float32 transformers rows)."""
     path = real_minilm_dir()
     assert path is not None, CARRY_HINT
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tokenizer.enable_truncation(256)
-    seqs = [np.array(e.ids, np.int32) for e in tokenizer.encode_batch(corpus_texts())]
-    model = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32).cuda().eval()
-    rows = []
-    with torch.inference_mode():
-        for seq in seqs:
-            ids = torch.from_numpy(seq.astype(np.int64))[None].cuda()
-            rows.append(model(input_ids=ids).last_hidden_state[0].mean(0).float().cpu().numpy())
-    return path, seqs, np.stack(rows)
+    seqs = tokenized_corpus(path)
+    return path, seqs, float32_rows(path, seqs, "cuda")
 
 
 def run_batches(engine, seqs: list[np.ndarray], size: int) -> np.ndarray:
@@ -218,21 +209,29 @@ async def test_fp8_interactive_lane_beside_bulk_matches_float32_transformers(min
     assert cos.min() >= 0.98
 
 
+def write_random_model(name: str, path: Path, num_layers: int, vocab_size: int) -> None:
+    """The benchmark model `name` (tests/bench/configs) with fewer layers and a smaller vocabulary,
+    random bf16 weights, as a model directory at `path`."""
+    shutil.copytree(CONFIGS / name, path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_hidden_layers=num_layers, vocab_size=vocab_size)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # none past the smaller vocabulary
+        if isinstance(config.get(key), int) and config[key] >= vocab_size:
+            config[key] = None
+    (path / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    hf_config = transformers.AutoConfig.from_pretrained(path)
+    transformers.AutoModel.from_config(hf_config, dtype=torch.bfloat16).save_pretrained(path)
+
+
 @pytest.mark.parametrize("name", ["bge-m3", "qwen3-0.6b"])
 def test_fp8_engine_matches_its_bf16_engine_on_a_random_model_shape(name, tmp_path):
     """The benchmark models' widths (4 layers, a small vocabulary, random weights): the fp8 engine
     runs, captured and replayed, within cosine 0.98 of the same model in bf16."""
-    config = json.loads((CONFIGS / name / "config.json").read_text())
-    config.update(num_hidden_layers=4, vocab_size=8192)
-    hf_config = transformers.AutoConfig.for_model(**config)
-    torch.manual_seed(0)
-    transformers.AutoModel.from_config(hf_config, torch_dtype=torch.bfloat16).save_pretrained(tmp_path)
-    for extra in ("modules.json", "1_Pooling"):
-        source = CONFIGS / name / extra
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / extra)
+    write_random_model(name, tmp_path / "model", num_layers=4, vocab_size=8192)
     rng = np.random.default_rng(1)
     seqs = [rng.integers(5, 8192, int(n)).astype(np.int32) for n in rng.integers(8, 500, 24)]
-    base = WorkerConfig(model=tmp_path, device="cuda", dtype="bfloat16", max_batch_tokens=8192)
+    base = WorkerConfig(model=tmp_path / "model", device="cuda", dtype="bfloat16", max_batch_tokens=8192)
     want = run_batches(load_engine(base), seqs, 8)
     engine = load_engine(dataclasses.replace(base, linear_dtype="fp8"))
     for _ in range(3):  # eager, captured, replayed
