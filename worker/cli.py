@@ -41,6 +41,7 @@ _METAVARS = {
     "model": "DIR",
     "served_model_name": "NAME",
     "attention_backend": "BACKEND",
+    "linear_dtype": "auto|fp8",
     "prewarm": "all|none|BUCKETS",
     "prewarm_hot": "BUCKETS",
     "prewarm_observed": "BUCKETS",

@@ -67,6 +67,14 @@ class WorkerConfig:
     """`float32`, `float16`, `bfloat16` or `auto` (float32 on CPU where half precision is slower,
     bfloat16 on CUDA)."""
 
+    linear_dtype: str = "auto"
+    """How the encoder layers' linears (Q/K/V, attention output, FFN; not the embeddings, pooler or
+    classifier head) compute: `auto` in `dtype`, or `fp8`: float8 e4m3 weights (one scale per
+    output channel) times activations quantised per token, through Hopper's fp8 tensor cores at up
+    to twice bf16's rate. fp8 gives up kembed's accuracy bar (cosine >= 0.999 per row against float32;
+    docs/benchmarks.md gives its measured cosine beside its speed), so it is never the default. It
+    needs a CUDA GPU of compute capability 8.9 or newer and `dtype` bfloat16 (or auto)."""
+
     attention_backend: str = "auto"
     """Ragged attention: `sdpa` (one call per sequence, no padding at all: the CPU choice),
     `sdpa-padded` (sequences gathered into a padded block for the attention product only: the eager
@@ -213,6 +221,12 @@ class WorkerConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, not {self.dtype!r}")
+        if self.linear_dtype not in ("auto", "fp8"):
+            raise ValueError(f"linear_dtype must be auto or fp8, not {self.linear_dtype!r}")
+        if self.linear_dtype == "fp8" and self.device == "cpu":
+            raise ValueError("linear_dtype fp8 needs a CUDA GPU with fp8 tensor cores; device is cpu")
+        if self.linear_dtype == "fp8" and self.dtype not in ("auto", "bfloat16"):
+            raise ValueError(f"linear_dtype fp8 computes in bfloat16 around its GEMMs; dtype is {self.dtype}")
         if self.pooling not in ("", "cls", "mean", "last", "lasttoken"):
             raise ValueError(f"pooling must be cls, mean or last (or empty), not {self.pooling!r}")
         backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer")

@@ -85,6 +85,7 @@ SAMPLES = {
     "device": ("cpu", "cpu"),
     "dtype": ("float16", "float16"),
     "attention_backend": ("sdpa", "sdpa"),
+    "linear_dtype": ("fp8", "fp8"),
     "prewarm": ("1x64,2x128", (Bucket(1, 64), Bucket(2, 128))),
     "prewarm_hot": ("8x512", (Bucket(8, 512),)),
     "prewarm_observed": ("4x256,1x128", (Bucket(4, 256), Bucket(1, 128))),

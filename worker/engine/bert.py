@@ -2,19 +2,22 @@
 
 Our own model code, not `transformers.AutoModel` (that is the reference in tests). Tokens of all
 sequences are packed into one [num_tokens, hidden] matrix; only attention needs sequence boundaries
-(`AttentionMetadata`). Q, K and V are fused into one matmul at load time.
+(`AttentionMetadata`). Q, K and V are fused into one matmul at load time. With fp8 linears
+(`--linear-dtype fp8`, fp8.py) the layers pass each activation on quantised by the kernel that
+made it (`forward_fp8`).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.attention import Attend, AttentionMetadata
-from kembed.worker.engine.fused import add_layer_norm, linear_activation
+from kembed.worker.engine.fp8 import Fp8Rows, activation_quantize, fp8_linear, is_quantized, quantize_rows
+from kembed.worker.engine.fused import add_layer_norm, add_layer_norm_fp8, linear_activation
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
@@ -73,6 +76,8 @@ class BertShape:
 
 
 class BertLayer(nn.Module):
+    FP8_LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # what `--linear-dtype fp8` quantises
+
     def __init__(self, shape: BertShape, attend: Attend) -> None:
         super().__init__()
         hidden = shape.hidden_size
@@ -94,6 +99,19 @@ class BertLayer(nn.Module):
         x = add_layer_norm(self.attn_out(attn), x, self.attn_norm)
         hidden = linear_activation(x, self.ffn_in, self.activation_name, self.activation)
         return add_layer_norm(self.ffn_out(hidden), x, self.ffn_norm)
+
+    def forward_fp8(
+        self, x: torch.Tensor, xq: Fp8Rows, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, Fp8Rows]:
+        """The layer with fp8 linears on CUDA: takes and returns the hidden state both in the model's
+        dtype (the residual) and quantised (the next GEMM's input), each made by one kernel."""
+        num_tokens = x.shape[0]
+        qkv = fp8_linear(self.qkv).mm(xq)
+        q, k, v = qkv.view(num_tokens, 3, self.num_heads, -1).unbind(1)
+        attn = self.attend(q, k, v, meta, False).reshape(num_tokens, -1)
+        x, xq = add_layer_norm_fp8(fp8_linear(self.attn_out)(attn), x, self.attn_norm)
+        hidden = activation_quantize(fp8_linear(self.ffn_in).mm(xq), self.activation_name)
+        return add_layer_norm_fp8(fp8_linear(self.ffn_out).mm(hidden), x, self.ffn_norm)
 
 
 class BertEncoder(nn.Module):
@@ -121,6 +139,11 @@ class BertEncoder(nn.Module):
             + self.token_type_embeddings(token_type_ids)
         )
         x = self.embed_norm(x)
+        if x.is_cuda and is_quantized(self.layers[0]):
+            xq = quantize_rows(x)
+            for fp8_layer in cast("list[BertLayer]", self.layers):
+                x, xq = fp8_layer.forward_fp8(x, xq, meta)
+            return x
         for layer in self.layers:
             x = layer(x, meta)
         return x  # [num_tokens, hidden]

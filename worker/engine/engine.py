@@ -26,6 +26,7 @@ from kembed.worker.engine.attention import (
 )
 from kembed.worker.engine.attention_choice import RoutedAttention, choose_attention
 from kembed.worker.engine.cuda_engine import CudaEngine
+from kembed.worker.engine.fp8 import fp8_unsupported_reason, quantize_linears
 from kembed.worker.engine.graphs import CapturePolicy
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.engine.model_dir import ModelDir, read_model_dir
@@ -232,6 +233,12 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     started = time.perf_counter()
     device = _resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.linear_dtype == "fp8":
+        reason = fp8_unsupported_reason(device)
+        if reason is not None:
+            raise StartupError(f"--linear-dtype fp8: {reason}")
+        if dtype != torch.bfloat16:
+            raise StartupError(f"--linear-dtype fp8 computes in bfloat16 around its GEMMs, not {dtype}")
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
@@ -246,6 +253,16 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         config.attention_backend, model_dir, device, dtype, config.max_batch_tokens
     )
     model = build_model(model_dir, attend).to(device=device, dtype=dtype).eval()
+    dtype_name = str(dtype).removeprefix("torch.")
+    if config.linear_dtype == "fp8":
+        try:
+            num_fp8 = quantize_linears(model)  # after the move: quantised on the device, in bf16
+        except ValueError as exc:
+            raise StartupError(f"--linear-dtype fp8: {exc}") from None
+        dtype_name += "+fp8"
+        log.warning(
+            "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8
+        )
     facts = model.facts
     info = ModelInfo(
         model_name=config.served_model_name or model_dir.path.name,
@@ -256,7 +273,7 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
         vocab_size=facts.vocab_size,
         pooling=facts.pooling,
         normalize=model_dir.normalize,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name,
         device=str(device),
         attention_backend=backend,
     )

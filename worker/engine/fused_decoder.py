@@ -5,9 +5,13 @@ RoPE, concatenations), which made a 0.6B model 3.5× slower per layer than BGE-M
 (docs/benchmarks.md). Here each of those stretches is one kernel, computing in float32 registers and
 rounding once on the way out; the GEMMs and attention stay as they are. Every function has a
 plain-torch twin in qwen3.py (the CPU path and the reference the GPU tests compare against).
+With fp8 linears (fp8.py), `rms_norm_fp8` also writes the normalised rows quantised to e4m3 for the
+next GEMM, and the SiLU gate is `activation_quantize(gate_up, "silu_mul")`.
 """
 
 import torch
+
+from kembed.worker.engine.fp8 import FP8_DTYPE, Fp8Rows
 
 try:
     import triton
@@ -33,10 +37,28 @@ def rms_norm(
     total = x if residual is None else torch.empty_like(x)
     block = triton.next_power_of_2(hidden)
     _rms_norm_kernel[(num_rows,)](
-        x, x if residual is None else residual, weight, out, total, hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8,
+        x, x if residual is None else residual, weight, out, total, out, out, hidden, eps,
+        HAS_RESIDUAL=residual is not None, QUANT=False, BLOCK=block, num_warps=4 if block <= 1024 else 8,
     )  # fmt: skip
     return out, total
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[Fp8Rows, torch.Tensor]:
+    """`rms_norm` whose normalised rows come quantised per row to e4m3 (fp8.py) instead of in the
+    model's dtype; the second value is x + residual as there."""
+    assert x.is_contiguous() and (residual is None or residual.is_contiguous())
+    num_rows, hidden = x.shape
+    total = x if residual is None else torch.empty_like(x)
+    data = torch.empty(num_rows, hidden, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(hidden)
+    _rms_norm_kernel[(num_rows,)](
+        x, x if residual is None else residual, weight, data, total, data, scale, hidden, eps,
+        HAS_RESIDUAL=residual is not None, QUANT=True, BLOCK=block, num_warps=4 if block <= 1024 else 8,
+    )  # fmt: skip
+    return Fp8Rows(data, scale), total
 
 
 def qk_norm_rope(
@@ -78,7 +100,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _rms_norm_kernel(X, R, W, Y, S, hidden, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _rms_norm_kernel(  # type: ignore[no-untyped-def]
+        X, R, W, Y, S, Q, QS, hidden, eps,
+        HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
@@ -88,7 +113,14 @@ if triton is not None:
             tl.store(S + row * hidden + cols, x.to(S.dtype.element_ty), mask=mask)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Y + row * hidden + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+        y = x * rstd * w
+        if QUANT:  # e4m3 per row (fp8.py): 448 is e4m3's largest value, 1e-12 the smallest amax
+            scale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0), 1e-12) / 448.0
+            q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+            tl.store(Q + row * hidden + cols, q.to(Q.dtype.element_ty), mask=mask)
+            tl.store(QS + row, scale)
+        else:
+            tl.store(Y + row * hidden + cols, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _norm_rope_heads(SRC, W, OUT, c, s, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]

@@ -5,6 +5,8 @@ the tokens of all sequences form one [num_tokens, hidden] matrix and only attent
 boundaries. At load time Q, K and V are fused into one matmul and so are the MLP's gate and up
 projections. Attention is causal, as Qwen3 was trained, unless the config asks for bidirectional
 attention (pplx-embed-v1: `bidirectional_pplx_qwen3`, `use_bidirectional_attention: true`).
+With fp8 linears (`--linear-dtype fp8`, fp8.py) the fused path's norms and SiLU gate hand the GEMMs
+their input quantised (`forward_fp8`).
 There is no LM head: embedders pool the final hidden states, so `tie_word_embeddings` and any
 `lm_head.weight` in the checkpoint are ignored.
 """
@@ -17,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.attention import Attend, AttentionMetadata
-from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, silu_mul
+from kembed.worker.engine.fp8 import activation_quantize, fp8_linear, is_quantized
+from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, rms_norm_fp8, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.rope import RotaryEmbedding, rotate
@@ -115,6 +118,8 @@ class RMSNorm(nn.Module):
 
 
 class Qwen3Layer(nn.Module):
+    FP8_LINEARS = ("qkv", "o_proj", "gate_up", "down")  # what `--linear-dtype fp8` quantises
+
     def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
         super().__init__()
         hidden, head_dim = shape.hidden_size, shape.head_dim
@@ -174,6 +179,30 @@ class Qwen3Layer(nn.Module):
         )
         return x, self.down(silu_mul(self.gate_up(h)))
 
+    def forward_fp8(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_fused` with fp8 linears: each GEMM's input comes quantised from the kernel that
+        made it (the norms, the SiLU gate; attention's output is quantised on its own)."""
+        num_tokens, eps = x.shape[0], self.input_norm.eps
+        hq, x = rms_norm_fp8(x, self.input_norm.weight, eps, residual=delta)
+        qkv = fp8_linear(self.qkv).mm(hq)
+        q, k = qk_norm_rope(
+            qkv, self.q_norm.weight, self.k_norm.weight, eps, cos, sin, self.num_heads, self.num_kv_heads
+        )
+        v = qkv[:, -self.qkv_sizes[2] :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        hq, x = rms_norm_fp8(
+            fp8_linear(self.o_proj)(attn.reshape(num_tokens, -1)), self.post_attn_norm.weight, eps, residual=x
+        )
+        gated = activation_quantize(fp8_linear(self.gate_up).mm(hq), "silu_mul")
+        return x, fp8_linear(self.down).mm(gated)
+
 
 class Qwen3Decoder(nn.Module):
     """Token embeddings + decoder layers + final norm; returns the last hidden state of every token."""
@@ -196,8 +225,10 @@ class Qwen3Decoder(nn.Module):
         cos, sin = self.rope(position_ids)
         if can_fuse(x, self.shape.head_dim):
             delta: torch.Tensor | None = None
+            is_fp8 = is_quantized(self.layers[0])
             for fused_layer in cast("list[Qwen3Layer]", self.layers):
-                x, delta = fused_layer.forward_fused(x, delta, cos, sin, meta)
+                run = fused_layer.forward_fp8 if is_fp8 else fused_layer.forward_fused
+                x, delta = run(x, delta, cos, sin, meta)
             assert delta is not None, "a model has layers"
             return rms_norm(delta, self.norm.weight, self.norm.eps, residual=x)[0]
         for layer in self.layers:
