@@ -64,15 +64,22 @@ def is_supported(device: torch.device) -> bool:
 
 
 @functools.cache
-def _is_enabled(device_index: int) -> bool:
+def is_switched_on() -> bool:
+    """KEMBED_PDL, read once: 1 (the default) leaves PDL to the device, 0 turns it off."""
     switch = os.environ.get(ENV_SWITCH, "1")
     if switch not in ("0", "1"):
         raise ValueError(f"{ENV_SWITCH}={switch!r}: expected 0 (PDL off) or 1 (PDL where supported)")
+    return switch == "1"
+
+
+@functools.cache
+def is_enabled(device_index: int) -> bool:
+    """Whether our kernels launch with PDL on this CUDA device (decided once, and logged)."""
     device = torch.device("cuda", device_index)
-    enabled = switch == "1" and is_supported(device)
+    enabled = is_switched_on() and is_supported(device)
     log.info(
         "PDL for the Triton kernels on %s: %s (%s=%s, compute capability %s, triton gdc_wait %s)",
-        device, "on" if enabled else "off", ENV_SWITCH, switch,
+        device, "on" if enabled else "off", ENV_SWITCH, int(is_switched_on()),
         torch.cuda.get_device_capability(device), "present" if HAS_GDC else "absent",
     )  # fmt: skip
     return enabled
@@ -83,7 +90,7 @@ def launch_options(device: torch.device, pdl: bool | None = None) -> dict[str, b
     constexpr, plus Triton's `launch_pdl` when on. `pdl` None: the device's choice (above);
     True or False forces it (tests and benchmarks compare the two launches)."""
     if pdl is None:
-        pdl = _is_enabled(device.index if device.index is not None else torch.cuda.current_device())
+        pdl = is_enabled(device.index if device.index is not None else torch.cuda.current_device())
     elif pdl and not is_supported(device):
         raise ValueError(f"PDL asked for on {device}, which (or whose Triton) does not support it")
     return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
