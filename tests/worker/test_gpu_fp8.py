@@ -59,7 +59,8 @@ def rows_with_outliers(num_rows: int, width: int, seed: int) -> torch.Tensor:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(num_rows, width, device="cuda", generator=gen) * 3
     x[::7, width // 3] = 80.0  # one loud channel in some rows
-    x[1] = 0.0  # an all-zero row (a bucket's padding can be one)
+    if num_rows > 1:
+        x[1] = 0.0  # an all-zero row (a bucket's padding can be one)
     return x.to(torch.bfloat16)
 
 
@@ -87,7 +88,12 @@ def test_add_layer_norm_fp8_also_writes_the_rows_quantized(hidden):
     with torch.inference_mode():
         out, rows = add_layer_norm_fp8(x, residual, norm)
         torch.testing.assert_close(out, add_layer_norm(x, residual, norm))
-        assert_same_quantization(rows, quantize_rows_reference(out))
+        # the kernel quantises the float32 rows, the reference their bf16 rounding: a step apart at most
+        want = quantize_rows_reference(out)
+        torch.testing.assert_close(rows.scale, want.scale, rtol=2**-7, atol=0)
+        torch.testing.assert_close(
+            dequantize(rows), out.float(), rtol=2**-3, atol=float(rows.scale.max()) * 2**-9
+        )
 
 
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])

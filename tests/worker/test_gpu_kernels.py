@@ -113,8 +113,6 @@ def test_rms_norm_kernel_matches_the_eager_rms_norm(hidden, with_residual):
     norm = RMSNorm(hidden, 1e-6).to(CUDA)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
-    # cast before the inputs are made: under PDL the kernel reads its weight before the kernel just
-    # before it has finished, so that kernel must not be the one writing the weight
     weight = norm.weight.to(torch.bfloat16)
     x = torch.randn(333, hidden, device=CUDA, dtype=torch.bfloat16) * 4
     residual = torch.randn_like(x) if with_residual else None

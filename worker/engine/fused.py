@@ -8,10 +8,9 @@ pass over the activations. On CUDA:
   models trained with the exact (erf) GELU the difference stays far inside cosine 0.999 of the
   reference (the GPU tests check each family against transformers in fp32).
 - `add_layer_norm` adds the residual and normalises in one Triton kernel, in float32 registers
-  (one row per program), so the sum is not rounded to bfloat16 before the statistics. It is launched
-  with programmatic dependent launch where the device has it (pdl.py): it loads its weights while
-  the GEMM before it finishes. `add_layer_norm_fp8` also writes the row quantised to e4m3 with its
-  scale, for the next fp8 GEMM (fp8.py), from the same registers.
+  (one row per program), so the sum is not rounded to bfloat16 before the statistics.
+  `add_layer_norm_fp8` also writes the row quantised to e4m3 with its scale, for the next fp8
+  GEMM (fp8.py), from the same registers.
 Where Triton is not installed (the CPU build of torch), the eager form runs.
 """
 
@@ -20,7 +19,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from kembed.worker.engine import pdl
 from kembed.worker.engine.fp8 import FP8_DTYPE, Fp8Rows, quantize_rows_reference
 
 try:
@@ -41,12 +39,8 @@ def linear_activation(
     return eager(linear(x))
 
 
-def add_layer_norm(
-    x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm, *, use_pdl: bool | None = None
-) -> torch.Tensor:
-    """LayerNorm(x + residual) over the last dimension of [num_tokens, hidden] tensors. `use_pdl`
-    None: PDL as the device decides (pdl.py); True or False forces it on CUDA. Under PDL the norm's
-    weight and bias are read before the previous kernel has finished: they must not be its output."""
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """LayerNorm(x + residual) over the last dimension of [num_tokens, hidden] tensors."""
     if triton is None or not x.is_cuda:
         normed: torch.Tensor = norm(x + residual)
         return normed
@@ -57,7 +51,6 @@ def add_layer_norm(
         x, residual, norm.weight, norm.bias, out, out, out,
         x.stride(0), residual.stride(0), out.stride(0), hidden, norm.eps,
         QUANT=False, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-        **pdl.launch_options(x.device, use_pdl),
     )  # fmt: skip
     return out
 
@@ -77,7 +70,7 @@ def add_layer_norm_fp8(
     _add_layer_norm_kernel[(num_rows,)](
         x, residual, norm.weight, norm.bias, out, data, scale,
         x.stride(0), residual.stride(0), out.stride(0), hidden, norm.eps,
-        QUANT=True, BLOCK=block, num_warps=4 if block <= 1024 else 8, **pdl.launch_options(x.device),
+        QUANT=True, BLOCK=block, num_warps=4 if block <= 1024 else 8,
     )  # fmt: skip
     return out, Fp8Rows(data, scale)
 
@@ -85,29 +78,23 @@ def add_layer_norm_fp8(
 # Triton kernels: their parameters are device pointers and tl.constexpr values, which Triton's
 # JIT reads from the annotations it knows; nothing here types them for mypy (triton has no stubs).
 if triton is not None:
-    from kembed.worker.engine.pdl import gdc_launch_dependents, gdc_wait
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _add_layer_norm_kernel(  # type: ignore[no-untyped-def]
         X, R, W, B, Y, Q, S, stride_x, stride_r, stride_y, hidden, eps,
-        QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        QUANT: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
-        # The norm's parameters are no kernel's output: loaded before the wait for the one before.
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_wait()
         x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_launch_dependents()
         h = x + r
         mean = tl.sum(h, axis=0) / hidden
         centered = tl.where(mask, h - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / hidden + eps)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
         y = centered * rstd * w + b
         tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
         if QUANT:  # e4m3 per row (fp8.py): 448 is e4m3's largest value, 1e-12 the smallest amax

@@ -5,16 +5,12 @@ RoPE, concatenations), which made a 0.6B model 3.5× slower per layer than BGE-M
 (docs/benchmarks.md). Here each of those stretches is one kernel, computing in float32 registers and
 rounding once on the way out; the GEMMs and attention stay as they are. Every function has a
 plain-torch twin in qwen3.py (the CPU path and the reference the GPU tests compare against).
-Each kernel is launched with programmatic dependent launch where the device has it (pdl.py):
-it starts while the GEMM before it finishes and waits for it before loading that GEMM's output;
-`use_pdl` (None: as the device decides) forces it on or off.
 With fp8 linears (fp8.py), `rms_norm_fp8` also writes the normalised rows quantised to e4m3 for the
 next GEMM, and the SiLU gate is `activation_quantize(gate_up, "silu_mul")`.
 """
 
 import torch
 
-from kembed.worker.engine import pdl
 from kembed.worker.engine.fp8 import FP8_DTYPE, Fp8Rows
 
 try:
@@ -31,16 +27,10 @@ def can_fuse(x: torch.Tensor, head_dim: int) -> bool:
 
 
 def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    *,
-    use_pdl: bool | None = None,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual) * weight, x + residual) over the last dimension of [num_tokens, hidden];
-    without a residual the second value is x itself. Under PDL `weight` is read before the previous
-    kernel has finished: it must not be that kernel's output."""
+    without a residual the second value is x itself."""
     assert x.is_contiguous() and (residual is None or residual.is_contiguous())
     num_rows, hidden = x.shape
     out = torch.empty_like(x)
@@ -49,7 +39,6 @@ def rms_norm(
     _rms_norm_kernel[(num_rows,)](
         x, x if residual is None else residual, weight, out, total, out, out, hidden, eps,
         HAS_RESIDUAL=residual is not None, QUANT=False, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-        **pdl.launch_options(x.device, use_pdl),
     )  # fmt: skip
     return out, total
 
@@ -68,7 +57,6 @@ def rms_norm_fp8(
     _rms_norm_kernel[(num_rows,)](
         x, x if residual is None else residual, weight, data, total, data, scale, hidden, eps,
         HAS_RESIDUAL=residual is not None, QUANT=True, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-        **pdl.launch_options(x.device),
     )  # fmt: skip
     return Fp8Rows(data, scale), total
 
@@ -82,8 +70,6 @@ def qk_norm_rope(
     sin: torch.Tensor,  # [num_tokens, 1, head_dim/2]
     num_heads: int,
     num_kv_heads: int,
-    *,
-    use_pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k ([num_tokens, heads, head_dim]) normalised per head, then rotated (rotate-half RoPE)."""
     num_tokens = qkv.shape[0]
@@ -94,48 +80,39 @@ def qk_norm_rope(
         qkv, q_weight, k_weight, cos, sin, q, k, qkv.stride(0), eps,
         HQ=num_heads, HKV=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        **pdl.launch_options(qkv.device, use_pdl),
     )  # fmt: skip
     return q, k
 
 
-def silu_mul(gate_up: torch.Tensor, *, use_pdl: bool | None = None) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up for gate_up = [gate | up] ([num_tokens, 2 * inter] -> [num_tokens, inter])."""
     num_rows, width = gate_up.shape
     inter = width // 2
     out = gate_up.new_empty(num_rows, inter)
     block = min(triton.next_power_of_2(inter), 2048)
     grid = (num_rows, triton.cdiv(inter, block))
-    _silu_mul_kernel[grid](
-        gate_up, out, width, inter, BLOCK=block, num_warps=4, **pdl.launch_options(gate_up.device, use_pdl)
-    )
+    _silu_mul_kernel[grid](gate_up, out, width, inter, BLOCK=block, num_warps=4)
     return out
 
 
 # Triton kernels: their parameters are device pointers and tl.constexpr values, which Triton's
 # JIT reads from the annotations it knows; nothing here types them for mypy (triton has no stubs).
 if triton is not None:
-    from kembed.worker.engine.pdl import gdc_launch_dependents, gdc_wait
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _rms_norm_kernel(  # type: ignore[no-untyped-def]
         X, R, W, Y, S, Q, QS, hidden, eps,
-        HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no kernel's output
-        if PDL:
-            gdc_wait()
         x = tl.load(X + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
             x += tl.load(R + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_launch_dependents()
-        if HAS_RESIDUAL:
             tl.store(S + row * hidden + cols, x.to(S.dtype.element_ty), mask=mask)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         y = x * rstd * w
         if QUANT:  # e4m3 per row (fp8.py): 448 is e4m3's largest value, 1e-12 the smallest amax
             scale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0), 1e-12) / 448.0
@@ -165,12 +142,10 @@ if triton is not None:
     def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
         QKV, QW, KW, COS, SIN, Q, K, stride_qkv, eps,
         HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
     ):  # fmt: skip
         token = tl.program_id(0).to(tl.int64)
         dims = tl.arange(0, HALF)[None, :]
-        if PDL:  # the rotary tables are computed in the forward, so they too wait
-            gdc_wait()
         c = tl.load(COS + token * HALF + dims).to(tl.float32)
         s = tl.load(SIN + token * HALF + dims).to(tl.float32)
         row = QKV + token * stride_qkv
@@ -182,15 +157,11 @@ if triton is not None:
             )
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _silu_mul_kernel(GU, Y, width, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _silu_mul_kernel(GU, Y, width, inter, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
-        if PDL:
-            gdc_wait()
         gate = tl.load(GU + row * width + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(GU + row * width + inter + cols, mask=mask, other=0.0).to(tl.float32)
-        if PDL:
-            gdc_launch_dependents()
         y = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(Y + row * inter + cols, y.to(Y.dtype.element_ty), mask=mask)
