@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import Attend, AttentionMetadata
+from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
@@ -115,7 +115,7 @@ class RMSNorm(nn.Module):
 
 
 class Qwen3Layer(nn.Module):
-    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention) -> None:
         super().__init__()
         hidden, head_dim = shape.hidden_size, shape.head_dim
         q_size, kv_size = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
@@ -178,7 +178,7 @@ class Qwen3Layer(nn.Module):
 class Qwen3Decoder(nn.Module):
     """Token embeddings + decoder layers + final norm; returns the last hidden state of every token."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention) -> None:
         super().__init__()
         self.shape = shape
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -233,7 +233,7 @@ class Qwen3Decoder(nn.Module):
 class Qwen3Embedder(ServedModel):
     """Qwen3 decoder + sentence-transformers pooling (last token for Qwen3-Embedding, mean for pplx)."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Attend, pooling: str) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention, pooling: str) -> None:
         super().__init__()
         self.decoder = Qwen3Decoder(shape, attend)
         self.pooling = pooling
@@ -262,7 +262,7 @@ class Qwen3Embedder(ServedModel):
         return hidden
 
 
-def build_qwen3(model_dir: ModelDir, attend: Attend) -> Qwen3Embedder:
+def build_qwen3(model_dir: ModelDir, attend: Attention) -> Qwen3Embedder:
     """A Qwen3 embedder for `model_dir`, weights loaded, on the CPU."""
     shape = Qwen3Shape.from_config(model_dir.config)
     model = Qwen3Embedder(shape, attend, qwen3_pooling(model_dir, shape))
