@@ -1,5 +1,5 @@
 """The CUDA engine: ragged batches padded to buckets, replayed as whole-model CUDA graphs, results
-handed back as LazyTensors while the next batch is prepared.
+handed back as result handles (`ResultHandle`) while the next batch is prepared.
 
 Stream order carries every dependency, so `step` never waits on the device: it copies the padded
 batch's block into a pinned slot (one memcpy), copies that asynchronously into the static input block
