@@ -5,6 +5,6 @@
 - `scheduler` is plain Python over token counts (no torch): first come, first served up to
   `max_batch_tokens`, packing batch N+1 while batch N runs.
 - `engine` is the only package that touches torch/CUDA: model code, ragged attention, pooling, and
-  the LazyTensor handles it returns at once from `step`.
+  the result handles (`results.ResultHandle`) it returns at once from `step`.
 Configuration is one frozen `WorkerConfig`, parsed once from flags and environment (`cli`).
 """

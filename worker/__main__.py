@@ -19,14 +19,24 @@ from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
 
 if TYPE_CHECKING:  # imported in `serve`, so that `--help` and config errors answer at once
+    from collections.abc import Sequence
+
     from kembed.worker.info import EngineStats
     from kembed.worker.scheduler import BatchRunner
     from kembed.worker.server import EngineOps
 
     class ServedEngine(EngineOps, BatchRunner, Protocol):
-        """What `serve` asks of an engine: the loaded model's, or a benchmark's stand-in."""
+        """What `serve` asks of an engine: the loaded model's (`BaseEngine`), or a benchmark's stand-in."""
+
+        @property
+        def lane(self) -> BatchRunner | None:
+            """An engine for interactive batches beside this one's, or None."""
 
         def stats(self) -> EngineStats: ...
+
+        def prewarm_at_start(
+            self, prewarm: str | Sequence[Bucket], hot: Sequence[Bucket], max_seconds: float
+        ) -> object: ...
 
 
 log = logging.getLogger("kembed.worker")
@@ -60,7 +70,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
         max_batch_sequences=config.max_batch_sequences,
         hooks=metrics.hooks(),
         policy=config.class_policy(),
-        lane=getattr(engine, "lane", None),
+        lane=engine.lane,
         lane_max_batch_tokens=config.lane_max_batch_tokens,
         lane_max_batch_sequences=config.lane_max_batch_sequences,
         lane_inflight_batches=config.lane_inflight_batches,
@@ -75,13 +85,11 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
                 config.host, config.metrics_port, "metrics (--metrics-port)", error
             ) from None
         log.info("worker metrics on http://%s:%d/metrics", config.host, metrics_port)
-    prewarm_at_start = getattr(engine, "prewarm_at_start", None)  # a benchmark's stand-in has none
-    if prewarm_at_start is not None:
-        # On the launcher thread, where steps and idle-time captures run, and before the gRPC port
-        # is bound: no request (and no TCP probe) reaches a worker that is still capturing.
-        await scheduler.run_on_device(
-            prewarm_at_start, config.prewarm, hot_first(config), config.prewarm_seconds
-        )
+    # On the launcher thread, where steps and idle-time captures run, and before the gRPC port is
+    # bound: no request (and no TCP probe) reaches a worker that is still capturing.
+    await scheduler.run_on_device(
+        engine.prewarm_at_start, config.prewarm, hot_first(config), config.prewarm_seconds
+    )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None

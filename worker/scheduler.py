@@ -17,8 +17,8 @@ waiter thread so the event loop never blocks on the device. A batch whose step o
 captured graph (`can_launch_inline`) is launched from the event loop while the launcher thread is
 idle, saving the hand-off to that thread (a wake-up: 60-130 µs on a GPU host); other batches, and
 every call that captures or runs eagerly, go through the launcher thread. The rows of one such batch
-at a time are polled for on the loop when the engine's result can say it is ready without blocking
-(a CUDA event query), saving the waiter thread's wake-up of the loop as well.
+at a time are polled for on the loop (`ResultHandle.is_ready`, a CUDA event query that never
+blocks), saving the waiter thread's wake-up of the loop as well.
 
 An engine with an interactive lane (the CUDA engine's `lane`: a second stream whose steps run beside
 the main path's) gets a second path: its own loop, in-flight bound, launcher and waiter threads.
@@ -43,18 +43,11 @@ import numpy as np
 
 from kembed.worker.errors import InvalidInput, Overloaded, Unavailable
 from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, QueuedSequence, Request, classify
+from kembed.worker.results import ResultHandle
 
 log = logging.getLogger(__name__)
 
 IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
-
-
-class Pending(Protocol):
-    """A launched batch (the engine's LazyTensor): `wait()` blocks until its rows are on the host.
-    It may also offer `is_ready() -> bool`, which never blocks; the scheduler then polls it from
-    the event loop instead of waiting on a thread."""
-
-    def wait(self) -> np.ndarray: ...
 
 
 class BatchRunner(Protocol):
@@ -68,7 +61,7 @@ class BatchRunner(Protocol):
         spans: list[np.ndarray | None] | None = None,
     ) -> Any: ...
 
-    def step(self, batch: Any) -> Pending: ...
+    def step(self, batch: Any) -> ResultHandle: ...
 
     # Optional: `can_launch_inline(batch) -> bool`, True when `step(batch)` does only cheap host work
     # (a captured graph's replay: no capture, no eager forward), so it may run on the event loop.
@@ -402,16 +395,16 @@ class Scheduler:
     async def _inline(self, packed: Any) -> tuple[np.ndarray, float, float]:
         """(rows, launched_at, ready_at) of `packed`, launched from the loop: the launcher thread is
         idle, so the engine is still driven by one thread at a time, and the hand-off to it (a
-        thread wake-up) is saved. A result that can say whether it is ready without blocking (the
-        CUDA engine's: an event query) is polled for on the loop, one batch at a time, which saves
-        the waiter thread's wake-up of the loop; other results are waited for on the waiter thread."""
+        thread wake-up) is saved. Its result is polled for on the loop (`is_ready`, which never
+        blocks: the CUDA engine's is an event query), one batch at a time, which saves the waiter
+        thread's wake-up of the loop; a batch launched while another is polled for is waited for on
+        the waiter thread."""
         pending = self._runner.step(packed)
         launched_at = time.perf_counter()
-        is_ready = getattr(pending, "is_ready", None)
-        if is_ready is not None and self._num_polled == 0:
+        if self._num_polled == 0:
             self._num_polled += 1
             try:
-                await self._poll(is_ready)
+                await self._poll(pending.is_ready)
             finally:
                 self._num_polled -= 1
             ready_at = time.perf_counter()
@@ -476,7 +469,7 @@ class Scheduler:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the rows
                 loop.call_soon_threadsafe(settle, result, error)
 
-        def wait(pending: Pending, launched_at: float) -> None:  # on the waiter thread
+        def wait(pending: ResultHandle, launched_at: float) -> None:  # on the waiter thread
             try:
                 rows = pending.wait()
             except BaseException as error:

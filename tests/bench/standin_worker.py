@@ -32,12 +32,16 @@ import numpy as np
 from kembed.worker.__main__ import parse_config, run
 from kembed.worker.buckets import Bucket
 from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.results import ResultHandle
 
 
-class _Pending:
+class _Pending(ResultHandle):
     def __init__(self, rows: np.ndarray, done_at: float) -> None:
         self._rows = rows
         self._done_at = done_at
+
+    def is_ready(self) -> bool:  # as a CUDA event query: never blocks
+        return time.perf_counter() >= self._done_at
 
     def wait(self) -> np.ndarray:
         delay = self._done_at - time.perf_counter()
@@ -119,6 +123,9 @@ class StandinEngine:
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
         return list(buckets)
+
+    def prewarm_at_start(self, prewarm, hot, max_seconds: float) -> None:
+        pass  # nothing to capture
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list:
         return []

@@ -8,20 +8,21 @@ import torch
 
 from kembed.worker.buckets import BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention import AttentionShape
+from kembed.worker.engine.attention import Attention, AttentionShape
 from kembed.worker.engine.attention_choice import RANGES, AttentionPlan, RoutedAttention, _merge, probe_inputs
 
 
-def tagged(name):
-    def attend(q, k, v, meta, causal):
-        return name
+class Tagged(Attention):
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    return attend
+    def __call__(self, q, k, v, meta, causal):
+        return self.name
 
 
 def test_router_sends_each_padded_size_to_its_range():
     plan = AttentionPlan(routes=((256, "a"), (2048, "b"), (sys.maxsize, "a")), timings_us=())
-    router = RoutedAttention(plan, {"a": tagged("a"), "b": tagged("b")})
+    router = RoutedAttention(plan, {"a": Tagged("a"), "b": Tagged("b")})
     for num_tokens, want in [(1, "a"), (256, "a"), (257, "b"), (2048, "b"), (2049, "a"), (40960, "a")]:
         assert router(torch.empty(num_tokens, 1, 1), None, None, None, False) == want
         assert plan.backend_for(num_tokens) == want

@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kembed.worker.engine.attention import AttentionMetadata, FlashInferAttention
+from kembed.worker.engine.attention import Attention, AttentionMetadata, FlashInferAttention
 from kembed.worker.engine.attention_choice import AttentionPlan, RoutedAttention
 
 
@@ -131,11 +131,13 @@ def test_auto_never_compiles_and_says_how_to_build_the_kernels():
 
 
 def test_router_hands_the_offsets_to_the_routed_backend_only(backend):
-    def plain(q, k, v, meta, causal):
-        return q
+    class Plain(Attention):
+        def __call__(self, q, k, v, meta, causal):
+            return q
 
     plan = AttentionPlan(routes=((256, "flashinfer"), (2**62, "plain")), timings_us=())
-    router = RoutedAttention(plan, {"flashinfer": backend, "plain": plain})
+    router = RoutedAttention(plan, {"flashinfer": backend, "plain": Plain()})
+    assert router.plans_batches  # one of its backends plans each batch
     router.plan_batch(torch.tensor([0, 1000, 1024], dtype=torch.int32), Slot())  # routed to plain
     assert backend._pending is None
     offsets = torch.tensor([0, 100, 128], dtype=torch.int32)

@@ -9,12 +9,19 @@ import time
 import numpy as np
 import pytest
 
+from kembed.worker.results import ResultHandle
 from kembed.worker.scheduler import Scheduler
 
 
-class _Pending:
+class _Pending(ResultHandle):
+    """Ready `step_s` after the step; `is_ready` asks without blocking, as a CUDA event query does."""
+
     def __init__(self, rows: np.ndarray, ready_at: float, log: list[str]) -> None:
         self._rows, self._ready_at, self._log = rows, ready_at, log
+
+    def is_ready(self) -> bool:
+        self._log.append("is_ready:" + threading.current_thread().name)
+        return time.perf_counter() >= self._ready_at
 
     def wait(self) -> np.ndarray:
         time.sleep(max(0.0, self._ready_at - time.perf_counter()))
@@ -80,11 +87,14 @@ async def test_inline_and_threaded_paths_give_identical_rows(concurrent):
     assert all(e.startswith("step:kembed-launch") for e in threaded.log if e.startswith("step:"))
 
 
-async def test_an_idle_worker_launches_on_the_loop_and_waits_on_the_waiter_thread():
-    runner = DeviceLikeRunner(inline=True, step_s=0.001)
-    await _run_all(runner, _requests(seed=1, count=1))
-    assert runner.log[0] == "step:MainThread"  # no hand-off to the launcher thread
-    assert runner.log[1].startswith("wait:kembed-wait")
+async def test_a_batch_launched_while_another_is_polled_is_waited_for_on_the_waiter_thread():
+    runner = DeviceLikeRunner(inline=True, step_s=0.05)
+    full = [(np.arange(16, dtype=np.int32) + i, np.array([16], np.int32)) for i in range(2)]  # a batch each
+    await _run_all(runner, full)
+    steps = [e for e in runner.log if e.startswith("step:")]
+    waits = sorted(e for e in runner.log if e.startswith("wait:"))
+    assert steps == ["step:MainThread"] * 2  # both launched from the loop: no hand-off
+    assert waits[0] == "wait:MainThread" and waits[1].startswith("wait:kembed-wait")  # one polled at a time
 
 
 async def test_a_busy_launcher_keeps_later_batches_on_it():
@@ -156,35 +166,8 @@ async def test_deferred_captures_run_on_the_launcher_only_while_idle():
     assert all(thread.startswith("kembed-launch") and in_flight == 0 for thread, in_flight in runner.captures)
 
 
-class _PollablePending(_Pending):
-    """A result that says whether it is ready without blocking, as the CUDA engine's does."""
-
-    def is_ready(self) -> bool:
-        self._log.append("is_ready:" + threading.current_thread().name)
-        return time.perf_counter() >= self._ready_at
-
-
-class PollableRunner(DeviceLikeRunner):
-    def step(self, packed):
-        pending = super().step(packed)
-        return _PollablePending(pending._rows, pending._ready_at, self.log)
-
-
-@pytest.mark.parametrize("concurrent", [False, True], ids=["one-at-a-time", "sixty-at-once"])
-async def test_polled_results_give_the_same_rows_as_waited_ones(concurrent):
-    requests = _requests(seed=11, count=60)
-    polled, waited = PollableRunner(inline=True), DeviceLikeRunner(inline=True)
-    if concurrent:
-        via_poll, via_wait = await _run_all(polled, requests), await _run_all(waited, requests)
-    else:
-        via_poll = [(await _run_all(polled, [r]))[0] for r in requests]
-        via_wait = [(await _run_all(waited, [r]))[0] for r in requests]
-    for a, b in zip(via_poll, via_wait, strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
-async def test_an_idle_worker_polls_a_pollable_result_on_the_loop_without_blocking_it():
-    runner = PollableRunner(inline=True, step_s=0.02)
+async def test_an_idle_worker_polls_the_result_on_the_loop_without_blocking_it():
+    runner = DeviceLikeRunner(inline=True, step_s=0.02)
     scheduler = Scheduler(runner, max_batch_tokens=16, max_queued_tokens=10_000)
     scheduler.start()
     try:

@@ -16,6 +16,7 @@ from kembed.worker.__main__ import serve
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
 from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.results import ResultHandle
 
 INFO = ModelInfo(
     model_name="standin", model_type="bert", task="embed", dimensions=4, max_sequence_length=512,
@@ -23,7 +24,7 @@ INFO = ModelInfo(
 )  # fmt: skip
 
 
-class _Rows:
+class _Rows(ResultHandle):
     def __init__(self, rows: np.ndarray) -> None:
         self._rows = rows
 
@@ -42,6 +43,7 @@ class SlowPrewarmEngine:
         self.info = INFO
         self.started, self.release = threading.Event(), threading.Event()
         self.calls: list[tuple] = []
+        self.lane = None  # no interactive lane
 
     def prewarm_at_start(self, prewarm, hot, max_seconds: float) -> None:
         self.calls.append((prewarm, hot, max_seconds, threading.current_thread().name))

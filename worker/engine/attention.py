@@ -3,9 +3,10 @@
 Sequences are packed back to back (`cu_seqlens`), never padded between each other: every linear
 layer runs on exactly the real tokens. `sdpa` (one call per sequence) is the CPU path and
 `sdpa-padded` (q/k/v gathered into a [batch, heads, max_seqlen, head_dim] block for the attention
-product only) the eager GPU fallback. Every backend has the same call, `attend(q, k, v, meta,
-causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have fewer heads: grouped-query
-attention). The varlen kernels take packed sequences natively, so CUDA graphs can replay them:
+product only) the eager GPU fallback. Every backend is an `Attention`: the same call,
+`attention(q, k, v, meta, causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have
+fewer heads: grouped-query attention), and `plan_batch`, a no-op but where `plans_batches`. The
+varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
 `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
@@ -18,6 +19,7 @@ import logging
 import os
 import warnings
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +72,25 @@ class AttentionMetadata:
         )
 
 
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, bool], torch.Tensor]
-"""An attention backend: (q, k, v, meta, causal) -> out, over the packed tokens of a batch."""
+class Attention(ABC):
+    """An attention backend: `attention(q, k, v, meta, causal) -> out` over the packed tokens of a
+    batch. A backend that needs a plan made on the host per batch (flashinfer) sets `plans_batches`;
+    the engine then calls `plan_batch` with the batch's host offsets before every forward, eager or
+    replayed. For every other backend `plan_batch` does nothing."""
+
+    plans_batches: bool = False
+
+    @abstractmethod
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor: ...
+
+    def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
+        """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
+        engine's slots are), padding slot included; `scratch` an object that lives as long as the
+        batch is in flight (None: the call's own). Nothing to plan here."""
+        return None
+
 
 _Shape = tuple[int, int, int, torch.dtype, bool]  # (num_heads, num_kv_heads, head_dim, dtype, causal)
 
@@ -107,86 +126,116 @@ def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
     return meta, positions
 
 
-def sdpa_loop_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
-) -> torch.Tensor:
+class SdpaLoopAttention(Attention):
     """CPU attention: one SDPA call per sequence on views of the packed tensors, so no FLOP is spent
     on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
     on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
-    out = q.new_empty(q.shape)
-    is_gqa = k.shape[1] != q.shape[1]
-    for start, end in itertools.pairwise(meta.host_cu_seqlens):
-        if start == end:  # an empty padding slot of a bucketed batch
-            continue
-        # [len, heads, head_dim] -> [1, heads, len, head_dim]
-        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
-        out[start:end] = attn[0].transpose(0, 1)
-    return out
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        out = q.new_empty(q.shape)
+        is_gqa = k.shape[1] != q.shape[1]
+        for start, end in itertools.pairwise(meta.host_cu_seqlens):
+            if start == end:  # an empty padding slot of a bucketed batch
+                continue
+            # [len, heads, head_dim] -> [1, heads, len, head_dim]
+            qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            out[start:end] = attn[0].transpose(0, 1)
+        return out
 
 
-def sdpa_padded_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
-) -> torch.Tensor:
+class SdpaPaddedAttention(Attention):
     """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
     attention product only, then scattered back: the eager GPU fallback."""
-    _, num_heads, head_dim = q.shape
-    num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
 
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        if meta.pad_index is not None:
-            x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[meta.pad_index]
-        return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        _, num_heads, head_dim = q.shape
+        num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
 
-    mask = meta.key_mask
-    if causal and mask is not None:
-        mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
-    out = F.scaled_dot_product_attention(
-        padded(q),
-        padded(k),
-        padded(v),
-        attn_mask=mask,
-        is_causal=causal and mask is None,
-        enable_gqa=k.shape[1] != num_heads,
-    )
-    out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
-    return out if meta.unpad_index is None else out[meta.unpad_index]
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            if meta.pad_index is not None:
+                x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[meta.pad_index]
+            return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
+
+        mask = meta.key_mask
+        if causal and mask is not None:
+            mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
+        out = F.scaled_dot_product_attention(
+            padded(q),
+            padded(k),
+            padded(v),
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            enable_gqa=k.shape[1] != num_heads,
+        )
+        out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
+        return out if meta.unpad_index is None else out[meta.unpad_index]
 
 
-def _torch_varlen() -> Attend | None:
-    """torch's varlen flash attention, adapted to the running torch's signature, or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    params = inspect.signature(varlen_attn).parameters
-    has_window = "window_size" in params  # newer torch: causal is a (-1, 0) window
-    has_gqa = "enable_gqa" in params
+class TorchVarlenAttention(Attention):
+    """torch's varlen flash attention (`torch.nn.attention.varlen.varlen_attn`), adapted to the running
+    torch's signature."""
 
-    def torch_varlen_attention(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    def __init__(self, varlen_attn: Callable[..., Any]) -> None:
+        self._varlen_attn = varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        self._has_window = "window_size" in params  # newer torch: causal is a (-1, 0) window
+        self._has_gqa = "enable_gqa" in params
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
-        if has_window:
+        if self._has_window:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
         else:
             kwargs["is_causal"] = causal
         if k.shape[1] != q.shape[1]:
-            if has_gqa:
+            if self._has_gqa:
                 kwargs["enable_gqa"] = True
             else:  # older torch: materialise the shared heads
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         cu = meta.cu_seqlens
         # a tuple only with return_aux, which is never passed
-        return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)  # type: ignore[return-value]
+        out: torch.Tensor = self._varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)
+        return out
 
-    return torch_varlen_attention
+
+def _torch_varlen() -> TorchVarlenAttention | None:
+    """torch's varlen flash attention, or None when this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return TorchVarlenAttention(varlen_attn)
 
 
-def _flash_attn_4() -> Attend | None:
-    """FlashAttention 4's varlen forward (package `flash-attn-4`, module flash_attn.cute), or None
-    when it is not installed. Importing it takes seconds (CuTe DSL), so only CUDA workers ask."""
+class FlashAttn4Attention(Attention):
+    """FlashAttention 4's varlen forward (package `flash-attn-4`, module flash_attn.cute)."""
+
+    def __init__(self, flash_attn_varlen_func: Callable[..., Any]) -> None:
+        self._varlen_func = flash_attn_varlen_func
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    ) -> torch.Tensor:
+        cu = meta.cu_seqlens
+        out = self._varlen_func(
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
+        )  # fmt: skip
+        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return result
+
+
+def _flash_attn_4() -> FlashAttn4Attention | None:
+    """FlashAttention 4, or None when it is not installed. Importing it takes seconds (CuTe DSL), so
+    only CUDA workers ask."""
     try:
         with warnings.catch_warnings():  # its CuTe DSL imports deprecated aliases of itself
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -195,24 +244,12 @@ def _flash_attn_4() -> Attend | None:
         return None
     # The DSL warns once per compiled kernel about an argument it treats as a compile-time constant.
     warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
-
-    def flash_attn_attention(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
-    ) -> torch.Tensor:
-        cu = meta.cu_seqlens
-        out = flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
-        )  # fmt: skip
-        result: torch.Tensor = out[0] if isinstance(out, tuple) else out
-        return result
-
-    return flash_attn_attention
+    return FlashAttn4Attention(flash_attn_varlen_func)
 
 
-class FlashInferAttention:
+class FlashInferAttention(Attention):
     """flashinfer's ragged prefill (`BatchPrefillWithRaggedKVCacheWrapper`, FA3 kernels on Hopper) as an
-    `attend` call. Unlike the other backends it needs a plan per batch, made on the host from the
+    `Attention`. Unlike the other backends it needs a plan per batch, made on the host from the
     batch's offsets: the plan (tile and split schedule) is copied into a device buffer that the
     kernel, and so a captured graph, reads. The engine calls `plan_batch` before every forward, eager
     or replayed; callers that pass `meta.host_cu_seqlens` (tests, the auto probes) are planned from
@@ -226,6 +263,7 @@ class FlashInferAttention:
     HEAD_DIMS = (64, 128, 256)  # what its prefill kernels are compiled for
     _INT_WORKSPACE_BYTES = 2 << 20  # the plan's index arrays: ~16 bytes a token and a few KiB
     _FLOAT_WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs; shared (one stream runs them)
+    plans_batches = True
 
     def __init__(
         self, device: torch.device, *, compile_kernels: bool, wrapper_class: type[Any] | None = None
@@ -245,9 +283,7 @@ class FlashInferAttention:
         self._pending: tuple[tuple[int, int], torch.Tensor, object | None] | None = None
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
-        """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
-        engine's slots are), padding slot included; `scratch` an object that lives as long as the
-        batch is in flight (None: a fresh buffer)."""
+        """Plan the next forward (`Attention.plan_batch`); without `scratch`, in a fresh pinned buffer."""
         self._step += 1
         key = (int(cu_seqlens[-1]), cu_seqlens.shape[0] - 1)
         self._pending = (key, cu_seqlens, scratch)
@@ -357,10 +393,10 @@ def _flashinfer(device: torch.device, compile_kernels: bool) -> FlashInferAttent
     return FlashInferAttention(device, compile_kernels=compile_kernels)
 
 
-ATTENTION_BACKENDS: dict[str, Attend] = {"sdpa": sdpa_loop_attention, "sdpa-padded": sdpa_padded_attention}
+ATTENTION_BACKENDS: dict[str, Attention] = {"sdpa": SdpaLoopAttention(), "sdpa-padded": SdpaPaddedAttention()}
 # Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
 # they need no per-batch gather indices whose size depends on the longest sequence.
-VARLEN_BACKENDS: dict[str, Attend] = {}
+VARLEN_BACKENDS: dict[str, Attention] = {}
 if (_varlen := _torch_varlen()) is not None:
     VARLEN_BACKENDS["torch-varlen"] = _varlen
 ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
@@ -370,10 +406,10 @@ BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
 
 def cuda_backends(
     device: torch.device, shape: AttentionShape | None = None, *, compile_kernels: bool = False
-) -> dict[str, Attend]:
+) -> dict[str, Attention]:
     """Every varlen backend usable on `device` (for `shape`'s heads when given), in order of preference
     before timing. `compile_kernels`: let flashinfer build kernels it lacks (minutes with nvcc)."""
-    backends = dict(VARLEN_BACKENDS)
+    backends: dict[str, Attention] = dict(VARLEN_BACKENDS)
     major, _ = torch.cuda.get_device_capability(device)
     if major in (9, 10):  # FA4 has kernels for Hopper (sm90) and Blackwell (sm100) only
         if (fa4 := _flash_attn_4()) is not None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from kembed.worker.buckets import BucketTable
-from kembed.worker.engine.attention import Attend, AttentionMetadata, AttentionShape
+from kembed.worker.engine.attention import Attention, AttentionMetadata, AttentionShape
 from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)
@@ -53,37 +53,32 @@ class AttentionPlan:
         return ", ".join([*parts, f"{self.routes[-1][1]} above"])
 
 
-class RoutedAttention:
-    """`attend` that dispatches by the batch's padded token count, as the plan says."""
+class RoutedAttention(Attention):
+    """An `Attention` that dispatches by the batch's padded token count, as the plan says. It plans
+    batches when a backend it routes to does (flashinfer), and hands each plan to that backend."""
 
-    def __init__(self, plan: AttentionPlan, backends: dict[str, Attend]) -> None:
+    def __init__(self, plan: AttentionPlan, backends: dict[str, Attention]) -> None:
         self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
+        self.plans_batches = any(attention.plans_batches for _, attention in self._routes)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
     ) -> torch.Tensor:
         return self._route(q.shape[0])(q, k, v, meta, causal)
 
-    @property
-    def plans_batches(self) -> bool:
-        """Whether a routed backend plans each batch on the host (flashinfer)."""
-        return any(getattr(attend, "plan_batch", None) is not None for _, attend in self._routes)
-
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
-        """Hand the batch's host offsets to its backend when that one plans per batch (flashinfer)."""
-        plan = getattr(self._route(int(cu_seqlens[-1])), "plan_batch", None)
-        if plan is not None:
-            plan(cu_seqlens, scratch)
+        """The batch's host offsets to the backend its size routes to (a no-op for most)."""
+        self._route(int(cu_seqlens[-1])).plan_batch(cu_seqlens, scratch)
 
-    def _route(self, num_tokens: int) -> Attend:
-        for limit, attend in self._routes:
+    def _route(self, num_tokens: int) -> Attention:
+        for limit, attention in self._routes:
             if num_tokens <= limit:
-                return attend
+                return attention
         raise AssertionError("the last route covers every size")
 
 
 def choose_attention(
-    backends: dict[str, Attend],
+    backends: dict[str, Attention],
     shape: AttentionShape,
     device: torch.device,
     dtype: torch.dtype,
@@ -170,7 +165,12 @@ def probe_inputs(
 
 
 def _time_probe(
-    attend: Attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+    attend: Attention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    causal: bool,
 ) -> float:
     """Microseconds per call of `attend` on one probe, as a graph replay."""
     with torch.inference_mode():

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import Attend, AttentionMetadata
+from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.fp8 import Fp8Rows, activation_quantize, fp8_linear, is_quantized, quantize_rows
 from kembed.worker.engine.fused import add_layer_norm, add_layer_norm_fp8, linear_activation
 from kembed.worker.engine.pooling import pool
@@ -78,7 +78,7 @@ class BertShape:
 class BertLayer(nn.Module):
     FP8_LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # what `--linear-dtype fp8` quantises
 
-    def __init__(self, shape: BertShape, attend: Attend) -> None:
+    def __init__(self, shape: BertShape, attend: Attention) -> None:
         super().__init__()
         hidden = shape.hidden_size
         self.qkv = nn.Linear(hidden, 3 * hidden)
@@ -117,7 +117,7 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     """Embeddings + encoder layers; returns the last hidden state of every packed token."""
 
-    def __init__(self, shape: BertShape, attend: Attend) -> None:
+    def __init__(self, shape: BertShape, attend: Attention) -> None:
         super().__init__()
         self.shape = shape
         self.word_embeddings = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -175,7 +175,7 @@ class BertEncoder(nn.Module):
 class BertEmbedder(ServedModel):
     """BERT-family encoder + sentence-transformers pooling."""
 
-    def __init__(self, shape: BertShape, attend: Attend, pooling: str) -> None:
+    def __init__(self, shape: BertShape, attend: Attention, pooling: str) -> None:
         super().__init__()
         self.encoder = BertEncoder(shape, attend)
         self.pooling = pooling

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kembed.worker.engine.attention import Attend, AttentionMetadata
+from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.bert import BertEncoder, BertShape
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.pooling import pool
@@ -32,7 +32,7 @@ CROSS_ENCODER_ARCHITECTURES = {
 class BertCrossEncoder(ServedModel):
     """Encoder + classification head on the first token ([CLS] / <s>); capturable, no host syncs."""
 
-    def __init__(self, shape: BertShape, attend: Attend, num_labels: int) -> None:
+    def __init__(self, shape: BertShape, attend: Attention, num_labels: int) -> None:
         super().__init__()
         hidden = shape.hidden_size
         self.encoder = BertEncoder(shape, attend)
@@ -58,7 +58,7 @@ class BertCrossEncoder(ServedModel):
         return logits.float()
 
     @classmethod
-    def load(cls, model_dir: ModelDir, attend: Attend) -> "BertCrossEncoder":
+    def load(cls, model_dir: ModelDir, attend: Attention) -> "BertCrossEncoder":
         """Build from a transformers *ForSequenceClassification directory, weights loaded."""
         config = model_dir.config
         architecture = cross_encoder_architecture(config)

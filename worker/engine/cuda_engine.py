@@ -1,5 +1,5 @@
 """The CUDA engine: ragged batches padded to buckets, replayed as whole-model CUDA graphs, results
-handed back as LazyTensors while the next batch is prepared.
+handed back as result handles (`ResultHandle`) while the next batch is prepared.
 
 Stream order carries every dependency, so `step` never waits on the device: it copies the padded
 batch's block into a pinned slot (one memcpy), copies that asynchronously into the static input block
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from kembed.worker.buckets import Bucket, BucketTable
-from kembed.worker.engine.attention import Attend, AttentionMetadata
+from kembed.worker.engine.attention import Attention, AttentionMetadata
+from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
-from kembed.worker.engine.lazy import LazyTensor
+from kembed.worker.engine.lazy import to_host
 from kembed.worker.engine.served import ServedModel
-from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
     InputLayout,
@@ -47,13 +47,14 @@ from kembed.worker.engine.staging import (
     pad_batch,
 )
 from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.results import ResultHandle
 
 log = logging.getLogger(__name__)
 
 
-class CudaLazyTensor:
+class CudaLazyTensor(ResultHandle):
     """A launched batch: its rows land in a pinned slot when `event` fires. `wait` copies them out
-    and gives the slot back to the ring (call it from a waiter thread, never the event loop)."""
+    and gives the slot back to the ring (call it from a waiter thread, or once `is_ready`)."""
 
     def __init__(self, ring: PinnedRing, slot: Slot, event: torch.cuda.Event, num_rows: int) -> None:
         self._ring, self._slot, self._event, self._num_rows = ring, slot, event, num_rows
@@ -105,9 +106,10 @@ class StaticInputs:
         return batch.cu_seqlens
 
 
-class CudaEngine:
+class CudaEngine(BaseEngine[PaddedBatch]):
     """Runs one model on one GPU with CUDA graphs per bucket. One launcher thread calls `step`,
-    `prewarm_at_start` and `capture_deferred`."""
+    `prewarm_at_start` and `capture_deferred`. `attention` plans each batch on the host first when
+    it `plans_batches` (flashinfer)."""
 
     def __init__(
         self,
@@ -120,29 +122,23 @@ class CudaEngine:
         use_graphs: bool,
         inflight: int,
         max_pinned_bytes: int,
-        attention: Attend | None = None,
+        attention: Attention,
         stream: torch.cuda.Stream | None = None,
     ) -> None:
-        self.model = model
-        # a backend that plans each batch on the host (flashinfer) gets the offsets before the forward
-        self._plan_attention = getattr(attention, "plan_batch", None)
-        self.info = info
-        self.device = device
-        self.buckets = buckets
+        super().__init__(model, info, device, buckets, CapturePolicy(max_graphs, use_graphs, table=buckets))
+        self.attention = attention
         self.static = StaticInputs(buckets.max_tokens, buckets.max_seqs, device)
         self.ring = PinnedRing(
             inflight, buckets.max_tokens, buckets.max_seqs, model.facts.output_size, max_pinned_bytes
         )
-        policy = CapturePolicy(max_graphs, use_graphs, table=buckets)
         # None: torch's current stream. A lane's own stream, and a capture stream of the same pool
         # (never one the owner's captures use: see GraphCache).
         self.stream = stream
         capture_stream = None if stream is None else torch.cuda.Stream(priority=stream.priority)
-        self.graphs = GraphCache(self._forward_static, policy, capture_stream)
+        self.graphs = GraphCache(self._forward_static, self.policy, capture_stream)
         # A lane's steps run on the lane's launcher thread while its owner may capture its graphs on
         # another: one thread at a time in any of the entry points below.
         self._lock = threading.RLock()
-        self.lane: CudaEngine | None = None
 
     def add_lane(self, lane: "CudaEngine") -> None:
         """Serve small interactive batches on `lane` (module docstring); prewarmed, captured and
@@ -165,7 +161,7 @@ class CudaEngine:
             return dataclasses.replace(batch, spans=SpanIndex.build(lengths, spans))
         num_seqs, num_tokens = len(lengths), int(lengths.sum())
         own = self.buckets.lookup(num_seqs, num_tokens)
-        bucket = self.graphs.policy.serving_bucket(own, num_seqs, num_tokens)
+        bucket = self.policy.serving_bucket(own, num_seqs, num_tokens)
         return pad_batch(token_ids, lengths, token_type_ids, bucket, own)
 
     def can_launch_inline(self, batch: PaddedBatch) -> bool:
@@ -174,22 +170,22 @@ class CudaEngine:
         (A captured bucket stays captured, so the answer holds until the step.) The engine is still
         driven by one thread at a time: launch inline only while the launcher thread runs nothing
         (no step, capture, prewarm or smoke test), as those rewrite the static block and the graphs."""
-        return batch.is_bucketed and self.graphs.policy.is_captured(batch.bucket) and self.ring.has_free
+        return batch.is_bucketed and self.policy.is_captured(batch.bucket) and self.ring.has_free
 
     @torch.inference_mode()
-    def step(self, batch: PaddedBatch) -> "CudaLazyTensor | LazyTensor":
+    def step(self, batch: PaddedBatch) -> ResultHandle:
         """Launch `batch`; return its rows lazily. No host synchronisation on this path."""
         with self._lock, torch.cuda.stream(self.stream):
             return self._step(batch)
 
-    def _step(self, batch: PaddedBatch) -> "CudaLazyTensor | LazyTensor":
+    def _step(self, batch: PaddedBatch) -> ResultHandle:
         if not batch.is_bucketed:
             return self._step_unbucketed(batch)
         slot = self.ring.acquire()
         slot.stage(batch)  # one host-to-host memcpy into pinned memory
         self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
-        if self._plan_attention is not None:  # flashinfer: plan on the slot's pinned offsets
-            self._plan_attention(slot.cu_seqlens(batch.bucket), slot)
+        if self.attention.plans_batches:  # flashinfer: plan on the slot's pinned offsets
+            self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         # Alone in flight: the waiter spins until the event fires (CUDA's default), the quickest
@@ -200,8 +196,9 @@ class CudaEngine:
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 
     def _plan(self, host_cu_seqlens: torch.Tensor, scratch: object | None) -> None:
-        if self._plan_attention is not None:
-            self._plan_attention(host_cu_seqlens, scratch)
+        """A backend that plans each batch on the host (flashinfer) gets its offsets before the forward."""
+        if self.attention.plans_batches:
+            self.attention.plan_batch(host_cu_seqlens, scratch)
 
     def _meta(self, cu_seqlens: torch.Tensor, seq_ids: torch.Tensor, bucket: Bucket) -> AttentionMetadata:
         # max_seqlen is the bucket's token count: a bound every sequence (and the padding slot)
@@ -223,27 +220,23 @@ class CudaEngine:
         )
         return out
 
-    def _step_unbucketed(self, batch: PaddedBatch) -> LazyTensor:
+    def _step_unbucketed(self, batch: PaddedBatch) -> ResultHandle:
         """A batch larger than every bucket (the scheduler never forms one; direct callers may), or
         a span batch: eager, on an input block and an output buffer of its own rather than the ring's
         fixed slots."""
-        self.graphs.policy.decide(None)  # counted as an uncapturable eager step
+        self.policy.decide(None)  # counted as an uncapturable eager step
         layout = InputLayout.of(batch.bucket)
         host = torch.from_numpy(batch.block).pin_memory()  # [num_bytes] uint8
         block = host.to(self.device, non_blocking=True)
-        if self._plan_attention is not None:
-            self._plan_attention(layout.host_cu_seqlens(host), None)
+        if self.attention.plans_batches:
+            self.attention.plan_batch(layout.host_cu_seqlens(host), None)
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
         meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
         if batch.spans is None:
             output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
         else:
             output = forward_spans(self.model, input_ids, position_ids, token_type_ids, meta, batch.spans)
-        rows = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
-        rows.copy_(output, non_blocking=True)
-        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
-        event.record()
-        return LazyTensor(rows, event, keepalive=(output,))
+        return to_host(output)
 
     def _capture(self, bucket: Bucket) -> None:
         with self._lock, torch.cuda.stream(self.stream):
@@ -267,7 +260,7 @@ class CudaEngine:
         """Before the server opens: capture `hot`, then `prewarm`'s buckets (`"all"`: the table's
         prewarm order; a list: those) within `max_seconds`, then switch to the prewarmed policy.
         `"none"` (or graphs off) keeps the lazy policy and captures nothing."""
-        policy = self.graphs.policy
+        policy = self.policy
         if not policy.is_enabled:
             log.info("prewarm: none (CUDA graphs are off)")
             return None
@@ -277,10 +270,7 @@ class CudaEngine:
         if prewarm == "none":
             log.info("prewarm: none at start; a bucket runs eagerly on its first hit, captured on its second")
             return None
-        if prewarm == "all":
-            order = self.buckets.prewarm_order(hot)
-        else:
-            order = [b for b in dict.fromkeys([*hot, *prewarm]) if self.buckets.fits(b)]
+        order = self.buckets.prewarm_order(hot) if prewarm == "all" else self.named_buckets(prewarm, hot)
         if len(order) > policy.max_graphs:
             log.warning(
                 "prewarm: max_graphs=%d is below the %d buckets to capture; the rest will run padded "
@@ -317,7 +307,7 @@ class CudaEngine:
         (no capture starts after it; one in progress finishes). Call it on the launcher thread when
         the worker is idle. Returns how many were captured; if any, the new graphs' objects are
         frozen out of the garbage collector's full passes as prewarm's are."""
-        policy = self.graphs.policy
+        policy = self.policy
         num_lane = 0 if self.lane is None else self.lane.capture_deferred(max_seconds)
         if not policy.deferred and not policy.backlog:
             return num_lane
@@ -334,30 +324,22 @@ class CudaEngine:
             gc.freeze()
         return report.num_captured + num_lane
 
-    def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
-        """(bucket, hits, is_captured) for every bucket hit or captured."""
-        states = self.graphs.policy.states
-        buckets = sorted(set(states) | set(self.graphs.captured_buckets()))
-        return [(b, states[b].hits if b in states else 0, self.graphs.is_captured(b)) for b in buckets]
-
     def captured_buckets(self) -> list[Bucket]:
         return self.graphs.captured_buckets()
 
     def stats(self) -> EngineStats:
-        """Counters and memory now. Called from the metrics thread: it only reads (the ring's lock
-        guards its free list; the allocator's counters are thread-safe)."""
+        """`BaseEngine.stats` with the pinned ring's and the graphs' (the ring's lock guards its free
+        list), the lane's counted in."""
         graphs = self.graphs
-        own = EngineStats(
+        own = dataclasses.replace(
+            super().stats(),
             pinned_in_use_bytes=self.ring.in_use_bytes,
             pinned_reserved_bytes=self.ring.reserved_bytes,
-            gpu_memory_bytes=torch.cuda.memory_reserved(self.device),
             num_captures=len(graphs.capture_seconds),
             capture_seconds=tuple(graphs.capture_seconds),
             num_replays=graphs.num_replays,
             num_graphs_resident=graphs.num_resident,
-            eager_steps=graphs.policy.eager_counts(),
-            num_serving_captures=graphs.policy.num_serving_captures,
-            bucket_hits=graphs.policy.hit_counts(),
+            num_serving_captures=self.policy.num_serving_captures,
         )
         if self.lane is None:
             return own
@@ -378,9 +360,6 @@ class CudaEngine:
             eager_steps=eager,
             num_serving_captures=own.num_serving_captures + lane.num_serving_captures,
         )
-
-    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
-        return smoke_test(self, buckets, min_cosine, seed)
 
     def compare(self, token_ids: np.ndarray, lengths: np.ndarray) -> tuple[Bucket, np.ndarray, np.ndarray]:
         """(bucket, eager rows, replayed rows) of one batch in its own bucket (never padded up: the

@@ -1,8 +1,9 @@
-"""The engine: pack a ragged batch, run the encoder and pooling, hand back a LazyTensor at once.
+"""The eager engine: pack a ragged batch, run the encoder and pooling, hand back a LazyTensor at once;
+and `load_engine`, which builds the engine a configuration asks for.
 
 This is the eager path shared by CPU and GPU. The GPU engine (CUDA graphs per padded bucket,
-varlen attention kernels, a pinned result ring under a byte cap) replaces `step`'s body behind the
-same two calls, `pack` and `step`.
+varlen attention kernels, a pinned result ring under a byte cap) writes `pack` and `step` its own
+way behind the same `BaseEngine` (base.py).
 """
 
 import dataclasses
@@ -10,6 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,25 +20,25 @@ from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import (
     ATTENTION_BACKENDS,
-    Attend,
+    Attention,
     AttentionMetadata,
     FlashInferAttention,
     build_metadata,
     cuda_backends,
 )
 from kembed.worker.engine.attention_choice import RoutedAttention, choose_attention
+from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.engine.fp8 import fp8_unsupported_reason, quantize_linears
 from kembed.worker.engine.graphs import CapturePolicy
-from kembed.worker.engine.lazy import LazyTensor
+from kembed.worker.engine.lazy import LazyTensor, to_host
 from kembed.worker.engine.model_dir import ModelDir, read_model_dir
 from kembed.worker.engine.models import attention_shape, build_model
 from kembed.worker.engine.served import ServedModel
-from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import pad_batch
 from kembed.worker.errors import StartupError
-from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.info import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -67,23 +69,21 @@ class PackedBatch:
     spans: SpanIndex | None = None  # span pooling (spans.py): rows per span; None: one per sequence
 
 
-class Engine:
+class Engine(BaseEngine[PackedBatch]):
     """Runs one model eagerly on one device (the CPU path, and GPUs without a varlen backend).
     Not thread-safe: one launcher thread calls `step`.
 
     It pads no batch to a bucket when serving (a CPU batch's token count only to a multiple of
     CPU_TOKEN_MULTIPLE, for the heap's sake), but counts bucket hits like the CUDA engine so the
     operator's hot-bucket flow works on any worker, and its smoke test runs each bucket padded
-    against the same batch unpadded, which checks the padding layout that CUDA graphs rely on."""
+    against the same batch unpadded, which checks the padding layout that CUDA graphs rely on.
+    Nothing is captured: stats read 0 for the pinned ring and graphs, and every step is eager with
+    reason "disabled"."""
 
     def __init__(
         self, model: ServedModel, info: ModelInfo, device: torch.device, buckets: BucketTable
     ) -> None:
-        self.model = model
-        self.info = info
-        self.device = device
-        self.buckets = buckets
-        self.policy = CapturePolicy(max_graphs=0, is_enabled=False)
+        super().__init__(model, info, device, buckets, CapturePolicy(max_graphs=0, is_enabled=False))
         self._prewarmed: set[Bucket] = set()
 
     def pack(
@@ -93,8 +93,7 @@ class Engine:
         token_type_ids: np.ndarray | None = None,
         spans: Sequence[np.ndarray | None] | None = None,
     ) -> PackedBatch:
-        """Build host tensors for a ragged batch: `token_ids` [num_tokens] int32, `lengths` [num_seqs];
-        `spans`: per sequence, None or its span boundaries (spans.py)."""
+        """Host tensors for a ragged batch (`BaseEngine.pack`)."""
         span_index = None if spans is None else SpanIndex.build(lengths, spans)
         num_seqs = len(lengths)
         bucket = self.buckets.lookup(num_seqs, int(lengths.sum()))
@@ -131,31 +130,10 @@ class Engine:
             pooled = self.model(*inputs)[: batch.num_seqs]
         else:  # the same eager forward, pooled per span (spans.py)
             pooled = forward_spans(self.model, *inputs, batch.spans)
-        if device.type != "cuda":
-            return LazyTensor(pooled, None)
-        host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(pooled, non_blocking=True)
-        event = torch.cuda.Event(blocking=True)  # its waiter sleeps, not spins (lazy.py)
-        event.record()
-        return LazyTensor(host, event, keepalive=(pooled,))
-
-    def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
-        """(bucket, hits, is_captured) for every bucket hit or prewarmed."""
-        hits = {bucket: state.hits for bucket, state in self.policy.states.items()}
-        return [(b, hits.get(b, 0), b in self._prewarmed) for b in sorted(set(hits) | self._prewarmed)]
+        return to_host(pooled)
 
     def captured_buckets(self) -> list[Bucket]:
         return sorted(self._prewarmed)
-
-    def stats(self) -> EngineStats:
-        """Counters and memory now (called from the metrics thread; only reads). No pinned ring and
-        no graphs here: those read 0; every step is eager with reason "disabled"."""
-        gpu_bytes = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
-        return EngineStats(
-            gpu_memory_bytes=gpu_bytes,
-            eager_steps=self.policy.eager_counts(),
-            bucket_hits=self.policy.hit_counts(),
-        )
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
         """Nothing to capture without CUDA graphs: records the buckets so a smoke test covers them."""
@@ -168,25 +146,12 @@ class Engine:
         """Nothing to capture without CUDA graphs (the CUDA engine's start-up prewarm). The buckets
         it was given by name (`hot`, and a listed `prewarm`) are recorded as `prewarm` records them,
         so stats and a smoke test cover them as they would on a GPU; `none` records nothing."""
-        named = [] if prewarm == "none" else [*hot, *(() if isinstance(prewarm, str) else prewarm)]
-        recorded = self.prewarm([b for b in dict.fromkeys(named) if self.buckets.fits(b)])
+        recorded = self.prewarm([] if prewarm == "none" else self.named_buckets(prewarm, hot))
         log.info(
             "prewarm: none (no CUDA graphs on the %s eager engine); %d named buckets recorded",
             self.device,
             len(recorded),
         )
-
-    def capture_deferred(self, max_seconds: float) -> int:
-        """Nothing is ever deferred without CUDA graphs: 0 captured."""
-        return 0
-
-    def can_launch_inline(self, batch: PackedBatch) -> bool:
-        """False: every step is a whole eager forward (on a CPU, computed inside `step`), never the
-        cheap host work of a graph replay."""
-        return False
-
-    def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[SmokeResult]:
-        return smoke_test(self, buckets, min_cosine, seed)
 
     @torch.inference_mode()
     def compare(self, token_ids: np.ndarray, lengths: np.ndarray) -> tuple[Bucket, np.ndarray, np.ndarray]:
@@ -228,8 +193,9 @@ def _pad_tokens(
     return token_ids, np.append(lengths, num_pad).astype(lengths.dtype), token_type_ids
 
 
-def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
-    """Read the model directory, build the encoder on the configured device and dtype."""
+def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
+    """Read the model directory, build the encoder on the configured device and dtype; the CUDA engine
+    on a GPU with a varlen attention backend, else the eager one."""
     started = time.perf_counter()
     device = _resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
@@ -312,12 +278,11 @@ def load_engine(config: WorkerConfig) -> "Engine | CudaEngine":
     return Engine(model, info, device, buckets)
 
 
-def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attend) -> CudaEngine | None:
+def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attention) -> CudaEngine | None:
     """The interactive lane (cuda_engine.py) the configuration asks for, or None (and why, logged)."""
     if not (config.interactive_lane and config.priority_classes):
         return None
-    plans = attend.plans_batches if isinstance(attend, RoutedAttention) else hasattr(attend, "plan_batch")
-    if plans:
+    if attend.plans_batches:
         log.info("interactive lane: off (the attention backend plans each batch into one workspace)")
         return None
     tokens = min(config.lane_max_batch_tokens, config.max_batch_tokens)
@@ -345,8 +310,8 @@ def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attend) 
 
 def _resolve_attention(
     requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
-) -> tuple[str, Attend, bool]:
-    """(what Info reports, the attend function, whether it is a varlen kernel CUDA graphs replay)."""
+) -> tuple[str, Attention, bool]:
+    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay)."""
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
         if name not in ATTENTION_BACKENDS:

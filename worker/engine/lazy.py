@@ -1,10 +1,14 @@
-"""LazyTensor: a step's result that is already launched but may not have arrived on the host yet."""
+"""The engines' result handles (`ResultHandle`, worker/results.py): `LazyTensor`, a host buffer the
+device fills, and `to_host` that launches such a copy. The CUDA engine's ring slots have their own
+(`CudaLazyTensor`, cuda_engine.py)."""
 
 import numpy as np
 import torch
 
+from kembed.worker.results import ResultHandle
 
-class LazyTensor:
+
+class LazyTensor(ResultHandle):
     """A host (pinned, on CUDA) buffer that the device fills asynchronously, plus the event that says when.
 
     `step` returns one at once; `wait()` blocks the calling thread (never the event loop: the
@@ -26,8 +30,25 @@ class LazyTensor:
         self._event = event
         self._keepalive = keepalive
 
+    def is_ready(self) -> bool:
+        """Without an event (a CPU step, computed inside `step`) the rows are there already."""
+        return self._event is None or bool(self._event.query())
+
     def wait(self) -> np.ndarray:
         if self._event is not None:
             self._event.synchronize()
         self._keepalive = ()
         return self._host.numpy()
+
+
+def to_host(rows: torch.Tensor) -> LazyTensor:
+    """`rows` as a LazyTensor: on a CPU as they are; on a GPU copied into a fresh pinned buffer on the
+    current stream, with a blocking event (its waiter sleeps, not spins) and `rows` kept alive until
+    the copy has completed. For eager steps; replays use the ring's slots."""
+    if rows.device.type != "cuda":
+        return LazyTensor(rows, None)
+    host = torch.empty(rows.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    event = torch.cuda.Event(blocking=True)
+    event.record()
+    return LazyTensor(host, event, keepalive=(rows,))

@@ -3,7 +3,7 @@
 Every family implements `ServedModel` (served.py); a new family is a module plus a branch here.
 """
 
-from kembed.worker.engine.attention import Attend, AttentionShape
+from kembed.worker.engine.attention import Attention, AttentionShape
 from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.model_dir import ModelDir, load_weights
@@ -46,7 +46,7 @@ def pooling_of(model_dir: ModelDir) -> str:
     return ""
 
 
-def build_model(model_dir: ModelDir, attend: Attend) -> ServedModel:
+def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
     family = family_of(model_dir)
     if family == "cross-encoder":

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kembed.worker.engine.attention import Attend, AttentionMetadata
+from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.fp8 import activation_quantize, fp8_linear, is_quantized
 from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, rms_norm_fp8, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
@@ -120,7 +120,7 @@ class RMSNorm(nn.Module):
 class Qwen3Layer(nn.Module):
     FP8_LINEARS = ("qkv", "o_proj", "gate_up", "down")  # what `--linear-dtype fp8` quantises
 
-    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention) -> None:
         super().__init__()
         hidden, head_dim = shape.hidden_size, shape.head_dim
         q_size, kv_size = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
@@ -207,7 +207,7 @@ class Qwen3Layer(nn.Module):
 class Qwen3Decoder(nn.Module):
     """Token embeddings + decoder layers + final norm; returns the last hidden state of every token."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Attend) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention) -> None:
         super().__init__()
         self.shape = shape
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
@@ -264,7 +264,7 @@ class Qwen3Decoder(nn.Module):
 class Qwen3Embedder(ServedModel):
     """Qwen3 decoder + sentence-transformers pooling (last token for Qwen3-Embedding, mean for pplx)."""
 
-    def __init__(self, shape: Qwen3Shape, attend: Attend, pooling: str) -> None:
+    def __init__(self, shape: Qwen3Shape, attend: Attention, pooling: str) -> None:
         super().__init__()
         self.decoder = Qwen3Decoder(shape, attend)
         self.pooling = pooling
@@ -293,7 +293,7 @@ class Qwen3Embedder(ServedModel):
         return hidden
 
 
-def build_qwen3(model_dir: ModelDir, attend: Attend) -> Qwen3Embedder:
+def build_qwen3(model_dir: ModelDir, attend: Attention) -> Qwen3Embedder:
     """A Qwen3 embedder for `model_dir`, weights loaded, on the CPU."""
     shape = Qwen3Shape.from_config(model_dir.config)
     model = Qwen3Embedder(shape, attend, qwen3_pooling(model_dir, shape))
