@@ -27,6 +27,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "set exactly one model source: pvc, hostPath or image",
         }
     ],
+    "ModelSpec": [
+        {
+            "rule": "self.linearDtype != 'fp8' || self.dtype in ['auto', 'bfloat16']",
+            "message": "linearDtype fp8 computes in bfloat16 around its GEMMs: dtype must be auto or "
+            "bfloat16",
+        }
+    ],
     "WorkerSpec": [
         {
             "rule": "self.maxBatchTokens <= self.maxQueuedTokens",
@@ -62,6 +69,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         }
     ],
     "EmbeddingModelSpec": [
+        {
+            "rule": "self.model.linearDtype != 'fp8' || self.worker.device != 'cpu'",
+            "message": "model.linearDtype fp8 needs fp8 tensor cores: worker.device must not be cpu",
+        },
         {
             "rule": "self.gateway.chunkTokens <= self.worker.maxQueuedTokens",
             "message": "gateway.chunkTokens must not exceed worker.maxQueuedTokens: a larger chunk is "

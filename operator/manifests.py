@@ -173,6 +173,8 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         "KEMBED_REVISION": revision,
     }
+    if m.linear_dtype != "auto":  # set only away from the default, as the lane below
+        env["KEMBED_WORKER_LINEAR_DTYPE"] = m.linear_dtype
     if not t.interactive_lane:  # the worker's default is on; set only when off, so templates of
         env["KEMBED_WORKER_INTERACTIVE_LANE"] = "false"  # revisions from before it stay unchanged
     # What a pod captures at start, before it binds its port (and so before it is ready). Not part

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kembed.operator.spec import EmbeddingModelSpec, WorkerSpec
+from kembed.operator.spec import EmbeddingModelSpec, ModelSpec, WorkerSpec
 from kembed.operator.traffic_spec import WORKER_CLASS_FIELDS, TrafficClassesSpec
 
 REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
@@ -29,6 +29,8 @@ LATER_WORKER_FIELDS = (
 )
 
 
+# Model fields newer than the first revisions, likewise.
+LATER_MODEL_FIELDS = ("linear_dtype",)
 # Class fields added after revisions were first hashed (see LATER_WORKER_FIELDS).
 LATER_CLASS_FIELDS = ("interactive_lane",)
 
@@ -40,9 +42,14 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
         for name in LATER_WORKER_FIELDS
         if getattr(spec.worker, name) == WorkerSpec.model_fields[name].get_default(call_default_factory=True)
     }
+    model_at_default = {
+        name
+        for name in LATER_MODEL_FIELDS
+        if getattr(spec.model, name) == ModelSpec.model_fields[name].get_default(call_default_factory=True)
+    }
     shaping = {
         "image": worker_image,
-        "model": spec.model.model_dump(mode="json"),
+        "model": spec.model.model_dump(mode="json", exclude=model_at_default),
         "worker": spec.worker.model_dump(
             mode="json", exclude={"replicas", "image", "disruption_budget"} | at_default
         ),

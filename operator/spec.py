@@ -97,6 +97,14 @@ class ModelSpec(SpecModel):
         description="Weight and activation precision. auto: bfloat16 on CUDA, float32 on CPU "
         "(where half precision is slower).",
     )
+    linear_dtype: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="How the encoder layers' linears compute. auto: in dtype. fp8: float8 e4m3 weights "
+        "and activations on fp8 tensor cores (GPUs of compute capability 8.9 or newer), for more bulk "
+        "throughput (8-19% measured on an H200) at a loss of accuracy: cosine ~0.99 against float32 "
+        "instead of >= 0.999, and slower batch-1 latency. Needs dtype auto or bfloat16 and a GPU worker; "
+        "golden embeddings made without it need a lower rollout.minCosine.",
+    )
     pooling: Literal["cls", "mean", "lasttoken"] | None = Field(
         None, description="Override of the pooling in the model's modules.json; unset keeps the model's own."
     )
@@ -116,6 +124,12 @@ class ModelSpec(SpecModel):
         description="Prompt name to prefix (e.g. query: 'query: '), added to those in "
         "config_sentence_transformers.json; requests select one with prompt_name.",
     )
+
+    @model_validator(mode="after")
+    def _fp8_linears_in_bfloat16(self) -> ModelSpec:
+        if self.linear_dtype == "fp8" and self.dtype not in ("auto", "bfloat16"):
+            raise ValueError(f"linearDtype fp8 computes in bfloat16 around its GEMMs, not dtype {self.dtype}")
+        return self
 
 
 # --- worker -------------------------------------------------------------------------------------
@@ -500,6 +514,12 @@ class EmbeddingModelSpec(SpecModel):
         "(off by default). Not part of the revision: turning it on or changing it never rolls the "
         "workers out.",
     )
+
+    @model_validator(mode="after")
+    def _fp8_linears_on_a_gpu(self) -> EmbeddingModelSpec:
+        if self.model.linear_dtype == "fp8" and self.worker.device == "cpu":
+            raise ValueError("model.linearDtype fp8 needs fp8 tensor cores: worker.device must not be cpu")
+        return self
 
     @model_validator(mode="after")
     def _autoscaling_target_below_the_queue_cap(self) -> EmbeddingModelSpec:

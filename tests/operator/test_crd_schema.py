@@ -108,6 +108,7 @@ def test_cel_rules_name_fields_that_exist():
     peer = spec["networkPolicy"]["properties"]["gatewayFrom"]["items"]
     by_class = {
         "ModelSource": spec["model"]["properties"]["source"],
+        "ModelSpec": spec["model"],
         "WorkerSpec": SCHEMA["properties"]["spec"]["properties"]["worker"],
         "DisruptionBudgetSpec": spec["worker"]["properties"]["disruptionBudget"],
         "NetworkPeer": peer,
