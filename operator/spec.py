@@ -188,15 +188,16 @@ class WorkerSpec(SpecModel):
         default_factory=list, description="Pod tolerations, as in a Pod spec (e.g. for tainted GPU nodes)."
     )
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity, as in a Pod spec.")
-    attention_backend: Literal["auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer"] = (
-        Field(
-            "auto",
-            description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, "
-            "flash-attn = FlashAttention 4 on Hopper/Blackwell, and flashinfer when its kernels are "
-            "already built) at start and picks per batch size; sdpa is the CPU one. flashinfer is "
-            "not in the default worker image (an image with the [flashinfer] extra and nvcc compiles "
-            "its kernels on first use, minutes, unless it ships them).",
-        )
+    attention_backend: Literal[
+        "auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton"
+    ] = Field(
+        "auto",
+        description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, "
+        "flash-attn = FlashAttention 4 on Hopper/Blackwell, triton = kembed's own for short "
+        "sequences, and flashinfer when its kernels are already built) at start and picks per "
+        "batch size; sdpa is the CPU one. flashinfer is "
+        "not in the default worker image (an image with the [flashinfer] extra and nvcc compiles "
+        "its kernels on first use, minutes, unless it ships them).",
     )
     max_batch_tokens: int = Field(
         2048,

@@ -80,10 +80,11 @@ class WorkerConfig:
     `sdpa-padded` (sequences gathered into a padded block for the attention product only: the eager
     GPU fallback), `torch-varlen` (torch's varlen flash attention), `flash-attn` (FlashAttention 4,
     package `flash-attn-4`, Hopper/Blackwell), `flashinfer` (flashinfer's ragged prefill, package
-    `flashinfer-python`, head sizes 64/128/256; nvcc compiles its kernels on first use, minutes) or
-    `auto`: `sdpa` on a CPU; on a GPU every installed varlen backend is timed at start on the
-    model's attention shape per range of batch sizes, and each range gets the fastest (the choice is
-    logged and shown in Info). `auto` times flashinfer only when its kernels are already built."""
+    `flashinfer-python`, head sizes 64/128/256; nvcc compiles its kernels on first use, minutes),
+    `triton` (a kernel of kembed's own for short sequences, head sizes 32/64/128) or `auto`: `sdpa`
+    on a CPU; on a GPU every installed varlen backend is timed at start on the model's attention
+    shape per range of batch sizes, and each range gets the fastest (the choice is logged and shown
+    in Info). `auto` times flashinfer only when its kernels are already built."""
 
     max_batch_tokens: int = 2048
     """Token budget of one forward pass, in tokens. Sequences join a batch in arrival order until the
@@ -229,7 +230,7 @@ class WorkerConfig:
             raise ValueError(f"linear_dtype fp8 computes in bfloat16 around its GEMMs; dtype is {self.dtype}")
         if self.pooling not in ("", "cls", "mean", "last", "lasttoken"):
             raise ValueError(f"pooling must be cls, mean or last (or empty), not {self.pooling!r}")
-        backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer")
+        backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton")
         if self.attention_backend not in backends:
             raise ValueError(f"attention backend must be one of {backends}, not {self.attention_backend!r}")
         if self.max_batch_tokens < 1 or self.max_queued_tokens < self.max_batch_tokens:

@@ -115,7 +115,7 @@ def installed(backend: str) -> bool:
     return backend in cuda_backends(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch-varlen", "flash-attn", "flashinfer"])
+@pytest.mark.parametrize("backend", ["auto", "torch-varlen", "triton", "flash-attn", "flashinfer"])
 @pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
 def test_bf16_matches_transformers_fp32_on_ragged_batches(model, backend, minilm_dir, xlmr_dir, qwen3_dir):
     if backend in ("flash-attn", "flashinfer") and not installed(backend):
@@ -254,7 +254,7 @@ def test_engine_stats_follow_captures_replays_and_the_pinned_ring(minilm):
     assert after.gpu_memory_bytes > 0
 
 
-@pytest.mark.parametrize("backend", ["torch-varlen", "flash-attn", "flashinfer"])
+@pytest.mark.parametrize("backend", ["torch-varlen", "triton", "flash-attn", "flashinfer"])
 @pytest.mark.parametrize("model", ["minilm", "xlmr", "qwen3"])
 def test_span_batches_run_eagerly_and_match_transformers_per_span(
     model, backend, minilm_dir, xlmr_dir, qwen3_dir

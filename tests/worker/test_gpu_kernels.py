@@ -75,7 +75,7 @@ SHAPES = [  # BGE-M3, Qwen3-0.6B, MiniLM
 @pytest.mark.parametrize("lengths,num_tokens", [([128], 128), ([3, 250, 17, 1], 320), ([500] * 5, 2560)])
 def test_every_varlen_backend_matches_sdpa_on_bucket_layouts(shape, lengths, num_tokens):
     backends = cuda_backends(CUDA, shape, compile_kernels=True)
-    assert "torch-varlen" in backends
+    assert {"torch-varlen", "triton"} <= set(backends)
     q, k, v, meta, offsets = bucket_batch(lengths, num_tokens, shape)
     real = offsets[len(lengths)]
     # reference: one float32 SDPA per real sequence

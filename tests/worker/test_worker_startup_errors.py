@@ -10,9 +10,10 @@ import pytest
     ("args", "says"),
     [
         (["--attention-backend", "flash-attn", "--device", "cpu"], "'flash-attn' needs a CUDA device"),
+        (["--attention-backend", "triton", "--device", "cpu"], "'triton' needs a CUDA device"),
         (["--model", "/nonexistent-model-dir"], "not a model directory"),
     ],
-    ids=["gpu-backend-on-cpu", "no-model-dir"],
+    ids=["gpu-backend-on-cpu", "triton-on-cpu", "no-model-dir"],
 )
 def test_unservable_configuration_exits_2_with_one_line(args, says):
     done = subprocess.run(

@@ -10,7 +10,8 @@ varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
 `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
-on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`).
+on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`) and
+`triton` (triton_attention.py: a small kernel of our own for short sequences).
 """
 
 import inspect
@@ -400,7 +401,8 @@ VARLEN_BACKENDS: dict[str, Attention] = {}
 if (_varlen := _torch_varlen()) is not None:
     VARLEN_BACKENDS["torch-varlen"] = _varlen
 ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
-OPTIONAL_BACKENDS = ("flash-attn", "flashinfer")  # loaded by `cuda_backends` when installed and usable
+# loaded by `cuda_backends` when installed and usable
+OPTIONAL_BACKENDS = ("flash-attn", "flashinfer", "triton")
 BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
 
 
@@ -416,6 +418,11 @@ def cuda_backends(
             backends["flash-attn"] = fa4
         else:
             log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
+    from kembed.worker.engine.triton_attention import HEAD_DIMS, triton_short_attention  # imports this
+
+    short = triton_short_attention()
+    if short is not None and (shape is None or shape.head_dim in HEAD_DIMS):
+        backends["triton"] = short
     if major >= 8 and (shape is None or shape.head_dim in FlashInferAttention.HEAD_DIMS):
         if (flashinfer := _flashinfer(device, compile_kernels)) is not None:
             backends["flashinfer"] = flashinfer

@@ -24,11 +24,12 @@ from kembed.worker.engine.staging import pad_batch
 log = logging.getLogger(__name__)
 
 # (largest bucket token count of the range, probe batches as sequence lengths), ascending.
-# Probes are shapes serving traffic produces: single queries, many short texts, passages.
+# Probes are shapes serving traffic produces: single queries, many short texts, passages, one long
+# document (where a kernel built for short sequences, triton_attention.py, falls behind).
 RANGES: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (256, ((128,), (24,) * 8)),
     (2048, ((512,), (64,) * 16, (120,) * 16)),
-    (sys.maxsize, ((256,) * 16, (500,) * 16)),
+    (sys.maxsize, ((256,) * 16, (500,) * 16, (4096,))),
 )
 _PROBE_SEQS = max(len(p) for _, probes in RANGES for p in probes)
 _CALLS_PER_GRAPH, _REPLAYS = 5, 20
