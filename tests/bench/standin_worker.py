@@ -78,6 +78,7 @@ class StandinEngine:
         self._beside = beside
         self._slowdown = slowdown
         self.lane: StandinEngine | None = None
+        self.buckets = None  # no bucket table: admin calls take any batch shape
         row = np.ones(info.dimensions, dtype=np.float32)
         self._row = row / np.linalg.norm(row)
 
@@ -106,6 +107,9 @@ class StandinEngine:
     def can_launch_inline(self, packed: _Packed) -> bool:
         return self._is_inline  # like a GPU engine whose every bucket is captured: a step is a replay
 
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # every bucket "captured" before serving: nothing deferred
+
     def step(self, packed: _Packed) -> _Pending:
         step_s = self._step_s + self._step_s_per_token * packed.num_tokens
         with self._lock:  # batches queue on the device one after another
@@ -117,6 +121,9 @@ class StandinEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats()
+
+    def captured_buckets(self) -> list[Bucket]:
+        return []
 
     def bucket_stats(self) -> list[tuple[Bucket, int, bool]]:
         return []

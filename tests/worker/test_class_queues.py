@@ -199,6 +199,12 @@ class _GatedRunner:
 
         return Done()
 
+    def can_launch_inline(self, packed) -> bool:
+        return False  # as an engine without CUDA graphs: every step goes through the launcher thread
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # nothing to capture
+
 
 def _ragged(count: int, length: int, first: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.concatenate([np.full(length, first + i, np.int32) for i in range(count)])

@@ -61,6 +61,12 @@ class RecordingRunner:
             self.gates.append(gate)
         return _Done(rows, gate)
 
+    def can_launch_inline(self, packed) -> bool:
+        return False  # as an engine without CUDA graphs: every step goes through the launcher thread
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # nothing to capture
+
 
 def ragged(*lengths: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Sequences whose ids all equal their global index (first, first+1, ...), so rows identify them."""

@@ -139,11 +139,13 @@ async def test_admin_calls_take_only_this_workers_buckets(stub, buckets, message
 
 
 class _GatedRunner:
-    """Holds every batch until `release` is set, so the queue stays full while the test probes it."""
+    """`engine`, but every batch is held until `release` is set, so the queue stays full while the
+    test probes it. Admin calls go to the engine."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.info = engine.info
+        self.buckets = engine.buckets
         self.release = threading.Event()
 
     def pack(self, token_ids, lengths):
@@ -159,6 +161,24 @@ class _GatedRunner:
                 return result.wait()
 
         return Held()
+
+    def can_launch_inline(self, packed) -> bool:
+        return False  # a held step must not be polled for on the event loop
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return self.engine.capture_deferred(max_seconds)
+
+    def captured_buckets(self):
+        return self.engine.captured_buckets()
+
+    def bucket_stats(self):
+        return self.engine.bucket_stats()
+
+    def prewarm(self, buckets):
+        return self.engine.prewarm(buckets)
+
+    def smoke_test(self, buckets, min_cosine, seed):
+        return self.engine.smoke_test(buckets, min_cosine, seed)
 
 
 async def test_overload_is_resource_exhausted_at_once_and_the_held_request_still_completes(engine):

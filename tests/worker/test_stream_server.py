@@ -34,9 +34,11 @@ class _Rows:
 
 
 class EchoRunner:
-    """Row i is [first id, length, 0]; with `gate`, every batch waits for it to open."""
+    """Row i is [first id, length, 0]; with `gate`, every batch waits for it to open. Admin calls
+    answer at once."""
 
     info = INFO
+    buckets = None  # no bucket table: admin calls take any batch shape
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.gate = gate
@@ -51,6 +53,24 @@ class EchoRunner:
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         rows = np.stack([token_ids[starts], lengths, np.zeros(len(lengths))], axis=1).astype(np.float32)
         return _Rows(rows, self.gate)
+
+    def can_launch_inline(self, packed) -> bool:
+        return False  # as an engine without CUDA graphs: every step goes through the launcher thread
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # nothing to capture
+
+    def captured_buckets(self) -> list:
+        return []
+
+    def bucket_stats(self) -> list:
+        return []
+
+    def prewarm(self, buckets: list) -> list:
+        return list(buckets)
+
+    def smoke_test(self, buckets: list, min_cosine: float, seed: int) -> list:
+        return []
 
 
 class Ended(Exception):

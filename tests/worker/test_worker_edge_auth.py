@@ -36,6 +36,7 @@ class StandIn:
     """Row i is [first id, length, 0]; admin calls answer at once."""
 
     info = INFO
+    buckets = None  # no bucket table: admin calls take any batch shape
 
     def pack(self, token_ids, lengths):
         return token_ids.copy(), lengths.copy()
@@ -44,6 +45,15 @@ class StandIn:
         token_ids, lengths = packed
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         return _Rows(np.stack([token_ids[starts], lengths, np.zeros(len(lengths))], 1).astype(np.float32))
+
+    def can_launch_inline(self, packed) -> bool:
+        return False  # as an engine without CUDA graphs: every step goes through the launcher thread
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # nothing to capture
+
+    def captured_buckets(self):
+        return []
 
     def bucket_stats(self):
         return []

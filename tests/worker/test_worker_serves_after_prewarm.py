@@ -44,6 +44,7 @@ class SlowPrewarmEngine:
         self.started, self.release = threading.Event(), threading.Event()
         self.calls: list[tuple] = []
         self.lane = None  # no interactive lane
+        self.buckets = None  # no bucket table: admin calls take any batch shape
 
     def prewarm_at_start(self, prewarm, hot, max_seconds: float) -> None:
         self.calls.append((prewarm, hot, max_seconds, threading.current_thread().name))
@@ -55,6 +56,15 @@ class SlowPrewarmEngine:
 
     def step(self, num_seqs: int) -> _Rows:
         return _Rows(np.ones((num_seqs, INFO.dimensions), np.float32))
+
+    def can_launch_inline(self, packed) -> bool:
+        return False  # as an engine without CUDA graphs: every step goes through the launcher thread
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        return 0  # nothing to capture
+
+    def captured_buckets(self) -> list[Bucket]:
+        return []
 
     def stats(self) -> EngineStats:
         return EngineStats()
