@@ -63,8 +63,14 @@ class BatchRunner(Protocol):
 
     def step(self, batch: Any) -> ResultHandle: ...
 
-    # Optional: `can_launch_inline(batch) -> bool`, True when `step(batch)` does only cheap host work
-    # (a captured graph's replay: no capture, no eager forward), so it may run on the event loop.
+    def can_launch_inline(self, batch: Any) -> bool:
+        """True when `step(batch)` does only cheap host work (a captured graph's replay: no capture, no
+        eager forward), so it may run on the event loop. An engine without CUDA graphs answers False."""
+
+    def capture_deferred(self, max_seconds: float) -> int:
+        """Capture what could not be captured before serving (buckets prewarm had no time for, batches
+        no captured bucket held), starting none after `max_seconds`; returns how many were. Called on
+        the launcher thread while the worker is idle. An engine without CUDA graphs answers 0."""
 
 
 def _ignore(*_: object) -> None:
@@ -108,7 +114,6 @@ class Scheduler:
         lane_inflight_batches: int = 2,
     ) -> None:
         self._runner = runner
-        self._can_launch_inline = getattr(runner, "can_launch_inline", None)
         self.max_batch_tokens = max_batch_tokens
         # Sequence cap as well: the CUDA engine's largest sequence bucket; past it a batch of many
         # short sequences would fit no captured graph.
@@ -133,9 +138,6 @@ class Scheduler:
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
         self._num_threaded = 0  # launcher-thread jobs (batches until their rows are back, device calls)
-        # Optional `capture_deferred(max_seconds) -> int` of the engine: graphs it could not capture
-        # before serving (prewarm's budget ran out; batches no captured bucket held).
-        self._capture_deferred = getattr(runner, "capture_deferred", None)
         self._idle_task: asyncio.Task[None] | None = None
         self._idle_capture_check_s = idle_capture_check_s  # how often an idle worker looks for them
         self._num_batches = 0  # batches launched since start
@@ -168,10 +170,7 @@ class Scheduler:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
         if self._lane is not None:
             self._lane_task = asyncio.create_task(self._run_lane(), name="kembed-lane")
-        if self._capture_deferred is not None:
-            self._idle_task = asyncio.create_task(
-                self._capture_when_idle(self._capture_deferred), name="kembed-idle-capture"
-            )
+        self._idle_task = asyncio.create_task(self._capture_when_idle(), name="kembed-idle-capture")
 
     async def close(self) -> None:
         """Stop taking work, fail what is queued, let launched batches finish."""
@@ -304,11 +303,11 @@ class Scheduler:
             self._inflight_tasks.add(task)
             task.add_done_callback(self._inflight_tasks.discard)
 
-    async def _capture_when_idle(self, capture_deferred: Callable[[float], int]) -> None:
-        """Captures what the engine deferred, one short slice at a time and only while the worker is
-        idle, so a request that arrives meanwhile waits for at most one capture (~20 ms for a
-        BGE-M3-sized model). Asks again only after new batches, which may have found a bucket
-        uncovered."""
+    async def _capture_when_idle(self) -> None:
+        """Captures what the engine deferred (`capture_deferred`), one short slice at a time and only
+        while the worker is idle, so a request that arrives meanwhile waits for at most one capture
+        (~20 ms for a BGE-M3-sized model). Asks again only after new batches, which may have found a
+        bucket uncovered."""
         batches_seen = -1
         while True:
             await asyncio.sleep(self._idle_capture_check_s)
@@ -317,7 +316,8 @@ class Scheduler:
                 continue
             batches_seen = self._num_batches
             try:
-                while is_idle and await self.run_on_device(capture_deferred, IDLE_CAPTURE_SLICE_S):
+                capture = self._runner.capture_deferred
+                while is_idle and await self.run_on_device(capture, IDLE_CAPTURE_SLICE_S):
                     is_idle = not self._queue and not self._inflight_tasks
             except Unavailable:  # closing
                 return
@@ -360,7 +360,7 @@ class Scheduler:
                 rows, launched_at, ready_at = await self._on_device(
                     packed, runner, self._lane_launcher, self._lane_waiter
                 )
-            elif self._num_threaded == 0 and self._can_launch_inline and self._can_launch_inline(packed):
+            elif self._num_threaded == 0 and self._runner.can_launch_inline(packed):
                 rows, launched_at, ready_at = await self._inline(packed)
             else:
                 rows, launched_at, ready_at = await self._on_device(

@@ -26,7 +26,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.auth import EMBEDDER, AuthInterceptor
-from kembed.worker.buckets import Bucket
+from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.errors import InvalidInput, StartupError, Unsupported, WorkerError
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
@@ -202,15 +202,20 @@ class EngineOps(Protocol):
 
     info: ModelInfo
 
+    @property
+    def buckets(self) -> BucketTable | None:
+        """The bucket table admin calls are checked against, or None for an engine without one (a
+        benchmark's stand-in): then any batch shape is taken."""
+
+    def captured_buckets(self) -> list[Bucket]:
+        """What a smoke test of "every captured bucket" runs, one bucket per turn on the device."""
+
     def bucket_stats(self) -> list[tuple[Bucket, int, bool]]: ...
 
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]: ...
 
     def smoke_test(self, buckets: list[Bucket], min_cosine: float, seed: int) -> list[Any]:
         """engine.smoke's SmokeResults (the server does not import the engine)."""
-
-    # Optional: `buckets` (a BucketTable: admin calls are checked against it) and `captured_buckets()`
-    # (what a smoke test of "every captured bucket" runs, one bucket per turn on the device).
 
 
 class EmbedderService(pb_grpc.EmbedderServicer):
@@ -223,7 +228,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         self._scheduler = scheduler
         # Admin calls (prewarm, smoke tests) one at a time, each bucket its own turn on the device.
         self._admin = asyncio.Lock()
-        table = getattr(engine, "buckets", None)
+        table = engine.buckets
         self._bucket_table = frozenset(table.reachable()) if table is not None else None
         self._bucket_limits = (
             (f"1..{table.max_seqs}", f"{table.token_sizes[0]}..{table.max_tokens}")
@@ -344,9 +349,8 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         min_cosine = request.min_cosine or DEFAULT_MIN_COSINE
         buckets = self._buckets(request.buckets)
         async with self._admin:
-            captured = getattr(self._engine, "captured_buckets", None)
-            if not buckets and captured is not None:  # every captured bucket, as the engine would
-                buckets = await self._scheduler.run_on_device(captured)
+            if not buckets:  # every captured bucket, as the engine would
+                buckets = await self._scheduler.run_on_device(self._engine.captured_buckets)
             if not buckets:
                 results = await self._scheduler.run_on_device(
                     self._engine.smoke_test, [], min_cosine, request.seed

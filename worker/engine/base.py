@@ -26,7 +26,11 @@ class BaseEngine(ABC, Generic[BatchT]):
 
     `policy` counts every step's bucket hit and why it ran eagerly (graphs.py); an engine without
     CUDA graphs keeps one that is off, so its hits still feed the operator's hot list. `lane` is an
-    engine of its own for small interactive batches beside this one's (the CUDA engine's), or None."""
+    engine of its own for small interactive batches beside this one's (the CUDA engine's), or None.
+    `buckets` is the table batches are bucketed by and the server checks admin calls against.
+
+    It is the scheduler's `BatchRunner` and the server's `EngineOps` (mypy checks both where `serve`
+    takes it); `can_launch_inline` and `capture_deferred` answer as an engine without CUDA graphs."""
 
     def __init__(
         self,
