@@ -9,6 +9,7 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
+from kembed.worker.buckets import BucketTable
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import BaseEngine, Engine, load_engine
 from kembed.worker.engine.attention import ATTENTION_BACKENDS, Attention, FlashInferAttention, build_metadata
@@ -82,6 +83,17 @@ def test_a_cpu_engine_is_a_base_engine_whose_step_returns_a_result_handle(tiny_b
     ((bucket, hits, is_captured),) = engine.bucket_stats()
     assert (bucket.num_seqs, hits, is_captured) == (len(LENGTHS), 1, False)
     assert engine.stats().bucket_hits == {str(bucket): 1}
+
+
+def test_a_cpu_engine_answers_the_scheduler_and_the_server_as_an_engine_without_graphs(tiny_bert):
+    engine = load_engine(WorkerConfig(model=tiny_bert, device="cpu"))
+    batch = engine.pack(_ids(3), LENGTHS)
+    assert not engine.can_launch_inline(batch)  # a whole eager forward: never on the event loop
+    assert engine.capture_deferred(1.0) == 0  # nothing is ever deferred
+    assert isinstance(engine.buckets, BucketTable) and batch.bucket in engine.buckets.reachable()
+    assert engine.captured_buckets() == []
+    assert engine.prewarm([batch.bucket]) == [batch.bucket]  # recorded, so a smoke test covers it
+    assert engine.captured_buckets() == [batch.bucket]
 
 
 def test_both_engines_and_their_handles_share_one_type():
