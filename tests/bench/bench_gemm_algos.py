@@ -12,11 +12,14 @@ Prints one line per shape and a per-layer sum. `python -P tests/bench/bench_gemm
 import ctypes
 import glob
 import os
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_timing import per_call_us
 
 # name: (in features, out features, GELU epilogue)
 SHAPES = {
@@ -129,30 +132,6 @@ class LtLinear:
         return lambda: [self(x, w, bias, algo, o) for w, o in zip(weights, outs, strict=True)]
 
 
-def graph_us(fn, replays: int = 20, rounds: int = 3) -> float:
-    """Median over rounds of one call's time, from replays of a graph of CALLS calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays / CALLS)
-    return statistics.median(times)
-
-
 def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     torch.zeros(1, device="cuda")
@@ -176,7 +155,7 @@ def main() -> None:
                     return [F.linear(x, w, bias) for w in weights]
 
             calls[(m, name)] = torch_fn
-            ours = graph_us(torch_fn)
+            ours = per_call_us(torch_fn, CALLS)
             ref = torch_fn()[0].float()
             lin = LtLinear(lt, handle, m, k, n, gelu)
             outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in weights]
@@ -184,7 +163,7 @@ def main() -> None:
             for algo in lin.algos:
                 lin(x, weights[0], bias, algo, outs[0])
                 err = (outs[0].float() - ref).abs().max().item()
-                us = graph_us(lin.calls(x, weights, bias, algo, outs))
+                us = per_call_us(lin.calls(x, weights, bias, algo, outs), CALLS)
                 timed.append((us, algo, err))
             best_us, best_algo, _ = min(timed)
             first = next(us for us, algo, _ in timed if algo == 0)
@@ -206,7 +185,7 @@ def main() -> None:
     torch.cuda.synchronize()
     tunable.tuning_enable(False)
     for (m, _), fn in calls.items():
-        per_layer[m][2] += graph_us(fn)
+        per_layer[m][2] += per_call_us(fn, CALLS)
     solutions = sorted({r[2] for r in tunable.get_results()})
     print(
         "\n| tokens | projection | torch µs | cuBLASLt heuristic #0 µs | best cuBLASLt algorithm µs "

@@ -7,12 +7,16 @@ before the wait (only the previous kernel's output is read after it).
 `python -P tests/bench/bench_kernel_chain.py` on a GPU of compute capability >= 9.0 (~10 s).
 """
 
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_timing import per_call_us
 
 NUM_KERNELS = 96
 PROGRAMS = 528  # 4 per SM of an H100/H200
@@ -37,29 +41,6 @@ def _stream(X, W, Y, PDL: tl.constexpr, WEIGHT_FIRST: tl.constexpr, BLOCK: tl.co
     tl.store(Y + pid, tl.sum(w.to(tl.float32), axis=0) * 1e-9 + x)
 
 
-def per_kernel_us(chain, rounds: int = 3, replays: int = 20) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays / NUM_KERNELS)
-    return statistics.median(times)
-
-
 def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}\n")
     print("| weight per kernel | plain µs | PDL, wait first µs | PDL, weight before wait µs | read µs |")
@@ -81,7 +62,7 @@ def main() -> None:
                         PDL=pdl, WEIGHT_FIRST=weight_first, BLOCK=block, launch_pdl=pdl,
                     )  # fmt: skip
 
-            row.append(per_kernel_us(chain))
+            row.append(per_call_us(chain, NUM_KERNELS))
         size = PROGRAMS * block * 2
         floor = size / HBM_BYTES_PER_S * 1e6
         cells = " | ".join(f"{us:.2f}" for us in [*row, floor])

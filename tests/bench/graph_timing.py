@@ -1,0 +1,33 @@
+"""CUDA-graph timing shared by the GPU benchmarks that time a chain of calls (bench_gemm_algos.py,
+bench_kernel_chain.py): the chain runs once on a side stream (compiles, workspaces, handles outside
+capture), is captured once as one graph, replayed once, then timed by CUDA events over replays."""
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def per_call_us(fn: Callable[[], object], num_calls: int, replays: int = 20, rounds: int = 3) -> float:
+    """Median over `rounds` of one call's time in µs, from `replays` replays of a graph of `fn`, which
+    makes `num_calls` calls (kernels, GEMMs) per run."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / replays / num_calls)
+    return statistics.median(times)
