@@ -118,6 +118,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "minReplicas must not exceed maxReplicas",
         },
     ],
+    "TrafficClassesSpec": [
+        {
+            "rule": "self.enabled || self.bulkTokenizationProcesses == 0",
+            "message": "bulkTokenizationProcesses needs enabled: with the classes off no request is bulk",
+        },
+    ],
     "GatewaySpec": [
         {
             "rule": "!self.autoscaling.enabled "

@@ -330,6 +330,10 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
         "KEMBED_GATEWAY_PROCESSES": str(g.processes),  # one core each: see placement.gateway_resources
     }
+    # Off by default (the gateway's own default): written only when set, so that the gateway's
+    # template of a model without it stays as it was and an operator upgrade does not roll it.
+    if t.bulk_tokenization_processes:
+        values["KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES"] = str(t.bulk_tokenization_processes)
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
     # normalize is the worker's setting: the gateway normalises as the worker's Info says.
@@ -359,7 +363,7 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
         "command": ["kembed-gateway"],
         "env": gateway_env(owner, spec, revision),
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
-        "resources": placement.gateway_resources(g, resources(g.resources)),
+        "resources": placement.gateway_resources(g, spec.traffic_classes, resources(g.resources)),
         "securityContext": container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
         "startupProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 2, "failureThreshold": 60},

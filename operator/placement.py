@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from kembed.operator.spec import GatewaySpec, WorkerSpec
+from kembed.operator.traffic_spec import TrafficClassesSpec
 
 TOPOLOGY_KEYS = {"nodes": "kubernetes.io/hostname", "zones": "topology.kubernetes.io/zone"}
 # The worker's drain on SIGTERM (worker/__main__.py): it answers NOT_SERVING and refuses new requests
@@ -87,12 +88,22 @@ def millicores(quantity: int | str) -> int | None:
         return None
 
 
-def gateway_resources(gateway: GatewaySpec, rendered: dict[str, Any]) -> dict[str, Any]:
+def gateway_cores(gateway: GatewaySpec, classes: TrafficClassesSpec) -> int:
+    """Cores a gateway pod runs busy on: one per gateway process and one per bulk tokenization child
+    of each (trafficClasses.bulkTokenizationProcesses), which tokenize beside their parent's loop."""
+    return gateway.processes * (1 + classes.bulk_tokenization_processes)
+
+
+def gateway_resources(
+    gateway: GatewaySpec, classes: TrafficClassesSpec, rendered: dict[str, Any]
+) -> dict[str, Any]:
     """`rendered` (the container's resources from the spec) with a CPU request of at least one core per
-    gateway process: each process is one event loop on one core, and a pod packed onto fewer cores than
-    it has processes would have them take turns on the CPU."""
+    gateway process and bulk tokenization child (gateway_cores): each process is one event loop on one
+    core, and a pod packed onto fewer cores than it has processes would have them take turns on the CPU
+    (the children then slow the loops they were meant to relieve)."""
     requests = dict(rendered.get("requests", {}))
+    cores = gateway_cores(gateway, classes)
     current = millicores(requests.get("cpu", 0))
-    if current is not None and current < gateway.processes * 1000:
-        requests["cpu"] = str(gateway.processes)
+    if current is not None and current < cores * 1000:
+        requests["cpu"] = str(cores)
     return {**rendered, "requests": requests}

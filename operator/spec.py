@@ -495,8 +495,8 @@ class EmbeddingModelSpec(SpecModel):
         "bulkQueueShare, bulkStepTokens, interactiveHoldSeconds, bulkMaxWaitSeconds, interactiveLane) "
         "are part of the "
         "revision: a change rolls out through the prewarm and smoke gates, and the gateway takes the new "
-        "values when it switches to that revision. interactiveMaxInputs and interactiveMaxTokens roll "
-        "the gateway only.",
+        "values when it switches to that revision. interactiveMaxInputs, interactiveMaxTokens and "
+        "bulkTokenizationProcesses roll the gateway only.",
     )
     graphs: GraphsSpec = Field(
         default_factory=GraphsSpec,

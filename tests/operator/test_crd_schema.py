@@ -62,6 +62,10 @@ BAD_SPECS = {
     "bad-service-type": ({**MINIMAL, "gateway": {"service": {"type": "Ingress"}}}, "is not one of"),
     "huge-max-sequence-length": ({"model": {**MINIMAL["model"], "maxSequenceLength": 10**7}}, "greater than"),
     "no-gateway-process": ({**MINIMAL, "gateway": {"processes": 0}}, "less than the minimum"),
+    "too-many-bulk-tokenizers": (
+        {**MINIMAL, "trafficClasses": {"bulkTokenizationProcesses": 17}},
+        "greater than the maximum",
+    ),
     "unknown-spread": ({**MINIMAL, "worker": {"topologySpread": {"zones": "Maybe"}}}, "is not one of"),
     "bad-priority-class": ({**MINIMAL, "gateway": {"priorityClassName": "Serving"}}, "does not match"),
 }
@@ -118,6 +122,7 @@ def test_cel_rules_name_fields_that_exist():
         "EmbeddingModelSpec": SCHEMA["properties"]["spec"],
         "AutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["autoscaling"],
         "GatewaySpec": SCHEMA["properties"]["spec"]["properties"]["gateway"],
+        "TrafficClassesSpec": spec["trafficClasses"],
         "GatewayAutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["gateway"]["properties"][
             "autoscaling"
         ],

@@ -24,10 +24,11 @@ IMAGE = "registry.test/kembed/worker:1"
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")
 
 
-def spec_with(worker: dict | None = None, gateway: dict | None = None):
+def spec_with(worker: dict | None = None, gateway: dict | None = None, classes: dict | None = None):
     body = example("bge-m3-gpu.yaml")["spec"]
     body["worker"] = body.get("worker", {}) | (worker or {})
     body["gateway"] = body.get("gateway", {}) | (gateway or {})
+    body["trafficClasses"] = body.get("trafficClasses", {}) | (classes or {})
     return parse_spec(body)
 
 
@@ -240,6 +241,26 @@ def test_the_gateway_requests_a_core_per_process(processes, cpu, expected):
     assert resources["requests"]["memory"] == "1Gi" and resources["limits"] == {"memory": "2Gi"}
 
 
+# processes, bulk tokenization children of each, cpu request -> rendered
+BULK_CPU = {
+    "none": (1, 0, "1", "1"),
+    "one-child": (1, 1, "1", "2"),
+    "a-child-per-process": (2, 1, "500m", "4"),
+    "two-each": (3, 2, "", "9"),
+    "more-kept": (1, 2, "4", "4"),
+}
+
+
+@pytest.mark.parametrize("processes,children,cpu,expected", BULK_CPU.values(), ids=BULK_CPU.keys())
+def test_the_gateway_requests_a_core_per_bulk_tokenization_process_too(processes, children, cpu, expected):
+    requests = {"cpu": cpu, "memory": "1Gi"} if cpu else {"memory": "1Gi"}
+    gateway = {"processes": processes, "resources": {"requests": requests, "limits": {"memory": "2Gi"}}}
+    spec = spec_with(gateway=gateway, classes={"bulkTokenizationProcesses": children})
+    _, _, deployment, _ = rendered(spec)
+    assert pod(deployment)["containers"][0]["resources"]["requests"]["cpu"] == expected
+    assert placement.gateway_cores(spec.gateway, spec.traffic_classes) == processes * (1 + children)
+
+
 # --- valid Kubernetes ---------------------------------------------------------------------------
 
 EVERYTHING = {
@@ -260,6 +281,7 @@ EVERYTHING = {
     ids=["defaults", "everything-set", "no-spread"],
 )
 def test_every_variant_is_valid_kubernetes(worker, gateway, version):
-    _, workers, deployment, budgets = rendered(spec_with(worker=worker, gateway=gateway))
+    classes = {"bulkTokenizationProcesses": 2} if "processes" in gateway else {}
+    _, workers, deployment, budgets = rendered(spec_with(worker=worker, gateway=gateway, classes=classes))
     for doc in (workers, deployment, *budgets):
         kubernetes_validate.validate(doc, version, strict=True)

@@ -49,6 +49,7 @@ NOT_SHAPING = {
     "interactive-inputs": ("trafficClasses", {"interactiveMaxInputs": 4}),
     "interactive-lane-at-its-default": ("trafficClasses", {"interactiveLane": True}),
     "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
+    "bulk-tokenization-processes": ("trafficClasses", {"bulkTokenizationProcesses": 2}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
     "worker-budget": ("worker", {"disruptionBudget": {"minAvailable": 1}}),
     "gateway-budget": ("gateway", {"disruptionBudget": {"enabled": False}}),

@@ -33,7 +33,12 @@ WORKER_FIELDS = (
     "interactive_hold_s",
     "bulk_max_wait_s",
 )
-GATEWAY_FIELDS = ("interactive_max_inputs", "interactive_max_tokens", "bulk_queue_share")
+GATEWAY_FIELDS = (
+    "interactive_max_inputs",
+    "interactive_max_tokens",
+    "bulk_queue_share",
+    "bulk_tokenization_processes",
+)
 
 
 def spec_with(**classes):
@@ -112,6 +117,10 @@ RENDERED = {
         {"interactiveMaxTokens": 4096},
         ("gateway", "KEMBED_GATEWAY_INTERACTIVE_MAX_TOKENS", "4096", "interactive_max_tokens", 4096),
     ),
+    "bulk-tokenization-processes": (
+        {"bulkTokenizationProcesses": 2},
+        ("gateway", "KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES", "2", "bulk_tokenization_processes", 2),
+    ),
 }
 
 
@@ -122,6 +131,25 @@ def test_each_field_reaches_its_service_under_the_name_it_reads(classes, expecte
     env = worker_env(spec) if service == "worker" else gateway_env(spec)
     assert env[name] == text
     assert getattr(parsed(service, spec), field) == value
+
+
+def test_bulk_tokenization_processes_are_rendered_only_when_set():
+    """At 0 (or absent) the gateway's template is the one an operator without the field rendered, so
+    upgrading the operator rolls no gateway; the gateway's own default is 0 too."""
+    absent, zero = spec_with(), spec_with(bulkTokenizationProcesses=0)
+    assert "KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES" not in gateway_env(absent)
+    assert m.gateway_deployment(OWNER, zero, "r", "gw") == m.gateway_deployment(OWNER, absent, "r", "gw")
+    assert parsed("gateway", absent).bulk_tokenization_processes == 0
+
+
+def test_bulk_tokenization_processes_need_the_classes_on():
+    """With the classes off no request is bulk, so the children would never work: refused by the typed
+    spec and by a CEL rule on the section (the API server's), rather than rendered and ignored."""
+    with pytest.raises(pydantic.ValidationError, match="bulkTokenizationProcesses needs enabled"):
+        spec_with(enabled=False, bulkTokenizationProcesses=1)
+    rules = SCHEMA["properties"]["spec"]["properties"]["trafficClasses"]["x-kubernetes-validations"]
+    assert [r["rule"] for r in rules] == ["self.enabled || self.bulkTokenizationProcesses == 0"]
+    assert spec_with(enabled=False, bulkTokenizationProcesses=0).traffic_classes.enabled is False
 
 
 def test_the_workers_get_the_class_rule_from_their_revision_config_map_only():
@@ -146,6 +174,9 @@ BAD = {
     "too-many-inputs": {"interactiveMaxInputs": 5000},
     "negative-tokens": {"interactiveMaxTokens": -1},
     "enabled-not-a-boolean": {"enabled": "maybe"},
+    "negative-bulk-processes": {"bulkTokenizationProcesses": -1},
+    "too-many-bulk-processes": {"bulkTokenizationProcesses": 17},
+    "fractional-bulk-processes": {"bulkTokenizationProcesses": 1.5},
 }
 
 
@@ -170,6 +201,7 @@ def test_the_schema_describes_each_field_with_its_range_and_variable():
         "interactiveHoldSeconds",
         "bulkMaxWaitSeconds",
         "interactiveLane",
+        "bulkTokenizationProcesses",
     }
     for name, field in fields.items():
         assert "KEMBED_" in field["description"], name  # where it goes, for `kubectl explain`
@@ -181,14 +213,19 @@ def test_a_gateway_side_change_rolls_only_the_gateway():
     driver = Driver(example("minilm-cpu.yaml")["spec"])
     revision = driver.promote()
     (workers_before,) = driver.cluster.named("Deployment", "worker")
-    driver.edit("trafficClasses", interactiveMaxInputs=16, interactiveMaxTokens=4096)
+    driver.edit(
+        "trafficClasses", interactiveMaxInputs=16, interactiveMaxTokens=4096, bulkTokenizationProcesses=1
+    )
     status = driver.step()
     assert status["activeRevision"] == revision and status["rollout"] is None
     assert driver.cluster.named("Deployment", "worker") == [workers_before]
     (gateway,) = driver.cluster.named("Deployment", "gateway")
-    env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["KEMBED_GATEWAY_INTERACTIVE_MAX_INPUTS"] == "16"
     assert env["KEMBED_GATEWAY_INTERACTIVE_MAX_TOKENS"] == "4096"
+    assert env["KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES"] == "1"
+    assert container["resources"]["requests"]["cpu"] == "2"  # its process and its child
 
 
 def test_a_worker_side_change_is_a_rollout_and_the_gateway_switches_with_it():
