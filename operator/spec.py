@@ -193,8 +193,8 @@ class WorkerSpec(SpecModel):
     ] = Field(
         "auto",
         description="Ragged attention kernel: auto times the installed GPU kernels (torch-varlen, "
-        "flash-attn = FlashAttention 4 on Hopper/Blackwell, triton = kembed's own for short "
-        "sequences, and flashinfer when its kernels are already built) at start and picks per "
+        "flash-attn = FlashAttention 4 on Hopper/Blackwell, triton = kembed's own Triton "
+        "kernel, and flashinfer when its kernels are already built) at start and picks per "
         "batch size; sdpa is the CPU one. flashinfer is "
         "not in the default worker image (an image with the [flashinfer] extra and nvcc compiles "
         "its kernels on first use, minutes, unless it ships them).",

@@ -81,7 +81,7 @@ class WorkerConfig:
     GPU fallback), `torch-varlen` (torch's varlen flash attention), `flash-attn` (FlashAttention 4,
     package `flash-attn-4`, Hopper/Blackwell), `flashinfer` (flashinfer's ragged prefill, package
     `flashinfer-python`, head sizes 64/128/256; nvcc compiles its kernels on first use, minutes),
-    `triton` (a kernel of kembed's own for short sequences, head sizes 32/64/128) or `auto`: `sdpa`
+    `triton` (a Triton kernel of kembed's own, head sizes 32/64/128) or `auto`: `sdpa`
     on a CPU; on a GPU every installed varlen backend is timed at start on the model's attention
     shape per range of batch sizes, and each range gets the fastest (the choice is logged and shown
     in Info). `auto` times flashinfer only when its kernels are already built."""

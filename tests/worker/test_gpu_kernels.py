@@ -72,7 +72,10 @@ SHAPES = [  # BGE-M3, Qwen3-0.6B, MiniLM
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("lengths,num_tokens", [([128], 128), ([3, 250, 17, 1], 320), ([500] * 5, 2560)])
+@pytest.mark.parametrize(
+    "lengths,num_tokens",
+    [([128], 128), ([3, 250, 17, 1], 320), ([500] * 5, 2560), ([300, 7, 513, 1000], 2048)],
+)
 def test_every_varlen_backend_matches_sdpa_on_bucket_layouts(shape, lengths, num_tokens):
     backends = cuda_backends(CUDA, shape, compile_kernels=True)
     assert {"torch-varlen", "triton"} <= set(backends)

@@ -11,7 +11,7 @@ varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
 on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`) and
-`triton` (triton_attention.py: a small kernel of our own for short sequences).
+`triton` (triton_attention.py: a Triton kernel of our own).
 """
 
 import inspect
@@ -418,11 +418,11 @@ def cuda_backends(
             backends["flash-attn"] = fa4
         else:
             log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
-    from kembed.worker.engine.triton_attention import HEAD_DIMS, triton_short_attention  # imports this
+    from kembed.worker.engine.triton_attention import HEAD_DIMS, triton_attention_backend  # imports this
 
-    short = triton_short_attention()
-    if short is not None and (shape is None or shape.head_dim in HEAD_DIMS):
-        backends["triton"] = short
+    ours = triton_attention_backend()
+    if ours is not None and (shape is None or shape.head_dim in HEAD_DIMS):
+        backends["triton"] = ours
     if major >= 8 and (shape is None or shape.head_dim in FlashInferAttention.HEAD_DIMS):
         if (flashinfer := _flashinfer(device, compile_kernels)) is not None:
             backends["flashinfer"] = flashinfer

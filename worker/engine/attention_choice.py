@@ -3,9 +3,10 @@ start, per range of bucket sizes, and route each bucket to the fastest.
 
 No backend wins everywhere (measured on an H200, docs/benchmarks.md): FlashAttention 4 is far
 ahead for grouped-query heads of 128 and for long batches, torch's bundled flash kernel can be
-ahead on many short sequences. Probes are laid out exactly as the CUDA engine lays out a bucket
-(padding slot, empty sequence slots, max_seqlen = the bucket's token count) and timed as CUDA-graph
-replays, which is how they run when serving. The result is a frozen, logged `AttentionPlan`; the
+ahead on many short sequences, and our own Triton kernel beat torch's at every size tried.
+Probes are laid out exactly as the CUDA engine lays out a bucket (padding slot, empty sequence
+slots, max_seqlen = the bucket's token count) and timed as CUDA-graph replays, which is how they
+run when serving. The result is a frozen, logged `AttentionPlan`; the
 router it builds picks by the batch's padded token count, a Python int fixed per bucket, so each
 captured graph bakes in one backend.
 """
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # (largest bucket token count of the range, probe batches as sequence lengths), ascending.
 # Probes are shapes serving traffic produces: single queries, many short texts, passages, one long
-# document (where a kernel built for short sequences, triton_attention.py, falls behind).
+# document (where a kernel's grid or tile may fall behind).
 RANGES: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = (
     (256, ((128,), (24,) * 8)),
     (2048, ((512,), (64,) * 16, (120,) * 16)),
