@@ -38,6 +38,12 @@ def tiles(num_tokens: int, num_slots: int, head_dim: int) -> Tile:
     return (64, 64, 4, 3, True) if head_dim <= 64 else (64, 32, 4, 3, True)
 
 
+def grid_blocks(num_tokens: int, num_slots: int, block_m: int) -> int:
+    """Query blocks a program grid must hold for any packing of `num_tokens` tokens into `num_slots`
+    sequences: each sequence wastes less than one block, so tokens / block + slots suffice."""
+    return -(-num_tokens // block_m) + num_slots
+
+
 class TritonAttention(Attention):
     """The kernel above behind the `Attention` call; packed [tokens, heads, head_dim] in and out."""
 
@@ -69,7 +75,7 @@ def varlen_attention(
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     num_slots = cu_seqlens.shape[0] - 1  # static per bucket: its sequence slots
     block_m, block_n, warps, stages, split = tile or tiles(num_tokens, num_slots, head_dim)
-    grid = (triton.cdiv(num_tokens, block_m) + num_slots, num_heads)
+    grid = (grid_blocks(num_tokens, num_slots, block_m), num_heads)
     _varlen_attention_kernel[grid](
         q, k, v, out, cu_seqlens, 1.0 / math.sqrt(head_dim),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
