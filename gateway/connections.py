@@ -19,6 +19,13 @@ refused. `guarded_protocol` adds, per connection:
 
 Each close is counted in `kembed_gateway_connections_closed_total{reason}`; open connections in
 `kembed_gateway_open_connections`.
+
+It also answers an HTTP/2 upgrade offer (`Upgrade: h2c`, which curl's `--http2`, Spring's
+RestClient and Ktor clients send on plain-HTTP requests) as the HTTP/1.1 request it is. The gateway
+speaks HTTP/1.1 only, and a server may ignore an Upgrade offer (RFC 9110 §7.8), but httptools stops
+parsing at the end of such a request's head, so uvicorn hands the app an empty body (a 400 for
+every such client). A request head is therefore held until it is whole (it usually comes in one
+read) and its Upgrade field dropped before the parser sees it.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import http
 import itertools
 import logging
+import re
 import resource
 from asyncio import TimerHandle
 from typing import Any
@@ -51,6 +59,14 @@ log = logging.getLogger(__name__)
 RESERVED_FDS = 64
 
 _IDLE, _HEAD, _BODY, _SERVING = "idle", "head", "body", "serving"
+_HEAD_END = b"\r\n\r\n"
+_UPGRADE_FIELD = re.compile(rb"\r\nupgrade[ \t]*:[^\r]*", re.IGNORECASE)
+
+
+def without_upgrade(head: bytes) -> bytes:
+    """A request head (through its blank line) without its Upgrade fields, so that it is parsed as
+    the plain HTTP/1.1 request it also is."""
+    return _UPGRADE_FIELD.sub(b"", head)
 
 
 def raise_fd_limit() -> int:
@@ -123,6 +139,7 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             self._num_headers = 0
             self._timer: TimerHandle | None = None
             self._is_refused = False
+            self._held = b""  # the start of a request head, until its blank line comes
             self._order = next(opened)
             self.url = b""
 
@@ -212,6 +229,16 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             self._unset_keepalive_if_required()
             if self._phase in (_IDLE, _HEAD):
                 self._head_bytes += len(data)
+            if self._phase == _IDLE or self._held:  # a head begins here, or has begun in self._held
+                data = self._whole_head(data)
+                if not data:  # held until the head is whole, unless it has grown past its bound
+                    if self._head_bytes > max_header_bytes:
+                        self._refuse(
+                            431,
+                            f"the request head is larger than {max_header_bytes} bytes",
+                            "headers_too_large",
+                        )
+                    return
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade:
@@ -230,6 +257,24 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
                 self._refuse(
                     431, f"the request head is larger than {max_header_bytes} bytes", "headers_too_large"
                 )
+
+        def _whole_head(self, data: bytes) -> bytes:
+            """`data` with the held part of the head before it, its Upgrade fields dropped, once the
+            head's blank line has come; b"" while it has not (the bytes are held)."""
+            held = self._held + data
+            end = held.find(_HEAD_END)
+            if end < 0:
+                self._held = held
+                target = held.split(b"\r\n", 1)[0].split(b" ")  # the URL, for a refusal's body shape
+                self.url = target[1] if len(target) > 1 else b""  # (the parser sets it again)
+                if self._phase == _IDLE:  # the head has begun: from now on it is due (408, not quiet)
+                    self._phase = _HEAD
+                    if self._timer is None:  # a keep-alive connection's next request
+                        self._arm(header_timeout_s, "header_timeout")
+                return b""
+            self._held = b""
+            end += len(_HEAD_END)
+            return without_upgrade(held[:end]) + held[end:]
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
