@@ -123,6 +123,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.enabled || self.bulkTokenizationProcesses == 0",
             "message": "bulkTokenizationProcesses needs enabled: with the classes off no request is bulk",
         },
+        {
+            "rule": "self.enabled || !has(self.bulkGateway)",
+            "message": "bulkGateway needs enabled: with the classes off no request is bulk",
+        },
     ],
     "GatewaySpec": [
         {
@@ -159,6 +163,7 @@ PRINTER_COLUMNS = [
     },
     {"name": "Candidate", "type": "string", "jsonPath": ".status.candidateRevision", "priority": 1},
     {"name": "URL", "type": "string", "jsonPath": ".status.gatewayURL", "priority": 1},
+    {"name": "Bulk URL", "type": "string", "jsonPath": ".status.bulkGatewayURL", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -1,7 +1,8 @@
 """Pure manifest builders: spec in, Kubernetes objects (dicts) out. No I/O, no clock, no randomness.
 
 Per revision: an immutable ConfigMap of engine settings (`KEMBED_WORKER_*`), a worker Deployment and
-a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked);
+a headless Service. Per model: the gateway Deployment and Service (and a ServiceMonitor when asked),
+and the same again for the bulk gateway when trafficClasses.bulkGateway is set;
 every worker pod also reads the model's hot list, a ConfigMap the operator's timer writes
 (hot_buckets.py).
 The Jobs are in `jobs.py`, the PodDisruptionBudgets and NetworkPolicies in `policies.py`, the pods'
@@ -349,10 +350,15 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     return env + worker_token_env(spec, "KEMBED_GATEWAY_WORKER_AUTH_TOKEN")
 
 
-def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str) -> dict[str, Any]:
+def gateway_deployment(
+    owner: Owner, spec: EmbeddingModelSpec, revision: str, image: str, component: str = "gateway"
+) -> dict[str, Any]:
     """The gateway pointed at `revision`'s workers. Switching revisions changes the pod template, so
     the Deployment rolls: a new pod is Ready (/ready: a worker answered) before an old one stops, and
-    an old one leaves the Service endpoints (preStop sleep) before it drains its requests."""
+    an old one leaves the Service endpoints (preStop sleep) before it drains its requests.
+
+    With `component` n.BULK_GATEWAY, the bulk gateway (trafficClasses.bulkGateway): the same pod
+    template under its own name, labels and replica count."""
     g = spec.gateway
     tmp_volume, tmp_mount = scratch()
     http = {"port": "http"}
@@ -371,19 +377,20 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
         "livenessProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 10, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
     }
+    replicas = g.replicas if component == "gateway" else bulk_gateway_replicas(spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "metadata": metadata(owner, n.gateway_name(owner, component), component),
         "spec": {
-            "replicas": g.replicas,
+            "replicas": replicas,
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": n.selector(owner, "gateway")},
+            "selector": {"matchLabels": n.selector(owner, component)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "minReadySeconds": 2,
             "template": {
                 "metadata": {
-                    "labels": n.labels(owner, "gateway"),
+                    "labels": n.labels(owner, component),
                     "annotations": {n.REVISION_LABEL: revision},
                 },
                 "spec": pod_spec(
@@ -391,31 +398,43 @@ def gateway_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, im
                     [model_volume(spec.model.source), tmp_volume],
                     # the preStop sleep, then the requests in flight finish (placement.py)
                     terminationGracePeriodSeconds=placement.gateway_grace_s(g),
-                    **placement.pod_placement(g, n.selector(owner, "gateway"), is_rolling=True),
+                    **placement.pod_placement(g, n.selector(owner, component), is_rolling=True),
                 ),
             },
         },
     }
 
 
-def gateway_service(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+def bulk_gateway_replicas(spec: EmbeddingModelSpec) -> int:
+    bulk = spec.traffic_classes.bulk_gateway
+    assert bulk is not None, "rendered only when trafficClasses.bulkGateway is set"
+    return bulk.replicas
+
+
+def gateway_components(spec: EmbeddingModelSpec) -> tuple[str, ...]:
+    """The gateways the spec wants: the main one, and the bulk one when trafficClasses.bulkGateway is set."""
+    return ("gateway", n.BULK_GATEWAY) if spec.traffic_classes.bulk_gateway is not None else ("gateway",)
+
+
+def gateway_service(owner: Owner, spec: EmbeddingModelSpec, component: str = "gateway") -> dict[str, Any]:
+    """The Service of the gateway (or, with n.BULK_GATEWAY, of the bulk gateway: same type and port)."""
     svc = spec.gateway.service
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(owner, n.gateway_name(owner), "gateway"),
+        "metadata": metadata(owner, n.gateway_name(owner, component), component),
         "spec": {
             "type": svc.type,
-            "selector": n.selector(owner, "gateway"),
+            "selector": n.selector(owner, component),
             "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
 
 
-def gateway_url(owner: Owner, spec: EmbeddingModelSpec) -> str:
+def gateway_url(owner: Owner, spec: EmbeddingModelSpec, component: str = "gateway") -> str:
     port = spec.gateway.service.port
     suffix = "" if port == 80 else f":{port}"
-    return f"http://{n.gateway_name(owner)}.{owner.namespace}.svc{suffix}"
+    return f"http://{n.gateway_name(owner, component)}.{owner.namespace}.svc{suffix}"
 
 
 def monitor_metadata(owner: Owner, name: str, component: str, spec: EmbeddingModelSpec) -> dict[str, Any]:
@@ -442,13 +461,14 @@ def worker_pod_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]
     }
 
 
-def service_monitor(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
+def service_monitor(owner: Owner, spec: EmbeddingModelSpec, component: str = "gateway") -> dict[str, Any]:
+    """Scrapes the gateway's Service (or, with n.BULK_GATEWAY, the bulk gateway's)."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": monitor_metadata(owner, n.gateway_name(owner), "gateway", spec),
+        "metadata": monitor_metadata(owner, n.gateway_name(owner, component), component, spec),
         "spec": {
-            "selector": {"matchLabels": n.selector(owner, "gateway")},
+            "selector": {"matchLabels": n.selector(owner, component)},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.metrics.interval}],
         },
     }

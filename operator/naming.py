@@ -17,6 +17,9 @@ REVISION_LABEL = "kembed.dev/revision"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 ATTEMPT_LABEL = "kembed.dev/attempt"
 MANAGED_BY = "kembed-operator"
+# The component label of the bulk gateway's objects (trafficClasses.bulkGateway): not `gateway`, so
+# the main gateway's selectors never pick its pods, nor its selectors the main gateway's.
+BULK_GATEWAY = "gateway-bulk"
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,10 @@ class Owner:
         }
 
 
-def gateway_name(owner: Owner) -> str:
-    return f"{owner.name}-gateway"
+def gateway_name(owner: Owner, component: str = "gateway") -> str:
+    """The gateway's Deployment, Service, budget, policy and monitor; with component BULK_GATEWAY the
+    bulk gateway's (`<model>-gateway-bulk`)."""
+    return f"{owner.name}-{component}"
 
 
 def workers_name(owner: Owner, revision: str) -> str:

@@ -1,13 +1,15 @@
 """Pure builders of what guards a model's pods: PodDisruptionBudgets (one per worker revision, named
-like its Deployment, and one for the gateway) and NetworkPolicies (`<model>-worker` over every worker
-pod of the model, all revisions; `<model>-gateway`). Owned and labelled like everything else
-(manifests.metadata), so the garbage collector removes them with the model.
+like its Deployment, and one per gateway) and NetworkPolicies (`<model>-worker` over every worker
+pod of the model, all revisions; `<model>-gateway`; `<model>-gateway-bulk` with the bulk gateway).
+Owned and labelled like everything else (manifests.metadata), so the garbage collector removes them
+with the model.
 
-Who reaches a worker: the model's gateway pods (gRPC and the data port) and its prewarm and smoke Job
-pods (gRPC, against candidate pods and, for hot buckets, the serving revision's). The operator itself
-never dials gRPC: it leaves that to the Jobs. It reads the serving workers' bucket hits from their
-metrics port for the hot list (hot_buckets.py), so its namespace is admitted there with the
-metricsNamespaces. The kubelet's gRPC and HTTP probes come from the node and are not subject to NetworkPolicy.
+Who reaches a worker: the model's gateway pods, the bulk gateway's too (gRPC and the data port), and
+its prewarm and smoke Job pods (gRPC, against candidate pods and, for hot buckets, the serving
+revision's). The operator itself never dials gRPC: it leaves that to the Jobs. It reads the serving
+workers' bucket hits from their metrics port for the hot list (hot_buckets.py), so its namespace is
+admitted there with the metricsNamespaces. The kubelet's gRPC and HTTP probes come from the node and
+are not subject to NetworkPolicy.
 Ports are named (grpc, data, metrics, http), so a policy holds for every revision even when
 `worker.port` differs between them.
 """
@@ -58,8 +60,12 @@ def worker_disruption_budget(owner: Owner, spec: EmbeddingModelSpec, revision: s
     return _budget(owner, spec.worker.disruption_budget, n.workers_name(owner, revision), "worker", revision)
 
 
-def gateway_disruption_budget(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
-    return _budget(owner, spec.gateway.disruption_budget, n.gateway_name(owner), "gateway")
+def gateway_disruption_budget(
+    owner: Owner, spec: EmbeddingModelSpec, component: str = "gateway"
+) -> dict[str, Any]:
+    """The gateway's budget; with n.BULK_GATEWAY the bulk gateway's, from gateway.disruptionBudget too."""
+    name = n.gateway_name(owner, component)
+    return _budget(owner, spec.gateway.disruption_budget, name, component)
 
 
 def disruption_budgets(
@@ -70,7 +76,7 @@ def disruption_budgets(
     if spec.worker.disruption_budget.enabled:
         out += [worker_disruption_budget(owner, spec, revision) for revision in sorted(revisions)]
     if spec.gateway.disruption_budget.enabled:
-        out.append(gateway_disruption_budget(owner, spec))
+        out += [gateway_disruption_budget(owner, spec, c) for c in m.gateway_components(spec)]
     return out
 
 
@@ -139,7 +145,7 @@ def worker_network_policy(
     the operator's namespace (it reads the hot list there)."""
     clients = [
         {"podSelector": {"matchLabels": n.selector(owner, component)}}
-        for component in ("gateway", *ROLLOUT_JOB_KINDS)
+        for component in (*m.gateway_components(spec), *ROLLOUT_JOB_KINDS)
     ]
     return _policy(
         owner,
@@ -151,22 +157,26 @@ def worker_network_policy(
     )
 
 
-def gateway_network_policy(owner: Owner, spec: EmbeddingModelSpec) -> dict[str, Any]:
-    """The gateway pods: HTTP (the API and /metrics) from everyone, or only from gatewayFrom plus the
-    metricsNamespaces, when it is set."""
+def gateway_network_policy(
+    owner: Owner, spec: EmbeddingModelSpec, component: str = "gateway"
+) -> dict[str, Any]:
+    """The gateway pods (or, with n.BULK_GATEWAY, the bulk gateway's): HTTP (the API and /metrics)
+    from everyone, or only from gatewayFrom plus the metricsNamespaces, when it is set."""
     rule: dict[str, Any] = {"ports": _tcp("http")}
     allowed = spec.network_policy.gateway_from
     if allowed:  # no `from` at all admits every source, inside the cluster and out
         scrapers = metrics_peers(spec) if spec.network_policy.metrics_namespaces else []
         rule["from"] = [peer(p) for p in allowed] + scrapers
-    return _policy(owner, "gateway", [rule])
+    return _policy(owner, component, [rule])
 
 
 def network_policies(
     owner: Owner, spec: EmbeddingModelSpec, operator_namespace: str = ""
 ) -> list[dict[str, Any]]:
-    """The policies the spec wants: both, or none when spec.networkPolicy.enabled is off.
-    `operator_namespace` is where the operator runs (its settings; empty if unknown)."""
+    """The policies the spec wants: the workers' and one per gateway, or none when
+    spec.networkPolicy.enabled is off. `operator_namespace` is where the operator runs (its settings;
+    empty if unknown)."""
     if not spec.network_policy.enabled:
         return []
-    return [worker_network_policy(owner, spec, operator_namespace), gateway_network_policy(owner, spec)]
+    gateways = [gateway_network_policy(owner, spec, c) for c in m.gateway_components(spec)]
+    return [worker_network_policy(owner, spec, operator_namespace), *gateways]

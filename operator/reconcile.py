@@ -5,12 +5,14 @@ It talks to the API server only through `Cluster` (get/list/create/patch/delete/
 their rendered body kept in an annotation: missing → created, hash differs (or a Deployment was
 scaled behind our back) → patched, the same → left alone. That is also how the drift timer repairs.
 PodDisruptionBudgets and NetworkPolicies are listed by the model's label and brought to exactly the
-set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted.
+set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted. The
+bulk gateway's Deployment, Service and ServiceMonitor are deleted by name once its field is unset.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -219,8 +221,21 @@ def report_jobs(
             )
 
 
-def read_gateway(cluster: Cluster, owner: Owner) -> Gateway | None:
-    live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner))
+def read_gateway(cluster: Cluster, owner: Owner, components: Iterable[str] = ("gateway",)) -> Gateway | None:
+    """The main gateway as observed; rolled out only when every gateway in `components` (the bulk one
+    too, when the spec has it) is rolled out on the main gateway's revision: a revision is promoted,
+    and the one before it retired, only once no gateway pod still sends work to the old one."""
+    main, *others = (_read_gateway(cluster, owner, component) for component in components)
+    if main is None:
+        return None
+    is_rolled_out = main.is_rolled_out and all(
+        other is not None and other.revision == main.revision and other.is_rolled_out for other in others
+    )
+    return dataclasses.replace(main, is_rolled_out=is_rolled_out)
+
+
+def _read_gateway(cluster: Cluster, owner: Owner, component: str) -> Gateway | None:
+    live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner, component))
     if live is None:
         return None
     spec, status = live["spec"], live.get("status", {})
@@ -281,7 +296,7 @@ def reconcile(
         now=now,
         workers=read_workers(cluster, owner),
         jobs=job_states,
-        gateway=read_gateway(cluster, owner),
+        gateway=read_gateway(cluster, owner, m.gateway_components(spec)),
         is_autoscaler_missing=spec.autoscaling.enabled
         and not cluster.serves("ScaledObject", owner.namespace),
     )
@@ -304,7 +319,8 @@ def carry_out(
     job_bodies: Iterable[dict[str, Any]],
     operator_namespace: str = "",
 ) -> None:
-    apply(cluster, m.gateway_service(owner, spec))
+    for component in m.gateway_components(spec):
+        apply(cluster, m.gateway_service(owner, spec, component))
     if plan.deploy is not None:
         apply(cluster, m.engine_config_map(owner, spec, plan.deploy))
         apply(cluster, m.worker_service(owner, spec, plan.deploy))
@@ -318,17 +334,33 @@ def carry_out(
     if plan.gateway is not None:  # only ever the revision the current spec describes
         gateway = m.gateway_deployment(owner, spec, plan.gateway, gateway_image)
         apply(cluster, a.with_replicas(gateway, None) if is_gateway_autoscaled else gateway)
+        if spec.traffic_classes.bulk_gateway is not None:  # never autoscaled: bulkGateway.replicas
+            apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image, n.BULK_GATEWAY))
     if is_gateway_autoscaled:
         apply(cluster, a.gateway_autoscaler(owner, spec))
     elif cluster.get("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner)) is not None:
         cluster.delete("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner))
     if spec.metrics.service_monitor:
-        apply(cluster, m.service_monitor(owner, spec))
+        for component in m.gateway_components(spec):
+            apply(cluster, m.service_monitor(owner, spec, component))
         apply(cluster, m.worker_pod_monitor(owner, spec))
+    if spec.traffic_classes.bulk_gateway is None:
+        drop_bulk_gateway(cluster, owner)
     guard(cluster, owner, spec, plan, operator_namespace)
     for event in plan.events:
         cluster.event(owner, event.type, event.reason, event.message)
     _retire(cluster, owner, plan, job_bodies)
+
+
+BULK_GATEWAY_KINDS = ("Deployment", "Service", "ServiceMonitor")  # its budget and policy: guard()
+
+
+def drop_bulk_gateway(cluster: Cluster, owner: Owner) -> None:
+    """trafficClasses.bulkGateway unset (or removed): delete what it made, if anything."""
+    name = n.gateway_name(owner, n.BULK_GATEWAY)
+    for kind in BULK_GATEWAY_KINDS:
+        if cluster.get(kind, owner.namespace, name) is not None:
+            cluster.delete(kind, owner.namespace, name)
 
 
 def guard(
@@ -380,6 +412,10 @@ def status_body(owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> dict[str,
     body = dump(status)
     body["selector"] = n.selector_string(n.selector(owner, "worker", serving)) if serving else ""
     body["gatewayURL"] = m.gateway_url(owner, spec)
+    if spec.traffic_classes.bulk_gateway is not None:
+        body["bulkGatewayURL"] = m.gateway_url(owner, spec, n.BULK_GATEWAY)
+    elif "bulkGatewayURL" in body:  # left from when it was set: a merge patch removes it as null
+        body["bulkGatewayURL"] = None
     body.setdefault("rollout", None)  # explicit null: a merge patch must remove a finished rollout
     return body
 

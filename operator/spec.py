@@ -496,7 +496,8 @@ class EmbeddingModelSpec(SpecModel):
         "are part of the "
         "revision: a change rolls out through the prewarm and smoke gates, and the gateway takes the new "
         "values when it switches to that revision. interactiveMaxInputs, interactiveMaxTokens and "
-        "bulkTokenizationProcesses roll the gateway only.",
+        "bulkTokenizationProcesses roll the gateway only; bulkGateway adds or removes the bulk gateway "
+        "only.",
     )
     graphs: GraphsSpec = Field(
         default_factory=GraphsSpec,

@@ -72,6 +72,12 @@ class EmbeddingModelStatus(SpecModel):
     ready_replicas: int = Field(0, description="Ready workers of the serving revision.")
     selector: str = Field("", description="Label selector of the serving workers (the scale subresource).")
     gateway_url: str = Field("", alias="gatewayURL", description="In-cluster URL of the gateway.")
+    bulk_gateway_url: str | None = Field(
+        None,
+        alias="bulkGatewayURL",
+        description="In-cluster URL of the bulk gateway (spec.trafficClasses.bulkGateway), for indexing "
+        "jobs; absent without one.",
+    )
     rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
 
 

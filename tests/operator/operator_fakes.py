@@ -166,17 +166,21 @@ class FakeCluster:
             job["status"]["completionTime"] = ended
         return job["metadata"]["name"]
 
-    def roll_gateway(self) -> None:
-        """The gateway Deployment's pods all run its current template and are available."""
-        (deployment,) = self.named("Deployment", "gateway")
-        replicas = deployment["spec"]["replicas"]
-        deployment["status"] = {
-            "observedGeneration": deployment["metadata"]["generation"],
-            "replicas": replicas,
-            "updatedReplicas": replicas,
-            "availableReplicas": replicas,
-            "readyReplicas": replicas,
-        }
+    def roll_gateway(self, components: tuple[str, ...] = ("gateway", n.BULK_GATEWAY)) -> None:
+        """The gateway Deployment's pods (and the bulk gateway's, if there is one) all run its current
+        template and are available."""
+        for component in components:
+            found = self.named("Deployment", component)
+            assert found or component != "gateway", "no gateway Deployment to roll"
+            for deployment in found:
+                replicas = deployment["spec"]["replicas"]
+                deployment["status"] = {
+                    "observedGeneration": deployment["metadata"]["generation"],
+                    "replicas": replicas,
+                    "updatedReplicas": replicas,
+                    "availableReplicas": replicas,
+                    "readyReplicas": replicas,
+                }
 
 
 IMAGES = Images(worker="registry.test/kembed/worker:1", gateway="registry.test/kembed/gateway:1")

@@ -50,6 +50,7 @@ NOT_SHAPING = {
     "interactive-lane-at-its-default": ("trafficClasses", {"interactiveLane": True}),
     "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
     "bulk-tokenization-processes": ("trafficClasses", {"bulkTokenizationProcesses": 2}),
+    "bulk-gateway": ("trafficClasses", {"bulkGateway": {"replicas": 3}}),
     "monitor-labels": ("metrics", {"labels": {"release": "prometheus"}}),
     "worker-budget": ("worker", {"disruptionBudget": {"minAvailable": 1}}),
     "gateway-budget": ("gateway", {"disruptionBudget": {"enabled": False}}),
