@@ -4,6 +4,10 @@ It talks to the API server only through `Cluster` (get/list/create/patch/delete/
 `rbac.RBAC_RULES`), so the tests run it against an in-memory fake. Objects are applied by a hash of
 their rendered body kept in an annotation: missing → created, hash differs (or a Deployment was
 scaled behind our back) → patched, the same → left alone. That is also how the drift timer repairs.
+A patch is a JSON merge patch, which leaves alone what it does not name, so each object also keeps
+the keys (through nested objects, not into lists) of the body last applied, and a patch names as
+null every key the new body no longer has: a nodeSelector entry, a Service annotation or a pod
+label taken out of the spec leaves the object too, as `kubectl apply` would do.
 PodDisruptionBudgets and NetworkPolicies are listed by the model's label and brought to exactly the
 set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted. The
 bulk gateway's Deployment, Service and ServiceMonitor are deleted by name once its field is unset.
@@ -34,8 +38,12 @@ from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
 
 APPLIED_HASH = "kembed.dev/applied-hash"
-# Fields a body carries only sometimes. A merge patch leaves alone what it does not mention, so a patch
-# names each of these that the new body lacks as null, and the API server removes it from the object.
+APPLIED_KEYS = "kembed.dev/applied-keys"  # the keys of the body last applied (module docstring)
+# Keys a patch never removes: a Deployment's replicas once an autoscaler owns them (the body leaves
+# them out then, and a null would scale the Deployment to 1 until the autoscaler acts).
+KEPT_WHEN_ABSENT: dict[str, frozenset[tuple[str, ...]]] = {"Deployment": frozenset({("spec", "replicas")})}
+# Fields a body carries only sometimes, for objects applied before APPLIED_KEYS existed: a patch names
+# each of these that the new body lacks as null, and the API server removes it from the object.
 UNSET_BY_PATCH: dict[str, tuple[tuple[str, ...], ...]] = {
     "Deployment": (
         ("spec", "template", "spec", "priorityClassName"),
@@ -91,17 +99,17 @@ def apply(cluster: Cluster, body: dict[str, Any]) -> None:
     """Create `body` or bring the live object back to it. Jobs and ConfigMaps are immutable here."""
     meta = body["metadata"]
     digest = _hash(body)
-    body = {
-        **body,
-        "metadata": {**meta, "annotations": {**meta.get("annotations", {}), APPLIED_HASH: digest}},
-    }
+    keys = json.dumps(_keys(body), sort_keys=True, separators=(",", ":"))
+    annotations = {**meta.get("annotations", {}), APPLIED_HASH: digest, APPLIED_KEYS: keys}
+    body = {**body, "metadata": {**meta, "annotations": annotations}}
     live = cluster.get(body["kind"], meta["namespace"], meta["name"])
     if live is None:
         cluster.create(body)
         return
     if body["kind"] == "Job":
         return  # a Job is named by revision and attempt: an existing one is the one wanted
-    is_same = live["metadata"].get("annotations", {}).get(APPLIED_HASH) == digest
+    live_annotations = live["metadata"].get("annotations", {})
+    is_same = live_annotations.get(APPLIED_HASH) == digest and APPLIED_KEYS in live_annotations
     if body["kind"] == "Deployment" and "replicas" in body["spec"]:  # left out: an autoscaler owns it
         is_same = is_same and live["spec"].get("replicas") == body["spec"]["replicas"]
     if is_same:
@@ -110,12 +118,27 @@ def apply(cluster: Cluster, body: dict[str, Any]) -> None:
         cluster.delete("ConfigMap", meta["namespace"], meta["name"])
         cluster.create(body)
         return
-    cluster.patch(body["kind"], meta["namespace"], meta["name"], _with_unset(body))
+    cluster.patch(
+        body["kind"], meta["namespace"], meta["name"], _patch(body, live_annotations.get(APPLIED_KEYS))
+    )
 
 
-def _with_unset(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` as a merge patch: each of its kind's UNSET_BY_PATCH fields it lacks set to null."""
+KeyTree = dict[str, "KeyTree | None"]
+
+
+def _keys(body: dict[str, Any]) -> KeyTree:
+    """The keys of `body` as a tree: a nested object's keys under its key, None for any other value
+    (a JSON merge patch replaces a list whole, so what is inside one needs no record)."""
+    return {key: _keys(value) if isinstance(value, dict) else None for key, value in body.items()}
+
+
+def _patch(body: dict[str, Any], applied_keys: str | None) -> dict[str, Any]:
+    """`body` as a merge patch: null for each key of the body last applied that `body` lacks (or,
+    for an object applied before that record, each of its kind's UNSET_BY_PATCH fields)."""
     patch = copy.deepcopy(body)
+    kept = KEPT_WHEN_ABSENT.get(body["kind"], frozenset())
+    if applied_keys is not None:
+        _null_removed(patch, json.loads(applied_keys), (), kept)
     for path in UNSET_BY_PATCH.get(body["kind"], ()):
         node: Any = patch
         for key in path[:-1]:
@@ -123,6 +146,18 @@ def _with_unset(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             node.setdefault(path[-1], None)
     return patch
+
+
+def _null_removed(
+    patch: dict[str, Any], applied: KeyTree, path: tuple[str, ...], kept: frozenset[tuple[str, ...]]
+) -> None:
+    for key, below in applied.items():
+        here = (*path, key)
+        if key not in patch:
+            if here not in kept and not (path == () and key == "status"):
+                patch[key] = None
+        elif below is not None and isinstance(patch[key], dict):
+            _null_removed(patch[key], below, here, kept)
 
 
 # --- reading the world ----------------------------------------------------------------------------
