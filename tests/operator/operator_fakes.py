@@ -208,6 +208,16 @@ class Driver:
     def condition(self, type_: str) -> dict:
         return next(c for c in self.body["status"]["conditions"] if c["type"] == type_)
 
+    def pass_gates(self, revision: str, ip_base: int = 20) -> None:
+        """Candidate `revision`'s pods up, its prewarm and smoke Jobs passed: it is Promoting (a gateway
+        rolled to it); each a reconcile pass."""
+        self.cluster.run_workers(revision, ip_base=ip_base)
+        self.step()
+        self.cluster.finish_job("prewarm", True)
+        self.step()
+        self.cluster.finish_job("smoke", True)
+        self.step()
+
     def promote(self) -> str:
         """Drive the candidate through the gate to serving; its revision."""
         revision = self.step()["candidateRevision"]

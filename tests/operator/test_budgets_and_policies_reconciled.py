@@ -43,12 +43,7 @@ def test_a_retired_revision_takes_its_budget_with_it(driver):
     assert names(driver, "PodDisruptionBudget") == sorted(
         ["minilm-gateway", f"minilm-worker-{first}", f"minilm-worker-{second}"]
     )
-    driver.cluster.run_workers(second, ip_base=20)
-    driver.step()
-    driver.cluster.finish_job("prewarm", True)
-    driver.step()
-    driver.cluster.finish_job("smoke", True)
-    driver.step()
+    driver.pass_gates(second)
     driver.cluster.roll_gateway()
     assert driver.step()["activeRevision"] == second
     driver.step()

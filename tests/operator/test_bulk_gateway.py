@@ -241,12 +241,7 @@ def test_a_revision_is_retired_only_once_the_bulk_gateway_left_it_too(driver):
     old = driver.promote()
     driver.edit("worker", maxBatchTokens=1024)
     new = driver.step()["candidateRevision"]
-    driver.cluster.run_workers(new, ip_base=20)
-    driver.step()
-    driver.cluster.finish_job("prewarm", True)
-    driver.step()
-    driver.cluster.finish_job("smoke", True)
-    driver.step()
+    driver.pass_gates(new)
     (bulk,) = driver.cluster.named("Deployment", n.BULK_GATEWAY)
     assert bulk["spec"]["template"]["metadata"]["annotations"][n.REVISION_LABEL] == new
     driver.cluster.roll_gateway(("gateway",))  # the main gateway is on the new revision, bulk is not

@@ -249,12 +249,7 @@ def test_a_worker_side_change_is_a_rollout_and_the_gateway_switches_with_it():
     (config_map,) = driver.cluster.named("ConfigMap", "worker", new)
     assert config_map["data"]["KEMBED_WORKER_BULK_QUEUE_SHARE"] == "0.5"
     assert gateway_share() == "0.75"  # the gateway keeps the serving revision's share until promotion
-    driver.cluster.run_workers(new, ip_base=20)
-    driver.step()
-    driver.cluster.finish_job("prewarm", True)
-    driver.step()
-    driver.cluster.finish_job("smoke", True)
-    driver.step()
+    driver.pass_gates(new)
     assert gateway_share() == "0.5"  # switching to the new revision
     driver.cluster.roll_gateway()
     assert driver.step()["activeRevision"] == new
