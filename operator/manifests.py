@@ -19,6 +19,7 @@ from typing import Any
 
 from kembed.operator import naming as n
 from kembed.operator import placement
+from kembed.operator.edge_spec import CONNECTION_VARIABLES
 from kembed.operator.naming import Owner
 from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
 
@@ -335,6 +336,9 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     # template of a model without it stays as it was and an operator upgrade does not roll it.
     if t.bulk_tokenization_processes:
         values["KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES"] = str(t.bulk_tokenization_processes)
+    for field, variable in CONNECTION_VARIABLES.items():  # each only when set, as above
+        if (limit := getattr(g.connections, field)) is not None:
+            values[variable] = str(limit)
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
     # normalize is the worker's setting: the gateway normalises as the worker's Info says.

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from kembed.operator.autoscaling_spec import AutoscalingSpec, GatewayAutoscalingSpec
+from kembed.operator.edge_spec import ConnectionLimitsSpec
 from kembed.operator.policy_spec import DisruptionBudgetSpec, NetworkPolicySpec, TopologySpreadSpec
 from kembed.operator.spec_base import SpecModel
 from kembed.operator.traffic_spec import TrafficClassesSpec
@@ -384,6 +385,11 @@ class GatewaySpec(SpecModel):
     autoscaling: GatewayAutoscalingSpec = Field(
         default_factory=GatewayAutoscalingSpec,
         description="Gateway pods scaled on CPU by a HorizontalPodAutoscaler (off by default).",
+    )
+    connections: ConnectionLimitsSpec = Field(
+        default_factory=ConnectionLimitsSpec,
+        description="Client connection bounds per gateway process; each unset field keeps the gateway's "
+        "default and is not rendered. Rolls the gateway only.",
     )
 
     @model_validator(mode="after")
