@@ -273,6 +273,8 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
                         self._arm(header_timeout_s, "header_timeout")
                 return b""
             self._held = b""
+            if _UPGRADE_FIELD.search(held, 0, end) is None:  # nearly every request: passed on uncopied
+                return held
             end += len(_HEAD_END)
             return without_upgrade(held[:end]) + held[end:]
 

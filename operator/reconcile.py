@@ -139,6 +139,7 @@ def _patch(body: dict[str, Any], applied_keys: str | None) -> dict[str, Any]:
     kept = KEPT_WHEN_ABSENT.get(body["kind"], frozenset())
     if applied_keys is not None:
         _null_removed(patch, json.loads(applied_keys), (), kept)
+        return patch
     for path in UNSET_BY_PATCH.get(body["kind"], ()):
         node: Any = patch
         for key in path[:-1]:
