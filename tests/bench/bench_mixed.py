@@ -25,6 +25,7 @@ a test: nothing asserts speed.
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,19 +46,9 @@ import uvloop
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_gateway_path import WORDS, cpu_seconds, free_port, percentile, spawn  # noqa: E402
+from mixed_clients import Done, bulk_loops, closed_loop, http_request, open_loop, ready  # noqa: E402
 
 from kembed.worker.config import bundled_model_dir  # noqa: E402
-
-PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-
-
-@dataclass(frozen=True)
-class Done:
-    """One answered request, as its client saw it (perf_counter seconds)."""
-
-    started: float
-    finished: float
-    num_tokens: int  # the response's usage.prompt_tokens
 
 
 @dataclass
@@ -68,17 +60,10 @@ class Phase:
     bulk_tokens_per_s: float = 0.0
     interactive_per_s: float = 0.0
     num_refused: int = 0  # bulk requests answered 429 (and sent again)
-    cores: tuple[float, ...] = ()  # CPU cores busy, warm-up included: gateway(s), worker, these clients
+    cores: tuple[float, ...] = ()  # CPU cores busy, warm-up included: gateway(s), worker, all clients
     worker_ms: dict[str, float] = field(default_factory=dict)  # the worker's means in the window (ms)
-
-
-def http_request(port: int, body: dict, headers: dict[str, str]) -> bytes:
-    data = json.dumps(body).encode()
-    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (
-        f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"{head}Content-Length: {len(data)}\r\n\r\n"
-    ).encode() + data
+    lane_steps_per_s: float = 0.0  # the worker's interactive lane's batches in the window
+    bulk_clients_cpu_s: float = 0.0  # CPU seconds of the bulk clients' process, warm-up included
 
 
 def single_token_words(tokenizer_dir: Path) -> list[str]:
@@ -107,84 +92,6 @@ def bulk_bodies(args: argparse.Namespace, words: list[str], client: int) -> list
     return bodies
 
 
-async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes):
-    """(status, head, body) of one request on a kept-alive connection."""
-    writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    return int(head[9:12]), head, await reader.readexactly(length)
-
-
-def retry_after_s(head: bytes) -> float:
-    for line in head.split(b"\r\n"):
-        if line[:12].lower() == b"retry-after:":
-            return float(line[12:])
-    return 1.0
-
-
-async def closed_loop(port: int, requests: list[bytes], until: float, log: list[Done], refused: list[float]):
-    """Posts `requests` in turn, each after the last is answered, until `until`."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        i = 0
-        while time.perf_counter() < until:
-            started = time.perf_counter()
-            status, head, body = await post(reader, writer, requests[i % len(requests)])
-            finished = time.perf_counter()
-            if status == 429:  # bulk, refused while the queue is full: back off as told, then again
-                refused.append(started)
-                await asyncio.sleep(min(retry_after_s(head), max(0.0, until - time.perf_counter())))
-                continue
-            if status != 200:
-                raise SystemExit(f"HTTP {status}: {body[:300]!r}")
-            match = PROMPT_TOKENS.search(body, max(0, len(body) - 200)) or PROMPT_TOKENS.search(body)
-            log.append(Done(started, finished, int(match.group(1)) if match else 0))
-            i += 1
-    finally:
-        writer.close()
-
-
-async def open_loop(port: int, requests: list[list[bytes]], rate: float, until: float, log: list[Done]):
-    """Queries arriving at `rate` per second (Poisson, seeded) until `until`, each sent on the first
-    free one of `len(requests)` kept-alive connections (connection c posts requests[c] in turn). A
-    query's time counts from its arrival, so one that waits for a free connection (or for this loop)
-    waits on the clock, as a user's would: the rate is the load, whatever the latency."""
-    free: asyncio.Queue[tuple[int, asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-    for c in range(len(requests)):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        free.put_nowait((c, reader, writer))
-    sent = [0] * len(requests)
-    rng = random.Random(len(requests) * 7919 + int(rate))
-
-    async def one(arrival: float) -> None:
-        c, reader, writer = await free.get()
-        try:
-            status, _, body = await post(reader, writer, requests[c][sent[c] % len(requests[c])])
-            sent[c] += 1
-            if status != 200:
-                raise SystemExit(f"HTTP {status}: {body[:300]!r}")
-            log.append(Done(arrival, time.perf_counter(), 0))
-        finally:
-            free.put_nowait((c, reader, writer))
-
-    tasks: set[asyncio.Task[None]] = set()
-    arrival = time.perf_counter()
-    while arrival < until:
-        await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
-        task = asyncio.create_task(one(arrival))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        arrival += rng.expovariate(rate)
-    await asyncio.gather(*tasks)
-    while not free.empty():
-        free.get_nowait()[2].close()
-
-
 async def phase(
     ports: tuple[int, int],
     queries: list[list[bytes]],
@@ -192,31 +99,35 @@ async def phase(
     warmup_s: float,
     phase_s: float,
     metrics_port: int,
+    bulk_process: ProcessPoolExecutor,
     interactive_rate: float = 0.0,
 ):
     """Every client from now to the window's end; the window is [now + warmup_s, + phase_s).
     Interactive clients post to `ports[0]` (in a closed loop each, or, with `interactive_rate`, as
-    an open loop over that many connections), bulk ones to `ports[1]`; the worker's metrics are read
-    at the window's start and end (on a thread, off the clients' loop)."""
+    an open loop over that many connections) from this process, bulk ones to `ports[1]` from
+    `bulk_process`; the worker's metrics are read at the window's start and end (on a thread, off the
+    clients' loop)."""
+    loop = asyncio.get_running_loop()
     start = time.perf_counter()
     t0, t1 = start + warmup_s, start + warmup_s + phase_s
     interactive: list[Done] = []
-    bulk: list[Done] = []
-    refused: list[float] = []
 
     async def scrape_at(when: float) -> dict[str, tuple[float, float]]:
         await asyncio.sleep(max(0.0, when - time.perf_counter()))
-        return await asyncio.get_running_loop().run_in_executor(None, worker_sums, metrics_port)
+        return await loop.run_in_executor(None, worker_sums, metrics_port)
 
     scrapes = [asyncio.create_task(scrape_at(t0)), asyncio.create_task(scrape_at(t1))]
     if interactive_rate > 0 and queries:
         interactive_clients = [open_loop(ports[0], queries, interactive_rate, t1, interactive)]
     else:
         interactive_clients = [closed_loop(ports[0], q, t1, interactive, []) for q in queries]
-    await asyncio.gather(*interactive_clients, *(closed_loop(ports[1], b, t1, bulk, refused) for b in bulks))
+    bulk_clients = loop.run_in_executor(bulk_process, bulk_loops, ports[1], bulks, t1)
+    *_, (bulk, refused, bulk_cpu_s) = await asyncio.gather(*interactive_clients, bulk_clients)
     before, after = await asyncio.gather(*scrapes)
     result = Phase()
     result.worker_ms = window_means(before, after)
+    result.lane_steps_per_s = (after[LANE_STEPS][1] - before[LANE_STEPS][1]) / phase_s
+    result.bulk_clients_cpu_s = bulk_cpu_s
     result.interactive_ms = sorted(
         (d.finished - d.started) * 1e3 for d in interactive if t0 <= d.started < t1
     )
@@ -261,6 +172,7 @@ WORKER_SERIES = {
     ("kembed_worker_batch_stage_seconds", 'stage="launch"'): "batch launch",
     ("kembed_worker_batch_stage_seconds", 'stage="device"'): "batch device",
 }
+LANE_STEPS = "lane steps"  # kembed_worker_lane_batches_total, as a (0, count) pair
 
 
 def worker_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
@@ -275,6 +187,8 @@ def worker_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
             found = [float(v) for labels, v in re.findall(pattern, text, re.MULTILINE) if label in labels]
             values.append(sum(found))
         sums[row] = (values[0], values[1])
+    lane = re.search(r"^kembed_worker_lane_batches_total (\S+)$", text, re.MULTILINE)
+    sums[LANE_STEPS] = (0.0, float(lane.group(1)) if lane else 0.0)
     return sums
 
 
@@ -283,7 +197,7 @@ def window_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     means = {}
     for row, (total, count) in after.items():
         num = count - before[row][1]
-        if num > 0:
+        if num > 0 and row != LANE_STEPS:
             means[row] = (total - before[row][0]) / num * 1e3
     return means
 
@@ -374,45 +288,65 @@ def measure(
         for c in range(args.bulk_clients)
     ]
 
+    # spawn, not fork: this process has threads (the metrics scrapes' executor)
+    bulk_process = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    bulk_process.submit(ready).result()  # started (and uvloop imported) before anything is timed
+
     def run(queries: list[list[bytes]], bulks: list[list[bytes]], warmup_s: float) -> Phase:
         def cpu() -> list[float]:
             return [*(cpu_seconds(pid) for pid in pids), cpu_seconds(os.getpid(), with_children=False)]
 
         cpu_before, started = cpu(), time.perf_counter()
         result = uvloop.run(
-            phase(ports, queries, bulks, warmup_s, args.phase_s, metrics_port, args.interactive_rate)
+            phase(
+                ports,
+                queries,
+                bulks,
+                warmup_s,
+                args.phase_s,
+                metrics_port,
+                bulk_process,
+                args.interactive_rate,
+            )
         )
         wall_s = time.perf_counter() - started
-        result.cores = tuple(
-            (after - before) / wall_s for after, before in zip(cpu(), cpu_before, strict=True)
-        )
+        busy = [after - before for after, before in zip(cpu(), cpu_before, strict=True)]
+        busy[-1] += result.bulk_clients_cpu_s  # the clients: this process and the bulk clients' one
+        result.cores = tuple(seconds / wall_s for seconds in busy)
         return result
 
-    run(queries, bulks, args.warmup_s)  # warm-up: connections, caches, any graph prewarm missed
     rounds = []
-    for _ in range(args.rounds):
-        rounds.append(
-            {
-                "interactive": run(queries, [], args.warmup_s),
-                "bulk": run([], bulks, args.warmup_s),
-                "both": run(queries, bulks, args.warmup_s),
-            }
-        )
-        alone, both = rounds[-1]["interactive"], rounds[-1]["both"]
+    with bulk_process:
+        run(queries, bulks, args.warmup_s)  # warm-up: connections, caches, any graph prewarm missed
+        for _ in range(args.rounds):
+            rounds.append(
+                {
+                    "interactive": run(queries, [], args.warmup_s),
+                    "bulk": run([], bulks, args.warmup_s),
+                    "both": run(queries, bulks, args.warmup_s),
+                }
+            )
+            report(rounds[-1])
+    return rounds
+
+
+def report(figures: dict[str, Phase]) -> None:
+    """One round's headline figures and the worker's means, as it ends."""
+    alone, both = figures["interactive"], figures["both"]
+    print(
+        f"  round: interactive p99 {p99(alone.interactive_ms):.2f} ms alone, "
+        f"{p99(both.interactive_ms):.2f} with bulk; bulk {figures['bulk'].bulk_tokens_per_s:.0f} tokens/s "
+        f"alone, {both.bulk_tokens_per_s:.0f} with interactive",
+        flush=True,
+    )
+    for name in ("interactive", "both"):
+        window = figures[name]
+        means = ", ".join(f"{row} {ms:.2f}" for row, ms in window.worker_ms.items())
         print(
-            f"  round: interactive p99 {p99(alone.interactive_ms):.2f} ms alone, "
-            f"{p99(both.interactive_ms):.2f} with bulk; bulk "
-            f"{rounds[-1]['bulk'].bulk_tokens_per_s:.0f} tokens/s alone, {both.bulk_tokens_per_s:.0f} with "
-            "interactive",
+            f"    {name}: interactive client mean {statistics.fmean(window.interactive_ms):.2f} ms; lane "
+            f"steps/s {window.lane_steps_per_s:.0f}; worker means: {means}",
             flush=True,
         )
-        for name in ("interactive", "both"):
-            client_mean = statistics.fmean(rounds[-1][name].interactive_ms)
-            means = ", ".join(f"{row} {ms:.2f}" for row, ms in rounds[-1][name].worker_ms.items())
-            print(
-                f"    {name}: interactive client mean {client_mean:.2f} ms; worker means: {means}", flush=True
-            )
-    return rounds
 
 
 def p50(values: list[float]) -> float:
@@ -421,6 +355,11 @@ def p50(values: list[float]) -> float:
 
 def p99(values: list[float]) -> float:
     return percentile(values, 0.99)
+
+
+def queries_a_lane_step(window: Phase) -> float:
+    """Queries answered per lane step (0 without a lane; queries may also run on the main path)."""
+    return window.interactive_per_s / window.lane_steps_per_s if window.lane_steps_per_s else 0.0
 
 
 def cores(phase: Phase) -> float:
@@ -438,6 +377,8 @@ ROWS = (
      lambda r: (p99(r["both"].interactive_ms) / p99(r["interactive"].interactive_ms),), "{:.2f}x", False),
     ("interactive requests/s, alone / with bulk",
      lambda r: (r["interactive"].interactive_per_s, r["both"].interactive_per_s), "{:.0f}", True),
+    ("interactive lane steps/s with bulk, queries a step",
+     lambda r: (r["both"].lane_steps_per_s, queries_a_lane_step(r["both"])), "{:.1f}", False),
     ("bulk tokens/s, alone / with interactive",
      lambda r: (r["bulk"].bulk_tokens_per_s, r["both"].bulk_tokens_per_s), "{:.0f}", True),
     ("**bulk tokens/s with interactive / alone** (target ≥ 90%)",
