@@ -1,0 +1,253 @@
+"""What an interactive lane step waits for beside bulk work (CUDA; BGE-M3 shape, random weights, bf16).
+
+The worker's interactive lane (worker/engine/cuda_engine.py) replays a query step's graph on a
+high-priority stream beside the main path's bulk steps. This times one lane step of `--queries`
+14-token queries (host clock from launch to ready, one step in flight, the next 0.2-1 ms after)
+beside work of several kinds kept two deep on the device, and that work's rate alone and beside:
+
+- nothing;
+- the engine's bulk step, 16 x 512 and 8 x 512 tokens;
+- 24 layers' four GEMMs at 8192 rows: cuBLAS's (on Hopper persistent kernels, one block per SM for
+  the whole GEMM) and a plain Triton GEMM (a block per output tile, each done in microseconds);
+- big elementwise kernels (short blocks);
+- the bulk step with the SMs split by green contexts (sm_partition.py): the lane on its own few
+  SMs, bulk on the rest, both graphs captured on their group's streams.
+
+Then the GEMMs' TFLOP/s, cuBLAS against the Triton kernel. Each row: the median of `--rounds`
+interleaved rounds (worst in brackets). A benchmark, not a test: nothing asserts speed.
+"""
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_gpu import write_model_dir  # noqa: E402
+from graph_timing import per_call_us  # noqa: E402
+from sm_partition import split_sms  # noqa: E402
+
+from kembed.worker.config import WorkerConfig  # noqa: E402
+from kembed.worker.engine.engine import load_engine  # noqa: E402
+from kembed.worker.engine.graphs import GraphCache  # noqa: E402
+
+ROWS = 8192
+SHAPES = {"QKV": (1024, 3072), "output": (1024, 1024), "up": (1024, 4096), "down": (4096, 1024)}  # (in, out)
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbn, sbk, scm, scn,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+    """c = a @ b.T for shapes the tiles divide: one program per output tile, grouped for L2 reuse."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BN)
+    first_m = (pid // (GROUP_M * num_n)) * GROUP_M
+    size_m = min(tl.cdiv(M, BM) - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+    pid_n = (pid % (GROUP_M * num_n)) // size_m
+    rm, rn, rk = pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), tl.arange(0, BK)
+    a_ptrs = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b_ptrs = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, tl.cdiv(K, BK)):
+        acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
+        a_ptrs += BK * sak
+        b_ptrs += BK * sbk
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16))
+
+
+def triton_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x @ w.T with the best of several tiles measured on an H200 (256 x 128 x 64, 8 warps)."""
+    (m, k), n = x.shape, w.shape[0]
+    grid = (triton.cdiv(m, 256) * triton.cdiv(n, 128),)
+    _gemm_kernel[grid](x, w, out, m, n, k, *x.stride(), *w.stride(), *out.stride(),
+                       BM=256, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)  # fmt: skip
+
+
+class Graph:
+    """A captured chain of work, launched whole; `launch()` returns an event that fires when done."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # handles, workspaces and compiles outside the capture
+            work()
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            work()
+
+    def launch(self) -> torch.cuda.Event:
+        self.graph.replay()
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+
+def contend(lane, query, launch: Callable[[], object] | None, seconds: float, with_lane: bool = True):
+    """(lane step latencies in ms, units of `launch`'s work done per second) over `seconds`. `launch`
+    starts one unit and returns a handle with `query()` (an event) or `is_ready()` (a result)."""
+    latencies: list[float] = []
+    outstanding: list[object] = []
+    num_done, step, next_step = 0, None, time.perf_counter()
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until or outstanding or step:
+        now = time.perf_counter()
+        if launch is not None and now < until and len(outstanding) < 2:
+            outstanding.append(launch())
+        if with_lane and step is None and now >= next_step and now < until:
+            step = (lane.step(query), time.perf_counter())
+        for unit in list(outstanding):
+            ready = unit.query() if isinstance(unit, torch.cuda.Event) else unit.is_ready()
+            if ready:
+                if not isinstance(unit, torch.cuda.Event):
+                    unit.wait()
+                outstanding.remove(unit)
+                num_done += 1
+        if step is not None and step[0].is_ready():
+            latencies.append((time.perf_counter() - step[1]) * 1e3)
+            step[0].wait()
+            step, next_step = None, time.perf_counter() + random.uniform(0.2e-3, 1e-3)
+    return latencies, num_done / seconds
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def fmt(values: list[float], unit: str, higher_is_better: bool = False) -> str:
+    worst = min(values) if higher_is_better else max(values)
+    return f"{unit.format(statistics.median(values))} ({unit.format(worst)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
+    parser.add_argument("--queries", type=int, default=6, help="queries in a lane step (14 tokens each)")
+    parser.add_argument("--lane-sms", type=int, nargs="*", default=[16, 32], help="green-context splits")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    path, hf = write_model_dir("bge-m3", Path(tempfile.mkdtemp(prefix="kembed-lane-")))
+    del hf
+    torch.cuda.empty_cache()
+    config = WorkerConfig(model=path, device="cuda", dtype="bfloat16", max_batch_tokens=ROWS)
+    main_path = load_engine(config)
+    lane = main_path.lane
+    assert lane is not None, "the worker's defaults give a CUDA engine an interactive lane"
+    rng = np.random.default_rng(0)
+
+    def batch(engine, num_seqs: int, length: int):
+        ids = rng.integers(1000, 30000, size=num_seqs * length).astype(np.int32)
+        return engine.pack(ids, np.full(num_seqs, length, dtype=np.int64))
+
+    query = batch(lane, args.queries, 14)
+    bulk = {tokens: batch(main_path, tokens // 512, 512) for tokens in (8192, 4096)}
+    main_path.prewarm([b.bucket for b in bulk.values()])
+    lane.prewarm([query.bucket])
+
+    x = {name: torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16) for name, (k, n) in SHAPES.items()}
+    w = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for name, (k, n) in SHAPES.items()}
+    out = {name: torch.empty(ROWS, n, device="cuda", dtype=torch.bfloat16) for name, (k, n) in SHAPES.items()}
+    big = torch.randn(64 << 20, device="cuda", dtype=torch.bfloat16)
+    big_out = torch.empty_like(big)
+
+    def cublas_layers() -> None:
+        for _ in range(24):
+            for name in SHAPES:
+                torch.matmul(x[name], w[name].t(), out=out[name])
+
+    def triton_layers() -> None:
+        for _ in range(24):
+            for name in SHAPES:
+                triton_gemm(x[name], w[name], out[name])
+
+    def elementwise() -> None:
+        for _ in range(100):
+            torch.mul(big, 1.0001, out=big_out)
+
+    graphs = {
+        "cuBLAS": Graph(cublas_layers),
+        "triton": Graph(triton_layers),
+        "elementwise": Graph(elementwise),
+    }
+    beside: dict[str, Callable[[], object] | None] = {
+        "nothing (the lane step alone)": None,
+        "bulk steps of 16 x 512 tokens": lambda: main_path.step(bulk[8192]),
+        "bulk steps of 8 x 512 tokens": lambda: main_path.step(bulk[4096]),
+        "24 x 4 GEMMs of 8192 rows, cuBLAS": graphs["cuBLAS"].launch,
+        "24 x 4 GEMMs of 8192 rows, plain Triton": graphs["triton"].launch,
+        "big elementwise kernels": graphs["elementwise"].launch,
+    }
+    rows = measure(args, lane, query, beside)
+    for num_sms in args.lane_sms:  # last: these recapture both engines' graphs on the groups' streams
+        lane_group, bulk_group = split_sms(num_sms)
+        recapture(main_path, bulk[8192].bucket, bulk_group.stream(), bulk_group.stream())
+        high = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]
+        recapture(lane, query.bucket, lane_group.stream(high), lane_group.stream(high))
+        name = f"bulk steps of 16 x 512 on {bulk_group.num_sms} SMs, the lane on {lane_group.num_sms}"
+        rows.update(measure(args, lane, query, {name: lambda: main_path.step(bulk[8192])}))
+    device = f"BGE-M3, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    print(
+        f"\nA lane step of {args.queries} x 14 tokens beside other work ({device}); "
+        f"median of {args.rounds} rounds (worst):\n"
+    )
+    print(
+        "| beside | lane step p50 / p99 ms | that work, units/s alone | with the lane |\n|---|---:|---:|---:|"
+    )
+    for name, (p50s, p99s, alone, both) in rows.items():
+        shares = [b / a for a, b in zip(alone, both, strict=True)] if alone[0] else []
+        share = f" ({statistics.median(shares):.0%})" if shares else ""
+        print(f"| {name} | {fmt(p50s, '{:.2f}')} / {fmt(p99s, '{:.2f}')} | {fmt(alone, '{:.1f}', True)} "
+              f"| {fmt(both, '{:.1f}', True)}{share} |")  # fmt: skip
+    print("\n| GEMM, 8192 rows | cuBLAS µs (TFLOP/s) | plain Triton µs (TFLOP/s) |\n|---|---:|---:|")
+    for name, (k, n) in SHAPES.items():
+        a, b, c = x[name], w[name], out[name]
+        tflops = 2 * ROWS * k * n / 1e6  # per µs
+        cublas = per_call_us(lambda a=a, b=b, c=c: torch.matmul(a, b.t(), out=c), 1)
+        plain = per_call_us(lambda a=a, b=b, c=c: triton_gemm(a, b, c), 1)
+        print(
+            f"| {name} {k} → {n} | {cublas:.1f} ({tflops / cublas:.0f}) "
+            f"| {plain:.1f} ({tflops / plain:.0f}) |"
+        )
+
+
+def measure(args, lane, query, beside: dict[str, Callable[[], object] | None]):
+    """{name: (lane p50s, lane p99s, work's units/s alone, with the lane)}, a value per round, the
+    rows interleaved within each round."""
+    rows: dict[str, tuple[list[float], ...]] = {name: ([], [], [], []) for name in beside}
+    for _ in range(args.rounds):
+        for name, launch in beside.items():
+            p50s, p99s, alone, both = rows[name]
+            rate_alone = contend(lane, query, launch, args.seconds, with_lane=False)[1] if launch else 0.0
+            latencies, rate = contend(lane, query, launch, args.seconds)
+            p50s.append(pct(latencies, 0.5))
+            p99s.append(pct(latencies, 0.99))
+            alone.append(rate_alone)
+            both.append(rate)
+    return rows
+
+
+@torch.inference_mode()
+def recapture(engine, bucket, stream: torch.cuda.Stream, capture_stream: torch.cuda.Stream) -> None:
+    """Run `engine` on `stream` from now on, with `bucket`'s graph captured anew on `capture_stream`
+    (a graph keeps the SMs of the stream it was captured on, not of the one it is replayed on)."""
+    engine.stream = stream
+    engine.graphs = GraphCache(engine._forward_static, engine.policy, capture_stream)
+    engine._capture(bucket)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
