@@ -41,6 +41,8 @@ class KubeCluster:
     def __init__(self, api: kubernetes.client.ApiClient, timeout_s: float) -> None:
         self._api = api
         self._timeout_s = timeout_s
+        # (kind, namespace, name) of optional objects seen absent, not asked for again (delete_if_present)
+        self._absent: set[tuple[str, str, str]] = set()
 
     @classmethod
     def from_environment(cls, timeout_s: float) -> KubeCluster:
@@ -100,6 +102,7 @@ class KubeCluster:
 
     def create(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
+        self._absent.discard((body["kind"], meta["namespace"], meta["name"]))
         try:
             self._call("POST", _path(body["kind"], meta["namespace"]), body=body)
         except ClusterError as error:
@@ -107,6 +110,7 @@ class KubeCluster:
                 raise
 
     def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._absent.discard((kind, namespace, name))
         self._call(
             "PATCH", _path(kind, namespace, name), body=body, content_type="application/merge-patch+json"
         )
@@ -114,6 +118,18 @@ class KubeCluster:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         # Background: the Job's pods and the Deployment's ReplicaSets go with them.
         self._call("DELETE", _path(kind, namespace, name), body={"propagationPolicy": "Background"})
+
+    def delete_if_present(self, kind: str, namespace: str, name: str) -> None:
+        """Delete an object the operator makes only for some specs (the bulk gateway's, a monitor, the
+        gateway's autoscaler) if it is there. Once seen absent it is not asked for again until this
+        process creates or patches it, so a model without one costs no call per reconcile pass.
+        (Only the operator makes these; a restarted operator asks once more.)"""
+        key = (kind, namespace, name)
+        if key in self._absent:
+            return
+        if self.get(kind, namespace, name) is not None:
+            self.delete(kind, namespace, name)
+        self._absent.add(key)
 
     def event(self, owner: Owner, type_: str, reason: str, message: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -9,8 +9,11 @@ the keys (through nested objects, not into lists) of the body last applied, and 
 null every key the new body no longer has: a nodeSelector entry, a Service annotation or a pod
 label taken out of the spec leaves the object too, as `kubectl apply` would do.
 PodDisruptionBudgets and NetworkPolicies are listed by the model's label and brought to exactly the
-set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted. The
-bulk gateway's Deployment, Service and ServiceMonitor are deleted by name once its field is unset.
+set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted.
+Objects made only for some settings (the bulk gateway's Deployment, Service and ServiceMonitor, the
+gateway's HorizontalPodAutoscaler, the monitors of metrics.serviceMonitor) are deleted by name once
+the spec no longer asks for them (`Cluster.delete_if_present`, which KubeCluster asks about an absent
+one only once).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Cluster(Protocol):
     def create(self, body: dict[str, Any]) -> None: ...
     def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def delete_if_present(self, kind: str, namespace: str, name: str) -> None: ...
     def event(self, owner: Owner, type_: str, reason: str, message: str) -> None: ...
 
 
@@ -374,12 +378,9 @@ def carry_out(
             apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image, n.BULK_GATEWAY))
     if is_gateway_autoscaled:
         apply(cluster, a.gateway_autoscaler(owner, spec))
-    elif cluster.get("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner)) is not None:
-        cluster.delete("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner))
-    if spec.metrics.service_monitor:
-        for component in m.gateway_components(spec):
-            apply(cluster, m.service_monitor(owner, spec, component))
-        apply(cluster, m.worker_pod_monitor(owner, spec))
+    else:
+        cluster.delete_if_present("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner))
+    monitor(cluster, owner, spec)
     if spec.traffic_classes.bulk_gateway is None:
         drop_bulk_gateway(cluster, owner)
     guard(cluster, owner, spec, plan, operator_namespace)
@@ -395,8 +396,20 @@ def drop_bulk_gateway(cluster: Cluster, owner: Owner) -> None:
     """trafficClasses.bulkGateway unset (or removed): delete what it made, if anything."""
     name = n.gateway_name(owner, n.BULK_GATEWAY)
     for kind in BULK_GATEWAY_KINDS:
-        if cluster.get(kind, owner.namespace, name) is not None:
-            cluster.delete(kind, owner.namespace, name)
+        cluster.delete_if_present(kind, owner.namespace, name)
+
+
+def monitor(cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec) -> None:
+    """The Prometheus operator's objects with metrics.serviceMonitor on (a ServiceMonitor per
+    gateway, a PodMonitor for the workers); with it off, those an earlier spec made are deleted."""
+    gateway_monitors = [m.service_monitor(owner, spec, c) for c in m.gateway_components(spec)]
+    if spec.metrics.service_monitor:
+        for body in [*gateway_monitors, m.worker_pod_monitor(owner, spec)]:
+            apply(cluster, body)
+        return
+    # the bulk gateway's goes with the rest of it when that is unset (drop_bulk_gateway)
+    for body in [*gateway_monitors, m.worker_pod_monitor(owner, spec)]:
+        cluster.delete_if_present(body["kind"], owner.namespace, body["metadata"]["name"])
 
 
 def guard(

@@ -476,7 +476,8 @@ class MetricsSpec(SpecModel):
     service_monitor: bool = Field(
         False,
         description="Create a ServiceMonitor for the gateway and a PodMonitor for the workers (Prometheus "
-        "Operator; workers expose metrics on port 9091); off by default as their CRDs may not be installed.",
+        "Operator; workers expose metrics on port 9091); off by default as their CRDs may not be installed. "
+        "Turned off, the operator deletes those it made.",
     )
     interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m)$", description="Scrape interval.")
     labels: dict[str, str] = Field(

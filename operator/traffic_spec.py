@@ -141,7 +141,7 @@ class TrafficClassesSpec(SpecModel):
         "indexing and re-indexing jobs at it; queries stay on the main Service, <model>-gateway. "
         "Requests there are classed by the same rules (the header, else the size). It takes bulk's "
         "HTTP, JSON and tokenizing off the event loop the queries wait on (on an H200, 16 query clients "
-        "beside 4 indexing clients: query p99 19.1 ms instead of 22.4 ms, bulk throughput unchanged). "
+        "beside 4 indexing clients: query p99 18.7-21.8 ms instead of 23.3 ms, bulk throughput alike). "
         "Costs one more gateway pod per replica. Unset (the default), one gateway serves both; "
         "removing it deletes the bulk gateway's objects. Needs enabled. Not part of the revision: "
         "setting or removing it never rolls the workers.",

@@ -107,6 +107,12 @@ class FakeCluster:
             for key in [k for k, o in self.objects.items() if k[0] == "Pod" and o.get("_owner") == name]:
                 del self.objects[key]
 
+    def delete_if_present(self, kind, namespace, name):
+        """As the API server sees it: a get, and a delete when found (KubeCluster also skips objects
+        it has seen absent; that memory is tested on its own)."""
+        if self.get(kind, namespace, name) is not None:
+            self.delete(kind, namespace, name)
+
     def event(self, owner, type_, reason, message):
         self._record("create", "Event")
         self.events.append((type_, reason, message))
