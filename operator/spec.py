@@ -83,6 +83,12 @@ class ModelSource(SpecModel):
     host_path: HostPathSource | None = Field(None, description="Weights in a directory on the node.")
     image: ImageSource | None = Field(None, description="Weights in an OCI image mounted as a volume.")
 
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ModelSource:
+        if sum(source is not None for source in (self.pvc, self.host_path, self.image)) != 1:
+            raise ValueError("set exactly one model source: pvc, hostPath or image")
+        return self
+
 
 class ModelSpec(SpecModel):
     """What is served: the weights and how their output is presented."""
@@ -288,8 +294,19 @@ class WorkerSpec(SpecModel):
         "revision when set.",
     )
 
+    # --- gateway ------------------------------------------------------------------------------------
 
-# --- gateway ------------------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _a_batch_fits_the_queue(self) -> WorkerSpec:
+        if self.max_batch_tokens > self.max_queued_tokens:
+            raise ValueError("maxBatchTokens must not exceed maxQueuedTokens: one batch must fit the queue")
+        return self
+
+    @model_validator(mode="after")
+    def _a_gpu_for_cuda(self) -> WorkerSpec:
+        if self.device == "cuda" and "nvidia.com/gpu" not in self.resources.limits:
+            raise ValueError("device cuda needs an nvidia.com/gpu limit in resources.limits")
+        return self
 
 
 class SecretKeyRef(SpecModel):
@@ -528,6 +545,21 @@ class EmbeddingModelSpec(SpecModel):
     def _fp8_linears_on_a_gpu(self) -> EmbeddingModelSpec:
         if self.model.linear_dtype == "fp8" and self.worker.device == "cpu":
             raise ValueError("model.linearDtype fp8 needs fp8 tensor cores: worker.device must not be cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _sizes_agree(self) -> EmbeddingModelSpec:
+        if self.gateway.chunk_tokens > self.worker.max_queued_tokens:
+            raise ValueError(
+                "gateway.chunkTokens must not exceed worker.maxQueuedTokens: a larger chunk is always refused"
+            )
+        if self.traffic_classes.bulk_step_tokens > self.worker.max_batch_tokens:
+            raise ValueError(
+                "trafficClasses.bulkStepTokens must not exceed worker.maxBatchTokens: bulk steps are part "
+                "of a batch"
+            )
+        if self.graphs.prewarm_buckets and not self.worker.cuda_graphs:
+            raise ValueError("graphs.prewarmBuckets needs worker.cudaGraphs")
         return self
 
     @model_validator(mode="after")

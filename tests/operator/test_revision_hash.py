@@ -17,6 +17,8 @@ IMAGE = "registry.test/kembed/worker:1"
 def revision_after(section: str, **fields) -> str:
     spec = copy.deepcopy(BASE)
     spec.setdefault(section, {}).update(fields)
+    if fields.get("cudaGraphs") is False:  # no graphs, no prewarm list (the CRD's rule); not a revision
+        spec["graphs"]["prewarmBuckets"] = []
     return revision_of(parse_spec(spec), IMAGE)
 
 
@@ -24,7 +26,7 @@ SHAPING = {
     "dtype": ("model", {"dtype": "float16"}),
     "served-name": ("model", {"servedName": "bge"}),
     "backend": ("worker", {"attentionBackend": "sdpa"}),
-    "batch-tokens": ("worker", {"maxBatchTokens": 512}),
+    "batch-tokens": ("worker", {"maxBatchTokens": 2048}),
     "bucket-sequences": ("worker", {"maxBatchSequences": 64}),
     "cuda-graphs": ("worker", {"cudaGraphs": False}),
     "pinned-cap": ("worker", {"maxPinnedBytes": 1 << 30}),
