@@ -294,8 +294,6 @@ class WorkerSpec(SpecModel):
         "revision when set.",
     )
 
-    # --- gateway ------------------------------------------------------------------------------------
-
     @model_validator(mode="after")
     def _a_batch_fits_the_queue(self) -> WorkerSpec:
         if self.max_batch_tokens > self.max_queued_tokens:
@@ -307,6 +305,9 @@ class WorkerSpec(SpecModel):
         if self.device == "cuda" and "nvidia.com/gpu" not in self.resources.limits:
             raise ValueError("device cuda needs an nvidia.com/gpu limit in resources.limits")
         return self
+
+
+# --- gateway ------------------------------------------------------------------------------------
 
 
 class SecretKeyRef(SpecModel):
