@@ -179,6 +179,8 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         env["KEMBED_WORKER_LINEAR_DTYPE"] = m.linear_dtype
     if not t.interactive_lane:  # the worker's default is on; set only when off, so templates of
         env["KEMBED_WORKER_INTERACTIVE_LANE"] = "false"  # revisions from before it stay unchanged
+    if t.lane_inflight_batches != 2:  # likewise, away from the worker's default only
+        env["KEMBED_WORKER_LANE_INFLIGHT_BATCHES"] = str(t.lane_inflight_batches)
     # What a pod captures at start, before it binds its port (and so before it is ready). Not part
     # of the revision: a change replaces this ConfigMap and reaches pods started after it.
     g = spec.graphs

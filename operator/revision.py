@@ -32,7 +32,7 @@ LATER_WORKER_FIELDS = (
 # Model fields newer than the first revisions, likewise.
 LATER_MODEL_FIELDS = ("linear_dtype",)
 # Class fields added after revisions were first hashed (see LATER_WORKER_FIELDS).
-LATER_CLASS_FIELDS = ("interactive_lane",)
+LATER_CLASS_FIELDS = ("interactive_lane", "lane_inflight_batches")
 
 
 def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:

@@ -112,9 +112,19 @@ class TrafficClassesSpec(SpecModel):
         "second, high-priority stream with graphs of their own, beside the bulk steps instead of "
         "behind them; bulk then runs in full steps (bulkStepTokens and interactiveHoldSeconds no longer "
         "apply). On an H200 (BGE-M3 shape, 16 query clients beside 4 indexing clients) it halved a "
-        "query's time in the worker (10 ms to 5 ms mean) for ~7% of bulk throughput. Not with the "
-        "flashinfer attention backend (it plans each batch into one workspace). Workers: "
-        "KEMBED_WORKER_INTERACTIVE_LANE.",
+        "query's time in the worker (~10 ms to ~5.5 ms mean) for 1-4 points of bulk throughput against "
+        "the classes off. Not with the flashinfer attention backend (it plans each batch into one "
+        "workspace). Workers: KEMBED_WORKER_INTERACTIVE_LANE.",
+    )
+    lane_inflight_batches: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Interactive batches on the lane at once (interactiveLane), from 1 to 8. Each lane "
+        "step costs bulk GPU time whatever its size, so fewer, fuller steps leave bulk more: on an H200 "
+        "(BGE-M3 shape, 16 query clients beside 4 indexing clients) 1 kept 89-90% of bulk's throughput "
+        "against 86-89% with 2, and a query spent ~1.5 ms more in the worker (7.1 against 5.6 ms). "
+        "Workers: KEMBED_WORKER_LANE_INFLIGHT_BATCHES.",
     )
     bulk_tokenization_processes: int = Field(
         0,
@@ -171,5 +181,6 @@ WORKER_CLASS_FIELDS = frozenset(
         "interactive_hold_seconds",
         "bulk_max_wait_seconds",
         "interactive_lane",
+        "lane_inflight_batches",
     }
 )

@@ -40,6 +40,7 @@ SHAPING = {
     "interactive-hold": ("trafficClasses", {"interactiveHoldSeconds": 0.25}),
     "bulk-max-wait": ("trafficClasses", {"bulkMaxWaitSeconds": 2}),
     "no-interactive-lane": ("trafficClasses", {"interactiveLane": False}),
+    "one-lane-step": ("trafficClasses", {"laneInflightBatches": 1}),
 }
 NOT_SHAPING = {
     "worker-replicas": ("worker", {"replicas": 7}),
@@ -50,6 +51,7 @@ NOT_SHAPING = {
     "min-cosine": ("rollout", {"minCosine": 0.99}),
     "interactive-inputs": ("trafficClasses", {"interactiveMaxInputs": 4}),
     "interactive-lane-at-its-default": ("trafficClasses", {"interactiveLane": True}),
+    "lane-steps-at-their-default": ("trafficClasses", {"laneInflightBatches": 2}),
     "interactive-tokens": ("trafficClasses", {"interactiveMaxTokens": 512}),
     "bulk-tokenization-processes": ("trafficClasses", {"bulkTokenizationProcesses": 2}),
     "bulk-gateway": ("trafficClasses", {"bulkGateway": {"replicas": 3}}),

@@ -32,6 +32,8 @@ WORKER_FIELDS = (
     "bulk_step_tokens",
     "interactive_hold_s",
     "bulk_max_wait_s",
+    "interactive_lane",
+    "lane_inflight_batches",
 )
 GATEWAY_FIELDS = (
     "interactive_max_inputs",
@@ -97,6 +99,10 @@ RENDERED = {
         {"interactiveLane": False},
         ("worker", "KEMBED_WORKER_INTERACTIVE_LANE", "false", "interactive_lane", False),
     ),
+    "one-lane-step": (
+        {"laneInflightBatches": 1},
+        ("worker", "KEMBED_WORKER_LANE_INFLIGHT_BATCHES", "1", "lane_inflight_batches", 1),
+    ),
     "max-wait-zero": (
         {"bulkMaxWaitSeconds": 0},
         ("worker", "KEMBED_WORKER_BULK_MAX_WAIT_S", "0.0", "bulk_max_wait_s", 0.0),
@@ -140,6 +146,12 @@ def test_bulk_tokenization_processes_are_rendered_only_when_set():
     assert "KEMBED_GATEWAY_BULK_TOKENIZATION_PROCESSES" not in gateway_env(absent)
     assert m.gateway_deployment(OWNER, zero, "r", "gw") == m.gateway_deployment(OWNER, absent, "r", "gw")
     assert parsed("gateway", absent).bulk_tokenization_processes == 0
+
+
+def test_the_lane_settings_at_their_defaults_render_no_variable():
+    """So that the worker templates (and revisions) of models from before them stay as they were."""
+    env = worker_env(spec_with(interactiveLane=True, laneInflightBatches=2))
+    assert "KEMBED_WORKER_INTERACTIVE_LANE" not in env and "KEMBED_WORKER_LANE_INFLIGHT_BATCHES" not in env
 
 
 def test_bulk_tokenization_processes_need_the_classes_on():
@@ -204,6 +216,7 @@ def test_the_schema_describes_each_field_with_its_range_and_variable():
         "interactiveHoldSeconds",
         "bulkMaxWaitSeconds",
         "interactiveLane",
+        "laneInflightBatches",
         "bulkTokenizationProcesses",
         "bulkGateway",
     }
