@@ -1,8 +1,9 @@
 """CUDA green contexts through the driver API (ctypes), for bench_lane_contention.py: the device's SMs
 split into two disjoint groups, each with streams whose kernels run only on its SMs.
 
-torch's own `torch.cuda.green_contexts.GreenContext.create(num_sms=k)` takes the first k SMs each
-time, so two of them overlap; splitting one SM resource into a group and its remainder does not.
+torch's own `torch.cuda.green_contexts.GreenContext.create(num_sms=k)` splits k SMs off the whole
+device each time (its source; not tried), so two of them would overlap; splitting one SM resource into
+a group and its remainder does not.
 Measured on an H200 (driver 580): eager kernels launched on such a stream, and graphs captured on
 one, run on its SMs only; a graph captured on an ordinary stream and replayed on one does not."""
 
