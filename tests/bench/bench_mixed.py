@@ -112,7 +112,7 @@ async def phase(
     t0, t1 = start + warmup_s, start + warmup_s + phase_s
     interactive: list[Done] = []
 
-    async def scrape_at(when: float) -> dict[str, tuple[float, float]]:
+    async def scrape_at(when: float) -> tuple[dict[str, tuple[float, float]], float]:
         await asyncio.sleep(max(0.0, when - time.perf_counter()))
         return await loop.run_in_executor(None, worker_sums, metrics_port)
 
@@ -123,10 +123,10 @@ async def phase(
         interactive_clients = [closed_loop(ports[0], q, t1, interactive, []) for q in queries]
     bulk_clients = loop.run_in_executor(bulk_process, bulk_loops, ports[1], bulks, t1)
     *_, (bulk, refused, bulk_cpu_s) = await asyncio.gather(*interactive_clients, bulk_clients)
-    before, after = await asyncio.gather(*scrapes)
+    (before, lane_before), (after, lane_after) = await asyncio.gather(*scrapes)
     result = Phase()
     result.worker_ms = window_means(before, after)
-    result.lane_steps_per_s = (after[LANE_STEPS][1] - before[LANE_STEPS][1]) / phase_s
+    result.lane_steps_per_s = (lane_after - lane_before) / phase_s
     result.bulk_clients_cpu_s = bulk_cpu_s
     result.interactive_ms = sorted(
         (d.finished - d.started) * 1e3 for d in interactive if t0 <= d.started < t1
@@ -172,11 +172,11 @@ WORKER_SERIES = {
     ("kembed_worker_batch_stage_seconds", 'stage="launch"'): "batch launch",
     ("kembed_worker_batch_stage_seconds", 'stage="device"'): "batch device",
 }
-LANE_STEPS = "lane steps"  # kembed_worker_lane_batches_total, as a (0, count) pair
 
 
-def worker_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
-    """(sum, count) of each WORKER_SERIES histogram, from the worker's /metrics."""
+def worker_sums(metrics_port: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """(sum, count) of each WORKER_SERIES histogram, and the lane's batches so far
+    (kembed_worker_lane_batches_total), from one read of the worker's /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
     sums: dict[str, tuple[float, float]] = {}
@@ -188,8 +188,7 @@ def worker_sums(metrics_port: int) -> dict[str, tuple[float, float]]:
             values.append(sum(found))
         sums[row] = (values[0], values[1])
     lane = re.search(r"^kembed_worker_lane_batches_total (\S+)$", text, re.MULTILINE)
-    sums[LANE_STEPS] = (0.0, float(lane.group(1)) if lane else 0.0)
-    return sums
+    return sums, float(lane.group(1)) if lane else 0.0
 
 
 def window_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]):
@@ -197,7 +196,7 @@ def window_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     means = {}
     for row, (total, count) in after.items():
         num = count - before[row][1]
-        if num > 0 and row != LANE_STEPS:
+        if num > 0:
             means[row] = (total - before[row][0]) / num * 1e3
     return means
 
