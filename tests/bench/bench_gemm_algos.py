@@ -6,13 +6,19 @@ down) at 16..8192 tokens on a GPU, each timed as CUDA-graph replays of 20 calls 
   workspace, bias / GELU-bias epilogue), called through ctypes on the same stream, each checked
   against torch's output;
 - TunableOp (`torch.cuda.tunable`), torch's own per-shape search, tuned then replayed.
-Prints one line per shape and a per-layer sum. `python -P tests/bench/bench_gemm_algos.py` (~1 min).
+Prints one line per shape and a per-layer sum. Then, at 8192 rows, torch's GEMM against the fastest
+of every algorithm configuration cuBLASLt has (`cublasLtMatmulAlgoGetIds`, each tile and stage count)
+that runs a block per output tile rather than a persistent block per SM, with each kernel's grid
+from a profiler trace. `python -P tests/bench/bench_gemm_algos.py` (~2 min).
 """
 
 import ctypes
 import glob
+import json
 import os
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,6 +41,9 @@ BF16, F32, COMPUTE_32F = 14, 0, 68  # cudaDataType / cublasComputeType_t values
 TRANSA, TRANSB, EPILOGUE, BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
 EPILOGUE_BIAS, EPILOGUE_GELU_BIAS = 4, 36
 PREF_WORKSPACE = 1
+CAP_SWIZZLE, CAP_TILE_IDS, CAP_STAGES_IDS = 2, 6, 13  # cublasLtMatmulAlgoCapAttributes_t
+CFG_TILE, CFG_SPLITK, CFG_SWIZZLE, CFG_STAGES = 1, 2, 4, 6  # cublasLtMatmulAlgoConfigAttributes_t
+BULK_ROWS = 8192
 
 
 class Algo(ctypes.Structure):
@@ -113,6 +122,11 @@ class LtLinear:
     def __call__(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, algo: int, out: torch.Tensor
     ) -> None:
+        self.matmul(x, w, b, self.results[algo].algo, out)
+
+    def matmul(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, algo: Algo, out: torch.Tensor
+    ) -> None:
         self._set(BIAS_POINTER, ctypes.c_void_p(b.data_ptr()))
         p = ctypes.c_void_p
         check(
@@ -120,7 +134,7 @@ class LtLinear:
                 self.handle, self.desc, ctypes.byref(self.alpha),
                 p(w.data_ptr()), self.a, p(x.data_ptr()), self.b,
                 ctypes.byref(self.beta), p(out.data_ptr()), self.d, p(out.data_ptr()), self.d,
-                ctypes.byref(self.results[algo].algo),
+                ctypes.byref(algo),
                 p(self.workspace.data_ptr()), ctypes.c_size_t(WORKSPACE),
                 p(torch.cuda.current_stream().cuda_stream),
             ),
@@ -130,6 +144,121 @@ class LtLinear:
     def calls(self, x, weights, bias, algo, outs):
         """One call per weight, each into its own output: what a graph of CALLS calls runs."""
         return lambda: [self(x, w, bias, algo, o) for w, o in zip(weights, outs, strict=True)]
+
+
+def every_algo(lt: ctypes.CDLL, handle: ctypes.c_void_p) -> list[Algo]:
+    """Every algorithm id cuBLASLt has for bf16 in and out with fp32 compute, in each tile, stage count
+    and swizzle it accepts (split-K off): beyond what its heuristic offers."""
+    types = (COMPUTE_32F, F32, BF16, BF16, BF16, BF16)
+    ids, count = (ctypes.c_int * 1024)(), ctypes.c_int()
+    check(lt.cublasLtMatmulAlgoGetIds(handle, *types, 1024, ids, ctypes.byref(count)), "algorithm ids")
+
+    def u32_list(algo: Algo, attr: int) -> list[int]:
+        size = ctypes.c_size_t()
+        lt.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0, ctypes.byref(size))
+        values = (ctypes.c_uint32 * (size.value // 4))()
+        lt.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, values, size.value, ctypes.byref(size))
+        return list(values)
+
+    def configured(base: Algo, settings: dict[int, int]) -> Algo:
+        algo = Algo.from_buffer_copy(base)
+        for attr, value in settings.items():
+            v = ctypes.c_uint32(value)
+            check(
+                lt.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), 4),
+                "config",
+            )
+        return algo
+
+    algos = []
+    for algo_id in ids[: count.value]:
+        base = Algo()
+        if lt.cublasLtMatmulAlgoInit(handle, *types, algo_id, ctypes.byref(base)):
+            continue
+        swizzles = [0, 1] if u32_list(base, CAP_SWIZZLE)[:1] == [1] else [0]
+        for tile in u32_list(base, CAP_TILE_IDS) or [0]:
+            for stages in u32_list(base, CAP_STAGES_IDS) or [0]:
+                for swizzle in swizzles:
+                    settings = {CFG_TILE: tile, CFG_STAGES: stages, CFG_SPLITK: 1, CFG_SWIZZLE: swizzle}
+                    algos.append(configured(base, settings))
+    return algos
+
+
+def kernel_grid(fn: Callable[[], object]) -> tuple[str, int]:
+    """(name, blocks) of the longest kernel `fn` launches, from a profiler trace."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    kernel = max((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["dur"])
+    grid = kernel["args"].get("grid", [0, 0, 0])
+    return kernel["name"].removeprefix("void ").split("(")[0][:70], grid[0] * grid[1] * grid[2]
+
+
+def tile_per_block(lt: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+    """At a bulk step's rows: torch's GEMM (its grid, from a trace) against the fastest of every
+    cuBLASLt algorithm configuration whose grid has a block per output tile (more blocks than SMs),
+    between whose blocks a kernel on another stream can slip in."""
+    algos = every_algo(lt, handle)
+    print(f"\n{len(algos)} cuBLASLt algorithm configurations (every id x tile x stages x swizzle)\n")
+    print(
+        "| projection, 8192 rows | torch µs (blocks, kernel) "
+        "| fastest with a block per tile µs (blocks, kernel) | configurations run |\n|---|---:|---:|---:|"
+    )
+    for name, (k, n, gelu) in SHAPES.items():
+        print(tile_per_block_row(lt, handle, algos, name, k, n, gelu), flush=True)
+
+
+def tile_per_block_row(
+    lt: ctypes.CDLL, handle: ctypes.c_void_p, algos: list[Algo], name: str, k: int, n: int, gelu: bool
+) -> str:
+    x = torch.randn(BULK_ROWS, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.03
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(BULK_ROWS, n, device="cuda", dtype=torch.bfloat16)
+
+    def ours() -> torch.Tensor:
+        return torch._addmm_activation(b, x, w.t(), use_gelu=True) if gelu else F.linear(x, w, b)
+
+    ref = ours().float()
+    lin = LtLinear(lt, handle, BULK_ROWS, k, n, gelu)
+    timed = []
+    for algo in algos:  # a quick first timing of each, 8 back-to-back calls
+        result = Heuristic()
+        status = lt.cublasLtMatmulAlgoCheck(
+            handle, lin.desc, lin.a, lin.b, lin.d, lin.d, ctypes.byref(algo), ctypes.byref(result)
+        )
+        if status or result.workspace_size > WORKSPACE:
+            continue
+        lin.matmul(x, w, b, algo, out)
+        if (out.float() - ref).abs().max().item() > 0.1:
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(8):
+            lin.matmul(x, w, b, algo, out)
+        end.record()
+        end.synchronize()
+        timed.append((start.elapsed_time(end), len(timed), algo))
+    torch_name, torch_blocks = kernel_grid(ours)
+    torch_us = per_call_us(ours, 1)
+    best = "none"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for _, _, algo in sorted(timed):
+
+        def call(algo: Algo = algo) -> None:
+            lin.matmul(x, w, b, algo, out)
+
+        kernel, blocks = kernel_grid(call)
+        if blocks > sms:
+            us = per_call_us(call, 1)
+            best = f"{us:.1f} ({blocks}, `{kernel}`), {us / torch_us:.2f}x"
+            break
+    return f"| {name} {k} → {n} | {torch_us:.1f} ({torch_blocks}, `{torch_name}`) | {best} | {len(timed)} |"
 
 
 def main() -> None:
@@ -198,6 +327,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|")
     for m, (ours, best, tuned) in per_layer.items():
         print(f"| {m} | {ours:.1f} | {best:.1f} | {tuned:.1f} |")
+    tile_per_block(lt, handle)
 
 
 if __name__ == "__main__":

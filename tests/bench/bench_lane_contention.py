@@ -8,7 +8,8 @@ beside work of several kinds kept two deep on the device, and that work's rate a
 - nothing;
 - the engine's bulk step, 16 x 512 and 8 x 512 tokens;
 - 24 layers' four GEMMs at 8192 rows: cuBLAS's (on Hopper persistent kernels, one block per SM for
-  the whole GEMM) and a plain Triton GEMM (a block per output tile, each done in microseconds);
+  the whole GEMM) and a Triton GEMM through TMA descriptors (a block per output tile, each done in
+  microseconds);
 - big elementwise kernels (short blocks);
 - the bulk step with the SMs split by green contexts (sm_partition.py): the lane on its own few
   SMs, bulk on the rest, both graphs captured on their group's streams.
@@ -30,9 +31,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_gateway_path import percentile  # noqa: E402
 from bench_gpu import write_model_dir  # noqa: E402
 from graph_timing import per_call_us  # noqa: E402
 from sm_partition import split_sms  # noqa: E402
@@ -46,32 +49,35 @@ SHAPES = {"QKV": (1024, 3072), "output": (1024, 1024), "up": (1024, 4096), "down
 
 
 @triton.jit
-def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbn, sbk, scm, scn,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
-    """c = a @ b.T for shapes the tiles divide: one program per output tile, grouped for L2 reuse."""
+def _gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 GROUP_M: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """c = a @ b.T for shapes the tiles divide, through TMA descriptors: one program per output tile,
+    grouped for L2 reuse."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BN)
     first_m = (pid // (GROUP_M * num_n)) * GROUP_M
     size_m = min(tl.cdiv(M, BM) - first_m, GROUP_M)
     pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
     pid_n = (pid % (GROUP_M * num_n)) // size_m
-    rm, rn, rk = pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN), tl.arange(0, BK)
-    a_ptrs = a_ptr + rm[:, None] * sam + rk[None, :] * sak
-    b_ptrs = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, tl.cdiv(K, BK)):
-        acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
-        a_ptrs += BK * sak
-        b_ptrs += BK * sbk
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16))
+    for k in tl.range(0, K, BK, num_stages=STAGES):
+        acc = tl.dot(a_desc.load([pid_m * BM, k]), b_desc.load([pid_n * BN, k]).T, acc)
+    c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
 
 
-def triton_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-    """out = x @ w.T with the best of several tiles measured on an H200 (256 x 128 x 64, 8 warps)."""
+# (BM, BN, BK, stages, warps) per output width: the best of nine tilings measured on an H200
+TILES = {1024: (128, 128, 64, 4, 4), 3072: (128, 128, 64, 4, 4), 4096: (128, 256, 64, 3, 8)}
+
+
+def triton_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
+    """A call of out = x @ w.T as a Triton kernel with a block per output tile (descriptors made once)."""
     (m, k), n = x.shape, w.shape[0]
-    grid = (triton.cdiv(m, 256) * triton.cdiv(n, 128),)
-    _gemm_kernel[grid](x, w, out, m, n, k, *x.stride(), *w.stride(), *out.stride(),
-                       BM=256, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)  # fmt: skip
+    bm, bn, bk, stages, warps = TILES[n]
+    descs = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+             TensorDescriptor.from_tensor(out, [bm, bn]))  # fmt: skip
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    return lambda: _gemm_kernel[grid](*descs, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages,
+                                      num_warps=warps, num_stages=stages)  # fmt: skip
 
 
 class Graph:
@@ -121,11 +127,6 @@ def contend(lane, query, launch: Callable[[], object] | None, seconds: float, wi
     return latencies, num_done / seconds
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def fmt(values: list[float], unit: str, higher_is_better: bool = False) -> str:
     worst = min(values) if higher_is_better else max(values)
     return f"{unit.format(statistics.median(values))} ({unit.format(worst)})"
@@ -168,10 +169,12 @@ def main() -> None:
             for name in SHAPES:
                 torch.matmul(x[name], w[name].t(), out=out[name])
 
+    tiled = {name: triton_gemm(x[name], w[name], out[name]) for name in SHAPES}
+
     def triton_layers() -> None:
         for _ in range(24):
-            for name in SHAPES:
-                triton_gemm(x[name], w[name], out[name])
+            for call in tiled.values():
+                call()
 
     def elementwise() -> None:
         for _ in range(100):
@@ -187,7 +190,7 @@ def main() -> None:
         "bulk steps of 16 x 512 tokens": lambda: main_path.step(bulk[8192]),
         "bulk steps of 8 x 512 tokens": lambda: main_path.step(bulk[4096]),
         "24 x 4 GEMMs of 8192 rows, cuBLAS": graphs["cuBLAS"].launch,
-        "24 x 4 GEMMs of 8192 rows, plain Triton": graphs["triton"].launch,
+        "24 x 4 GEMMs of 8192 rows, Triton (a block per tile)": graphs["triton"].launch,
         "big elementwise kernels": graphs["elementwise"].launch,
     }
     rows = measure(args, lane, query, beside)
@@ -207,16 +210,17 @@ def main() -> None:
         "| beside | lane step p50 / p99 ms | that work, units/s alone | with the lane |\n|---|---:|---:|---:|"
     )
     for name, (p50s, p99s, alone, both) in rows.items():
-        shares = [b / a for a, b in zip(alone, both, strict=True)] if alone[0] else []
-        share = f" ({statistics.median(shares):.0%})" if shares else ""
-        print(f"| {name} | {fmt(p50s, '{:.2f}')} / {fmt(p99s, '{:.2f}')} | {fmt(alone, '{:.1f}', True)} "
-              f"| {fmt(both, '{:.1f}', True)}{share} |")  # fmt: skip
-    print("\n| GEMM, 8192 rows | cuBLAS µs (TFLOP/s) | plain Triton µs (TFLOP/s) |\n|---|---:|---:|")
+        rates = " | "  # the lane alone: no other work to give a rate for
+        if alone[0]:
+            share = statistics.median(b / a for a, b in zip(alone, both, strict=True))
+            rates = f"{fmt(alone, '{:.1f}', True)} | {fmt(both, '{:.1f}', True)} ({share:.0%})"
+        print(f"| {name} | {fmt(p50s, '{:.2f}')} / {fmt(p99s, '{:.2f}')} | {rates} |")
+    print("\n| GEMM, 8192 rows | cuBLAS µs (TFLOP/s) | Triton µs (TFLOP/s) |\n|---|---:|---:|")
     for name, (k, n) in SHAPES.items():
         a, b, c = x[name], w[name], out[name]
         tflops = 2 * ROWS * k * n / 1e6  # per µs
         cublas = per_call_us(lambda a=a, b=b, c=c: torch.matmul(a, b.t(), out=c), 1)
-        plain = per_call_us(lambda a=a, b=b, c=c: triton_gemm(a, b, c), 1)
+        plain = per_call_us(tiled[name], 1)
         print(
             f"| {name} {k} → {n} | {cublas:.1f} ({tflops / cublas:.0f}) "
             f"| {plain:.1f} ({tflops / plain:.0f}) |"
@@ -232,8 +236,9 @@ def measure(args, lane, query, beside: dict[str, Callable[[], object] | None]):
             p50s, p99s, alone, both = rows[name]
             rate_alone = contend(lane, query, launch, args.seconds, with_lane=False)[1] if launch else 0.0
             latencies, rate = contend(lane, query, launch, args.seconds)
-            p50s.append(pct(latencies, 0.5))
-            p99s.append(pct(latencies, 0.99))
+            latencies.sort()
+            p50s.append(percentile(latencies, 0.5))
+            p99s.append(percentile(latencies, 0.99))
             alone.append(rate_alone)
             both.append(rate)
     return rows
