@@ -1,5 +1,5 @@
 """The `embeddingmodels.kembed.dev` CRD, generated from the typed spec and status (`spec.py`,
-`policy_spec.py`, `autoscaling_spec.py`, `traffic_spec.py`, `edge_spec.py`, `status.py`).
+`model_spec.py`, `policy_spec.py`, `autoscaling_spec.py`, `traffic_spec.py`, `edge_spec.py`, `status.py`).
 
 `python -m kembed.operator.crd > charts/kembed/crds/embeddingmodels.kembed.dev.yaml`; a test fails when
 the chart's copy is stale. pydantic's JSON schema is turned into a *structural* openAPIV3Schema:
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from kembed.operator import autoscaling_spec, edge_spec, policy_spec, status, traffic_spec
+from kembed.operator import autoscaling_spec, edge_spec, model_spec, policy_spec, status, traffic_spec
 from kembed.operator import spec as s
 
 # Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
@@ -171,7 +171,7 @@ PRINTER_COLUMNS = [
 def _models() -> dict[str, type[BaseModel]]:
     return {
         name: obj
-        for module in (s, policy_spec, autoscaling_spec, traffic_spec, edge_spec, status)
+        for module in (s, model_spec, policy_spec, autoscaling_spec, traffic_spec, edge_spec, status)
         for name, obj in vars(module).items()
         if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
     }

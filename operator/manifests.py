@@ -20,8 +20,9 @@ from typing import Any
 from kembed.operator import naming as n
 from kembed.operator import placement
 from kembed.operator.edge_spec import CONNECTION_VARIABLES
+from kembed.operator.model_spec import ModelSource
 from kembed.operator.naming import Owner
-from kembed.operator.spec import EmbeddingModelSpec, ModelSource, Resources
+from kembed.operator.spec import EmbeddingModelSpec, Resources
 
 MODEL_MOUNT = "/models/model"
 GATEWAY_PORT = 8080

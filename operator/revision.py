@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kembed.operator.spec import EmbeddingModelSpec, ModelSpec, WorkerSpec
+from kembed.operator.model_spec import ModelSpec
+from kembed.operator.spec import EmbeddingModelSpec, WorkerSpec
 from kembed.operator.traffic_spec import WORKER_CLASS_FIELDS, TrafficClassesSpec
 
 REVISION_CHARS = 8  # 32 bits: collisions among one model's handful of revisions are negligible
