@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_gateway_path import percentile  # noqa: E402
 from bench_gpu import write_model_dir  # noqa: E402
-from graph_timing import per_call_us  # noqa: E402
+from graph_timing import capture, per_call_us  # noqa: E402
 from sm_partition import split_sms  # noqa: E402
 
 from kembed.worker.config import WorkerConfig  # noqa: E402
@@ -84,14 +84,7 @@ class Graph:
     """A captured chain of work, launched whole; `launch()` returns an event that fires when done."""
 
     def __init__(self, work: Callable[[], None]) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # handles, workspaces and compiles outside the capture
-            work()
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            work()
+        self.graph = capture(work)
 
     def launch(self) -> torch.cuda.Event:
         self.graph.replay()
