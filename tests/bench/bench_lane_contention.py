@@ -6,7 +6,8 @@ high-priority stream beside the main path's bulk steps. This times one lane step
 beside work of several kinds kept two deep on the device, and that work's rate alone and beside:
 
 - nothing;
-- the engine's bulk step, 16 x 512 and 8 x 512 tokens;
+- the engine's bulk step, 16 x 512 and 8 x 512 tokens, and 16 x 512 with its encoder layers' four
+  GEMMs as the Triton kernel below (`bulk_gemms_in_triton`; the lane keeps cuBLAS);
 - 24 layers' four GEMMs at 8192 rows: cuBLAS's (on Hopper persistent kernels, one block per SM for
   the whole GEMM) and a Triton GEMM through TMA descriptors (a block per output tile, each done in
   microseconds);
@@ -19,12 +20,13 @@ interleaved rounds (worst in brackets). A benchmark, not a test: nothing asserts
 """
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,7 @@ from graph_timing import capture, per_call_us  # noqa: E402
 from sm_partition import split_sms  # noqa: E402
 
 from kembed.worker.config import WorkerConfig  # noqa: E402
+from kembed.worker.engine import bert  # noqa: E402
 from kembed.worker.engine.engine import load_engine  # noqa: E402
 from kembed.worker.engine.graphs import GraphCache  # noqa: E402
 
@@ -49,10 +52,11 @@ SHAPES = {"QKV": (1024, 3072), "output": (1024, 1024), "up": (1024, 4096), "down
 
 
 @triton.jit
-def _gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 GROUP_M: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """c = a @ b.T for shapes the tiles divide, through TMA descriptors: one program per output tile,
-    grouped for L2 reuse."""
+def _gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr, BIAS: tl.constexpr,
+                 GELU: tl.constexpr):  # fmt: skip
+    """c = a @ b.T (+ bias, then GELU as cuBLAS's epilogue computes it: the tanh approximation)
+    through TMA descriptors: one program per output tile, grouped for L2 reuse."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BN)
     first_m = (pid // (GROUP_M * num_n)) * GROUP_M
@@ -62,22 +66,70 @@ def _gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.const
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in tl.range(0, K, BK, num_stages=STAGES):
         acc = tl.dot(a_desc.load([pid_m * BM, k]), b_desc.load([pid_n * BN, k]).T, acc)
+    if BIAS:
+        acc += tl.load(bias_ptr + pid_n * BN + tl.arange(0, BN)).to(tl.float32)[None, :]
+    if GELU:  # x * sigmoid(2 * sqrt(2 / pi) * (x + 0.044715 x^3)) = 0.5 x (1 + tanh(...))
+        acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
     c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
 
 
-# (BM, BN, BK, stages, warps) per output width: the best of nine tilings measured on an H200
-TILES = {1024: (128, 128, 64, 4, 4), 3072: (128, 128, 64, 4, 4), 4096: (128, 256, 64, 3, 8)}
+# (BM, BN, BK, stages, warps): with 3 stages two blocks share an SM, so one block's epilogue runs
+# beside the other's main loop; the best of 13 tilings for each of the four shapes on an H200
+TILE = (128, 128, 64, 3, 4)
 
 
-def triton_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
-    """A call of out = x @ w.T as a Triton kernel with a block per output tile (descriptors made once)."""
+def triton_gemm(
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False
+) -> Callable[[], None]:
+    """A call of out = x @ w.T (+ bias, GELU) as a Triton kernel with a block per output tile
+    (descriptors made once)."""
     (m, k), n = x.shape, w.shape[0]
-    bm, bn, bk, stages, warps = TILES[n]
+    bm, bn, bk, stages, warps = TILE
     descs = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
              TensorDescriptor.from_tensor(out, [bm, bn]))  # fmt: skip
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    return lambda: _gemm_kernel[grid](*descs, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages,
-                                      num_warps=warps, num_stages=stages)  # fmt: skip
+    args = (*descs, w if bias is None else bias, m, n, k)
+    flags = {"BIAS": bias is not None, "GELU": gelu, "num_warps": warps, "num_stages": stages}
+    return lambda: _gemm_kernel[grid](*args, BM=bm, BN=bn, BK=bk, GROUP_M=8, STAGES=stages, **flags)
+
+
+def triton_linear(x: torch.Tensor, linear: torch.nn.Linear, gelu: bool = False) -> torch.Tensor:
+    out = torch.empty(x.shape[0], linear.out_features, device=x.device, dtype=x.dtype)
+    triton_gemm(x, linear.weight, out, linear.bias, gelu)()
+    return out
+
+
+@contextlib.contextmanager
+def bulk_gemms_in_triton(model: torch.nn.Module, min_rows: int = 2048) -> Iterator[None]:
+    """Within: the encoder layers' four linears run as `triton_linear` for inputs of at least
+    `min_rows` tokens (the bulk steps); the lane's small steps keep cuBLAS."""
+    activation = bert.linear_activation
+
+    def linear_activation(
+        x: torch.Tensor, linear: torch.nn.Linear, name: str, eager: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        return (
+            triton_linear(x, linear, gelu=True)
+            if x.shape[0] >= min_rows
+            else activation(x, linear, name, eager)
+        )
+
+    def tiled(
+        linear: torch.nn.Linear, cublas: Callable[[torch.Tensor], torch.Tensor]
+    ) -> Callable[..., torch.Tensor]:
+        return lambda x: triton_linear(x, linear) if x.shape[0] >= min_rows else cublas(x)
+
+    layers = [m for m in model.modules() if isinstance(m, bert.BertLayer)]
+    linears = [getattr(layer, name) for layer in layers for name in ("qkv", "attn_out", "ffn_out")]
+    bert.linear_activation = linear_activation
+    for linear in linears:
+        linear.forward = tiled(linear, linear.forward)
+    try:
+        yield
+    finally:
+        bert.linear_activation = activation
+        for linear in linears:
+            del linear.forward  # the class's forward again
 
 
 class Graph:
@@ -187,6 +239,20 @@ def main() -> None:
         "big elementwise kernels": graphs["elementwise"].launch,
     }
     rows = measure(args, lane, query, beside)
+    cublas_out = main_path.step(bulk[8192]).wait().astype(np.float32)
+    with bulk_gemms_in_triton(main_path.model):
+        recapture(main_path, bulk[8192].bucket, main_path.stream, main_path.stream)
+        tiled_out = main_path.step(bulk[8192]).wait().astype(np.float32)
+        cosine = (
+            (cublas_out * tiled_out).sum(1)
+            / np.linalg.norm(cublas_out, axis=1)
+            / np.linalg.norm(tiled_out, axis=1)
+        )
+        assert cosine.min() > 0.999, (
+            f"the bulk step with Triton GEMMs is not the same model: cosine {cosine.min()}"
+        )
+        name = "bulk steps of 16 x 512, their GEMMs in Triton (a block per tile)"
+        rows.update(measure(args, lane, query, {name: lambda: main_path.step(bulk[8192])}))
     for num_sms in args.lane_sms:  # last: these recapture both engines' graphs on the groups' streams
         lane_group, bulk_group = split_sms(num_sms)
         recapture(main_path, bulk[8192].bucket, bulk_group.stream(), bulk_group.stream())
@@ -200,14 +266,19 @@ def main() -> None:
         f"median of {args.rounds} rounds (worst):\n"
     )
     print(
-        "| beside | lane step p50 / p99 ms | that work, units/s alone | with the lane |\n|---|---:|---:|---:|"
+        "| beside | lane step p50 / p99 ms | lane steps/s | that work, units/s alone | with the lane "
+        "| its time lost per lane step, ms |\n|---|---:|---:|---:|---:|---:|"
     )
-    for name, (p50s, p99s, alone, both) in rows.items():
-        rates = " | "  # the lane alone: no other work to give a rate for
+    for name, (p50s, p99s, alone, both, steps) in rows.items():
+        rates = " | | "  # the lane alone: no other work to give a rate for
         if alone[0]:
-            share = statistics.median(b / a for a, b in zip(alone, both, strict=True))
-            rates = f"{fmt(alone, '{:.1f}', True)} | {fmt(both, '{:.1f}', True)} ({share:.0%})"
-        print(f"| {name} | {fmt(p50s, '{:.2f}')} / {fmt(p99s, '{:.2f}')} | {rates} |")
+            rounds = list(zip(alone, both, steps, strict=True))
+            share = statistics.median(b / a for a, b, _ in rounds)
+            lost = [(1 - b / a) / n * 1e3 for a, b, n in rounds]  # the work's share lost, per lane step
+            rates = f"{fmt(alone, '{:.1f}', True)} | {fmt(both, '{:.1f}', True)} ({share:.0%}) "
+            rates += f"| {fmt(lost, '{:.2f}')}"
+        lane = f"{fmt(p50s, '{:.2f}')} / {fmt(p99s, '{:.2f}')} | {fmt(steps, '{:.0f}', True)}"
+        print(f"| {name} | {lane} | {rates} |")
     print("\n| GEMM, 8192 rows | cuBLAS µs (TFLOP/s) | Triton µs (TFLOP/s) |\n|---|---:|---:|")
     for name, (k, n) in SHAPES.items():
         a, b, c = x[name], w[name], out[name]
@@ -221,12 +292,12 @@ def main() -> None:
 
 
 def measure(args, lane, query, beside: dict[str, Callable[[], object] | None]):
-    """{name: (lane p50s, lane p99s, work's units/s alone, with the lane)}, a value per round, the
-    rows interleaved within each round."""
-    rows: dict[str, tuple[list[float], ...]] = {name: ([], [], [], []) for name in beside}
+    """{name: (lane p50s, lane p99s, work's units/s alone, with the lane, lane steps/s)}, a value per
+    round, the rows interleaved within each round."""
+    rows: dict[str, tuple[list[float], ...]] = {name: ([], [], [], [], []) for name in beside}
     for _ in range(args.rounds):
         for name, launch in beside.items():
-            p50s, p99s, alone, both = rows[name]
+            p50s, p99s, alone, both, steps = rows[name]
             rate_alone = contend(lane, query, launch, args.seconds, with_lane=False)[1] if launch else 0.0
             latencies, rate = contend(lane, query, launch, args.seconds)
             latencies.sort()
@@ -234,6 +305,7 @@ def measure(args, lane, query, beside: dict[str, Callable[[], object] | None]):
             p99s.append(percentile(latencies, 0.99))
             alone.append(rate_alone)
             both.append(rate)
+            steps.append(len(latencies) / args.seconds)
     return rows
 
 
