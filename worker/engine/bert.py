@@ -18,8 +18,7 @@ from torch import nn
 from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.fp8 import Fp8Rows, activation_quantize, fp8_linear, is_quantized, quantize_rows
 from kembed.worker.engine.fused import add_layer_norm, add_layer_norm_fp8, linear_activation
-from kembed.worker.engine.pooling import pool
-from kembed.worker.engine.served import ModelFacts, ServedModel
+from kembed.worker.engine.served import PooledEmbedder
 from kembed.worker.errors import InvalidInput
 
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
@@ -172,26 +171,12 @@ class BertEncoder(nn.Module):
         self.load_state_dict(state, strict=True)
 
 
-class BertEmbedder(ServedModel):
+class BertEmbedder(PooledEmbedder):
     """BERT-family encoder + sentence-transformers pooling."""
 
     def __init__(self, shape: BertShape, attend: Attention, pooling: str) -> None:
-        super().__init__()
+        super().__init__(pooling, shape.hidden_size, shape.max_sequence_length, shape.vocab_size)
         self.encoder = BertEncoder(shape, attend)
-        self.pooling = pooling
-        self.facts = ModelFacts(
-            "embed", shape.hidden_size, shape.max_sequence_length, shape.vocab_size, pooling
-        )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        return pool(hidden, meta, self.pooling).float()
 
     def hidden_states(
         self,

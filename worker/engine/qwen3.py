@@ -22,9 +22,8 @@ from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.fp8 import activation_quantize, fp8_linear, is_quantized
 from kembed.worker.engine.fused_decoder import can_fuse, qk_norm_rope, rms_norm, rms_norm_fp8, silu_mul
 from kembed.worker.engine.model_dir import ModelDir, load_weights
-from kembed.worker.engine.pooling import pool
 from kembed.worker.engine.rope import RotaryEmbedding, rotate
-from kembed.worker.engine.served import ModelFacts, ServedModel
+from kembed.worker.engine.served import PooledEmbedder
 from kembed.worker.errors import InvalidInput
 
 QWEN3_FAMILY = ("qwen3", "bidirectional_pplx_qwen3")
@@ -261,26 +260,12 @@ class Qwen3Decoder(nn.Module):
         self.load_state_dict(state, strict=True)
 
 
-class Qwen3Embedder(ServedModel):
+class Qwen3Embedder(PooledEmbedder):
     """Qwen3 decoder + sentence-transformers pooling (last token for Qwen3-Embedding, mean for pplx)."""
 
     def __init__(self, shape: Qwen3Shape, attend: Attention, pooling: str) -> None:
-        super().__init__()
+        super().__init__(pooling, shape.hidden_size, shape.max_sequence_length, shape.vocab_size)
         self.decoder = Qwen3Decoder(shape, attend)
-        self.pooling = pooling
-        self.facts = ModelFacts(
-            "embed", shape.hidden_size, shape.max_sequence_length, shape.vocab_size, pooling
-        )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        return pool(hidden, meta, self.pooling).float()
 
     def hidden_states(
         self,

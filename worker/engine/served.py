@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.pooling import pool
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,23 @@ class ServedModel(nn.Module):
         """The last hidden state of every token, before pooling (span pooling, spans.py). Embedders
         implement it; a scorer has no use for it."""
         raise NotImplementedError(f"{type(self).__name__} does not give hidden states")
+
+
+class PooledEmbedder(ServedModel):
+    """Base of the embedder families: each gives `hidden_states`, pooled here as its
+    sentence-transformers pipeline pools them (`pooling`: cls, mean or last token)."""
+
+    def __init__(self, pooling: str, hidden_size: int, max_sequence_length: int, vocab_size: int) -> None:
+        super().__init__()
+        self.pooling = pooling
+        self.facts = ModelFacts("embed", hidden_size, max_sequence_length, vocab_size, pooling)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
+        return pool(hidden, meta, self.pooling).float()
