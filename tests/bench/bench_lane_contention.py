@@ -74,7 +74,8 @@ def _gemm_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, BM: tl.constexpr, BN
 
 
 # (BM, BN, BK, stages, warps): with 3 stages two blocks share an SM, so one block's epilogue runs
-# beside the other's main loop; the best of 13 tilings for each of the four shapes on an H200
+# beside the other's main loop. Of 11 tilings timed on an H200, the fastest for each of the four
+# shapes, or within 4% of it (up + GELU)
 TILE = (128, 128, 64, 3, 4)
 
 
