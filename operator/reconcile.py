@@ -402,14 +402,12 @@ def drop_bulk_gateway(cluster: Cluster, owner: Owner) -> None:
 def monitor(cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec) -> None:
     """The Prometheus operator's objects with metrics.serviceMonitor on (a ServiceMonitor per
     gateway, a PodMonitor for the workers); with it off, those an earlier spec made are deleted."""
-    gateway_monitors = [m.service_monitor(owner, spec, c) for c in m.gateway_components(spec)]
-    if spec.metrics.service_monitor:
-        for body in [*gateway_monitors, m.worker_pod_monitor(owner, spec)]:
+    gateways = [m.service_monitor(owner, spec, c) for c in m.gateway_components(spec)]
+    for body in [*gateways, m.worker_pod_monitor(owner, spec)]:
+        if spec.metrics.service_monitor:
             apply(cluster, body)
-        return
-    # the bulk gateway's goes with the rest of it when that is unset (drop_bulk_gateway)
-    for body in [*gateway_monitors, m.worker_pod_monitor(owner, spec)]:
-        cluster.delete_if_present(body["kind"], owner.namespace, body["metadata"]["name"])
+        else:  # the bulk gateway's goes with the rest of it when that is unset (drop_bulk_gateway)
+            cluster.delete_if_present(body["kind"], owner.namespace, body["metadata"]["name"])
 
 
 def guard(
