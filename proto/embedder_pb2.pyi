@@ -7,14 +7,75 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRAME_KIND_UNSPECIFIED: _ClassVar[FrameKind]
+    FRAME_KIND_EMBED: _ClassVar[FrameKind]
+    FRAME_KIND_SCORE: _ClassVar[FrameKind]
+
 class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PRIORITY_UNSPECIFIED: _ClassVar[Priority]
     PRIORITY_INTERACTIVE: _ClassVar[Priority]
     PRIORITY_BULK: _ClassVar[Priority]
+FRAME_KIND_UNSPECIFIED: FrameKind
+FRAME_KIND_EMBED: FrameKind
+FRAME_KIND_SCORE: FrameKind
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_INTERACTIVE: Priority
 PRIORITY_BULK: Priority
+
+class RequestFrame(_message.Message):
+    __slots__ = ("kind", "ids", "timeouts_ms", "priorities", "num_sequences", "lengths", "token_ids", "token_type_ids", "num_spans", "span_bounds", "cancel_ids", "auth_token")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUTS_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPANS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_IDS_FIELD_NUMBER: _ClassVar[int]
+    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    kind: FrameKind
+    ids: bytes
+    timeouts_ms: bytes
+    priorities: bytes
+    num_sequences: bytes
+    lengths: bytes
+    token_ids: bytes
+    token_type_ids: bytes
+    num_spans: bytes
+    span_bounds: bytes
+    cancel_ids: bytes
+    auth_token: str
+    def __init__(self, kind: _Optional[_Union[FrameKind, str]] = ..., ids: _Optional[bytes] = ..., timeouts_ms: _Optional[bytes] = ..., priorities: _Optional[bytes] = ..., num_sequences: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., cancel_ids: _Optional[bytes] = ..., auth_token: _Optional[str] = ...) -> None: ...
+
+class ResultFrame(_message.Message):
+    __slots__ = ("ids", "num_rows", "rows", "width", "errors")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ids: bytes
+    num_rows: bytes
+    rows: bytes
+    width: int
+    errors: _containers.RepeatedCompositeFieldContainer[FrameError]
+    def __init__(self, ids: _Optional[bytes] = ..., num_rows: _Optional[bytes] = ..., rows: _Optional[bytes] = ..., width: _Optional[int] = ..., errors: _Optional[_Iterable[_Union[FrameError, _Mapping]]] = ...) -> None: ...
+
+class FrameError(_message.Message):
+    __slots__ = ("ids", "code", "message")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ids: bytes
+    code: int
+    message: str
+    def __init__(self, ids: _Optional[bytes] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TokenBatch(_message.Message):
     __slots__ = ("token_ids", "lengths", "token_type_ids", "num_spans", "span_bounds")
@@ -115,7 +176,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port")
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +193,7 @@ class InfoResponse(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_type: str
     task: str
@@ -148,7 +210,8 @@ class InfoResponse(_message.Message):
     revision: str
     version: str
     data_port: int
-    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ...) -> None: ...
+    frame_port: int
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

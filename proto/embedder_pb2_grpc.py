@@ -135,10 +135,7 @@ class EmbedderServicer:
         saves the per-call cost of a unary RPC (HTTP/2 stream set-up, headers, call objects) on both
         sides; Embed and Score stay for every other client.
 
-        The same messages also travel without gRPC, over a plain TCP connection to the worker's data
-        port (InfoResponse.data_port): each message is one frame, a 4-byte little-endian length and the
-        serialized StreamRequest (to the worker) or StreamResponse (back). No HTTP/2, no completion
-        queue thread: a request and its answer cost one socket wake-up each way.
+        (The gateway itself now uses the data port's frames below; Stream stays for other clients.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -48,7 +48,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     """Serve until SIGINT/SIGTERM. `engine` defaults to the configured model's (`load_engine`); a
     benchmark passes a stand-in to measure the request path alone (tests/bench/standin_worker.py)."""
     # Imported here so `--help` and config errors answer without loading torch.
-    from kembed.worker.frames import serve_frames
+    from kembed.worker.frames import FrameService, serve_frames
     from kembed.worker.metrics import WorkerMetrics, serve_metrics
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
@@ -93,10 +93,11 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
+    frame_service = FrameService(scheduler, engine.info)
     if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
         try:
             frames, data_port = await serve_frames(
-                service.streams,
+                frame_service,
                 config.host,
                 config.data_port,
                 MAX_MESSAGE_BYTES,
@@ -133,7 +134,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     # retries them on another replica), answer those in flight, end them; then the same for unary calls.
     if frames is not None:
         frames.close()  # no new connections
-    await service.drain(timeout_s=10)  # health checks answer NOT_SERVING from here on
+    await asyncio.gather(service.drain(timeout_s=10), frame_service.drain(timeout_s=10))
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()
     if metrics_server is not None:

@@ -28,6 +28,12 @@ class Unavailable(WorkerError):
     status = "UNAVAILABLE"
 
 
+class DeadlineExceeded(WorkerError):
+    """A request's deadline passed before it was answered; its place in the queue is freed."""
+
+    status = "DEADLINE_EXCEEDED"
+
+
 class Unsupported(WorkerError):
     """The served model or this worker version does not do what was asked (e.g. scoring)."""
 

@@ -1,51 +1,78 @@
-"""The worker's data port: `Stream`'s messages over plain TCP, one frame each.
+"""The worker's data port: many requests in each frame, both ways (embedder.proto's RequestFrame and
+ResultFrame over plain TCP, each message behind a 4-byte length).
 
-A frame is a 4-byte little-endian length, then that many bytes of a serialized `StreamRequest` (in)
-or `StreamResponse` (out). Requests are answered by the same `StreamServer` as the gRPC `Stream`,
-so ids, deadlines, cancellation, error codes and draining are the same; only the carriage differs.
-The point is what it leaves out: grpc.aio completes every read and write on a poller thread that
-must wake the event loop, several wake-ups per request, each 60-130 µs on a GPU host when idle; here
-a request arrives as one socket read on the loop and its answer leaves with one `write` that does
-not wait.
+A frame's requests are decoded, checked and admitted with numpy over the whole frame, as one
+request group per class (groups.py): no Python object, task or future per request. Answers go
+back a frame per batch step and connection: every request of the connection that a step (or
+admission, or a deadline) settled, ids and rows as contiguous arrays. So the worker's Python cost
+is per frame and per batch, whatever the number of requests in them; grpc.aio's poller thread, which
+wakes the loop for every read and write, is not on this path either.
 
-Hostile input: a frame longer than `max_frame_bytes` or bytes that do not parse close the
-connection (its requests are cancelled); nothing else is read from a peer that breaks the framing.
-With a token (`auth`, the worker's token when data calls need it), the first frame must be one
-carrying it (`StreamRequest.auth_token`, nothing else) and arrive within `AUTH_TIMEOUT_S`; until
-then a frame may hold `MAX_AUTH_FRAME_BYTES` at most, and anything else closes the connection.
+Per request, what a unary call gives is kept: a deadline (`timeouts_ms`, enforced by the
+scheduler), cancellation (`cancel_ids`, or the connection's end: the requests leave the queue), and
+a status code of its own. A request that is wrong (an empty sequence, an id outside the vocabulary,
+too long) fails alone with INVALID_ARGUMENT and a message naming its problem; a frame whose arrays
+disagree in size fails all its requests. Hostile input: a frame longer than `max_frame_bytes` or
+bytes that do not parse close the connection (its requests are cancelled). With a token (`auth`),
+the first frame must carry it (`auth_token`, nothing else) within `AUTH_TIMEOUT_S`; until then a
+frame may hold `MAX_AUTH_FRAME_BYTES` at most. On drain, new requests fail UNAVAILABLE (the gateway
+retries them elsewhere), those in flight are answered, then the connections end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import socket
+import time
 
+import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
-from kembed.proto.framing import FrameError, FrameReader, frame
+from kembed.proto.framing import FrameError, FrameReader
 from kembed.worker.auth import TokenCheck
-from kembed.worker.streams import StreamServer
+from kembed.worker.classes import INTERACTIVE_MAX_SEQUENCES, INTERACTIVE_MAX_TOKENS, Priority
+from kembed.worker.errors import InvalidInput, Unavailable, Unsupported, WorkerError
+from kembed.worker.groups import RequestGroup
+from kembed.worker.info import ModelInfo
+from kembed.worker.scheduler import Scheduler
+from kembed.worker.validation import frame_is_clean, sequences_problem, spans_of, token_types_problem
 
 log = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_S = 10.0  # a connection that has not shown the token by then is closed
 MAX_AUTH_FRAME_BYTES = 4096  # a token frame is tiny; nothing larger is buffered from a stranger
+_KINDS: dict[int, str] = {pb.FRAME_KIND_EMBED: "embed", pb.FRAME_KIND_SCORE: "score"}
+
+
+def _code(error: BaseException) -> int:
+    status = grpc.StatusCode[error.status] if isinstance(error, WorkerError) else grpc.StatusCode.INTERNAL
+    code: int = status.value[0]
+    return code
 
 
 class FrameConnection(asyncio.Protocol):
-    """One caller's connection to the data port."""
+    """One caller's connection to the data port, and the sink of its requests' answers: what the
+    scheduler settles during one turn of the loop leaves in one ResultFrame."""
 
-    def __init__(self, server: StreamServer, max_frame_bytes: int, auth: TokenCheck | None = None) -> None:
-        self._server = server
+    def __init__(self, service: FrameService, max_frame_bytes: int, auth: TokenCheck | None = None) -> None:
+        self._service = service
         self._max_frame_bytes = max_frame_bytes
         self._auth = auth  # None once the caller has shown the token (or none is needed)
         # Until the token is shown, a frame may hold MAX_AUTH_FRAME_BYTES and only the first is cut.
         self._reader = FrameReader(MAX_AUTH_FRAME_BYTES if auth is not None else max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.live: set[RequestGroup] = set()  # groups with requests not yet settled
+        self._answered: list[tuple[RequestGroup, np.ndarray]] = []
+        self._failed: list[tuple[np.ndarray, int, str]] = []  # ids, status code, message
+        self._is_flush_due = False
+
+    # --- the byte stream ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -56,7 +83,7 @@ class FrameConnection(asyncio.Protocol):
             self._auth_timer = asyncio.get_running_loop().call_later(
                 AUTH_TIMEOUT_S, self._refuse, "no token within the time allowed"
             )
-        self._server.open(self)
+        self._service.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -70,28 +97,23 @@ class FrameConnection(asyncio.Protocol):
             self._refuse(str(error))
             return
         for body in bodies:
-            message = pb.StreamRequest()
+            message = pb.RequestFrame()
             try:
                 message.ParseFromString(body)
             except DecodeError:
-                self._refuse("a frame is not a StreamRequest")
+                self._refuse("a frame is not a RequestFrame")
                 return
-            self._server.dispatch(message, self)
+            self._service.receive(message, self)
 
     def _accept_token(self, body: bytes) -> bool:
         """The first frame of a connection that must show the token: it is that, or the end."""
-        parsed = pb.StreamRequest()
+        message = pb.RequestFrame()
         try:
-            parsed.ParseFromString(body)
-            message: pb.StreamRequest | None = parsed
+            message.ParseFromString(body)
         except DecodeError:
-            message = None
+            message.Clear()
         assert self._auth is not None
-        if (
-            message is None
-            or message.WhichOneof("kind") is not None
-            or not self._auth.matches(message.auth_token)
-        ):
+        if message.ids or message.cancel_ids or not self._auth.matches(message.auth_token):
             self._refuse("the first frame does not carry the worker's token")
             return False
         self._auth = None
@@ -109,24 +131,320 @@ class FrameConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._auth_timer is not None:
             self._auth_timer.cancel()
-        self._server.close(self)
+        self._service.connections.discard(self)
+        for group in list(self.live):  # nobody waits for their answers: free their places
+            self._service.scheduler.cancel(group, np.flatnonzero(~group.is_settled))
+        self.live.clear()
+        self._service.check_drained()
 
-    async def write(self, response: pb.StreamResponse) -> None:
-        if self._transport is None or self._transport.is_closing():
-            return
-        self._transport.write(frame(response.SerializeToString()))
-
-    async def end(self) -> None:
+    def end(self) -> None:
         if self._transport is not None:
             self._transport.close()
 
+    # --- the sink (groups.GroupSink) ---
+
+    def answered(self, group: RequestGroup, requests: np.ndarray) -> None:
+        self._answered.append((group, requests))
+        self._settled(group)
+
+    def failed(self, group: RequestGroup, requests: np.ndarray, error: BaseException) -> None:
+        assert group.ids is not None, "a frame's groups carry their ids"
+        self.fail(group.ids[requests], error)
+        self._settled(group)
+
+    def fail(self, ids: np.ndarray, error: BaseException) -> None:
+        """Answer `ids` with `error` (in the next ResultFrame)."""
+        message = (
+            str(error) if isinstance(error, WorkerError) else "internal error in the worker (see its log)"
+        )
+        self._failed.append((ids, _code(error), message))
+        self._flush_soon()
+
+    def _settled(self, group: RequestGroup) -> None:
+        if group.num_live == 0:
+            self.live.discard(group)
+            if not self.live:
+                self._service.check_drained()
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self._is_flush_due:
+            self._is_flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One ResultFrame with everything settled since the last."""
+        self._is_flush_due = False
+        answered, self._answered = self._answered, []
+        failed, self._failed = self._failed, []
+        if self._transport is None or self._transport.is_closing():
+            return
+        result = pb.ResultFrame()
+        if answered:
+            ids, counts, rows = [], [], []
+            for group, requests in answered:
+                assert group.ids is not None
+                ids.append(group.ids[requests])
+                num_rows, own = group.rows_of(requests)
+                counts.append(num_rows)
+                rows.append(own)
+            result.ids = _joined(ids, "<u8")
+            result.num_rows = _joined(counts, "<u4")
+            result.rows = _joined(rows, "<f4")
+            result.width = rows[0].shape[1]
+        for ids_failed, code, message in failed:
+            result.errors.add(ids=ids_failed.astype("<u8").tobytes(), code=code, message=message)
+        body = result.SerializeToString()
+        self._transport.write(len(body).to_bytes(4, "little") + body)
+
+
+def _joined(arrays: list[np.ndarray], dtype: str) -> bytes:
+    return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)).astype(dtype, copy=False).tobytes()
+
+
+class FrameService:
+    """Decodes frames into request groups, admits them into the scheduler, cancels and drains."""
+
+    def __init__(self, scheduler: Scheduler, info: ModelInfo) -> None:
+        self.scheduler = scheduler
+        self._info = info
+        self.connections: set[FrameConnection] = set()
+        self._is_draining = False
+        self._drained = asyncio.Event()  # set once draining and nothing is in flight
+
+    def check_drained(self) -> None:
+        """Called when a connection's last request in flight is settled."""
+        if self._is_draining and not any(connection.live for connection in self.connections):
+            self._drained.set()
+
+    def receive(self, message: pb.RequestFrame, connection: FrameConnection) -> None:
+        if message.cancel_ids:
+            self._cancel(np.frombuffer(message.cancel_ids, "<u8"), connection)
+        if not message.ids:
+            return
+        ids = np.frombuffer(message.ids, "<u8")
+        try:
+            for group in self._decode(message, ids, connection):
+                connection.live.add(group)
+                self.scheduler.admit(group)
+                if group.num_live == 0:
+                    connection.live.discard(group)
+        except WorkerError as error:  # the whole frame: a kind this model lacks, arrays that disagree
+            connection.fail(ids, error)
+
+    def _cancel(self, ids: np.ndarray, connection: FrameConnection) -> None:
+        for group in list(connection.live):
+            assert group.ids is not None
+            hits = np.flatnonzero(np.isin(group.ids, ids) & ~group.is_settled)
+            if len(hits):
+                self.scheduler.cancel(group, hits)
+                if group.num_live == 0:
+                    connection.live.discard(group)
+        self.check_drained()
+
+    def _decode(
+        self, message: pb.RequestFrame, ids: np.ndarray, connection: FrameConnection
+    ) -> list[RequestGroup]:
+        """The frame's valid requests as one group per class; the invalid ones answered at once."""
+        if self._is_draining:
+            raise Unavailable("worker is shutting down")
+        self._check_kind(message.kind)
+        if message.kind == pb.FRAME_KIND_SCORE and (message.num_spans or message.span_bounds):
+            raise InvalidInput("span pooling (num_spans, span_bounds) is for embed requests, not score")
+        arrays = _frame_arrays(message, len(ids))
+        num_sequences, lengths, token_ids, types, priorities, timeouts = arrays
+        valid = None
+        if not frame_is_clean(num_sequences, lengths, token_ids, types, self._info) or message.num_spans:
+            valid = self._check_each(message, arrays, ids, connection)
+        now = time.perf_counter()
+        seq_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(num_sequences, out=seq_offsets[1:])
+        token_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=token_offsets[1:])
+        tokens = token_offsets[seq_offsets[1:]] - token_offsets[seq_offsets[:-1]]
+        classes = np.where(
+            (num_sequences <= INTERACTIVE_MAX_SEQUENCES) & (tokens <= INTERACTIVE_MAX_TOKENS),
+            Priority.INTERACTIVE,
+            Priority.BULK,
+        )
+        if priorities is not None:
+            said = (priorities == Priority.INTERACTIVE) | (priorities == Priority.BULK)
+            classes = np.where(said, priorities, classes)
+        deadlines = None
+        if timeouts is not None and timeouts.any():
+            deadlines = np.where(timeouts > 0, now + timeouts / 1000, math.inf)
+        groups = []
+        for klass in (Priority.INTERACTIVE, Priority.BULK):
+            chosen = classes == klass
+            if valid is not None:
+                chosen &= valid
+            if not chosen.any():
+                continue
+            everything = bool(chosen.all())
+            seq_mask = None if everything else np.repeat(chosen, num_sequences)
+            token_mask = None if seq_mask is None else np.repeat(seq_mask, lengths)
+
+            def pick(values: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray | None:
+                return values if values is None or mask is None else values[mask]
+
+            picked_seqs = pick(num_sequences, None if everything else chosen)
+            picked_lengths = pick(lengths, seq_mask)
+            assert picked_seqs is not None and picked_lengths is not None
+            spans = None
+            if message.num_spans:
+                spans = self._spans(message, picked_lengths, seq_mask)
+            groups.append(
+                RequestGroup(
+                    pick(token_ids, token_mask),  # type: ignore[arg-type]
+                    picked_lengths,
+                    None if len(picked_seqs) == len(picked_lengths) else picked_seqs,
+                    connection,
+                    priority=Priority(klass),
+                    admitted_at=now,
+                    deadlines=pick(deadlines, None if everything else chosen),
+                    ids=ids if everything else ids[chosen],
+                    token_type_ids=pick(types, token_mask),
+                    spans=spans,
+                )
+            )
+        return groups
+
+    def _check_kind(self, kind: int) -> None:
+        asked = _KINDS.get(kind)
+        task, name = self._info.task, self._info.model_name
+        if asked is None:
+            raise InvalidInput("a request frame must say its kind: FRAME_KIND_EMBED or FRAME_KIND_SCORE")
+        if asked != task:
+            if asked == "score":
+                raise Unsupported(
+                    f"model {name} is a {task} model, not a cross-encoder: it cannot score pairs"
+                )
+            raise Unsupported(f"model {name} is a {task} model, not an embedder")
+
+    def _check_each(
+        self,
+        message: pb.RequestFrame,
+        arrays: tuple[
+            np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None
+        ],
+        ids: np.ndarray,
+        connection: FrameConnection,
+    ) -> np.ndarray:
+        """Which requests are valid; the others are answered INVALID_ARGUMENT, each with its reason.
+        Only for a frame that failed the whole-frame check (rare), or that asks for span pooling."""
+        num_sequences, lengths, token_ids, types, _, _ = arrays
+        valid = np.ones(len(ids), dtype=bool)
+        seq_at, token_at = 0, 0
+        spans_at = _span_bound_offsets(message, lengths)
+        for r, count in enumerate(num_sequences.tolist()):
+            own_lengths = lengths[seq_at : seq_at + count]
+            num_tokens = int(own_lengths.sum())
+            own_ids = token_ids[token_at : token_at + num_tokens]
+            problem = sequences_problem(own_ids, own_lengths.astype(np.int64), self._info)
+            if problem is None and types is not None:
+                problem = token_types_problem(types[token_at : token_at + num_tokens])
+            if problem is None and spans_at is not None:
+                try:
+                    spans_of(
+                        np.frombuffer(message.num_spans, "<u4")[seq_at : seq_at + count],
+                        np.frombuffer(message.span_bounds, "<u4")[
+                            spans_at[seq_at] : spans_at[seq_at + count]
+                        ],
+                        own_lengths,
+                    )
+                except InvalidInput as error:
+                    problem = str(error)
+            if problem is not None:
+                valid[r] = False
+                connection.fail(ids[r : r + 1], InvalidInput(problem))
+            seq_at += count
+            token_at += num_tokens
+        return valid
+
+    def _spans(
+        self, message: pb.RequestFrame, lengths: np.ndarray, seq_mask: np.ndarray | None
+    ) -> list[np.ndarray | None] | None:
+        """Per sequence of a group, its span bounds or None (checked already by `_check_each`)."""
+        counts = np.frombuffer(message.num_spans, "<u4")
+        bounds = np.frombuffer(message.span_bounds, "<u4")
+        offsets = _span_bound_offsets(message, np.frombuffer(message.lengths, "<u4"))
+        assert offsets is not None
+        chosen = np.arange(len(counts)) if seq_mask is None else np.flatnonzero(seq_mask)
+        spans: list[np.ndarray | None] = [
+            None if counts[s] == 0 else bounds[offsets[s] : offsets[s + 1]].astype(np.int64)
+            for s in chosen.tolist()
+        ]
+        return spans if any(bounds is not None for bounds in spans) else None
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests (UNAVAILABLE), let those in flight finish (up to `timeout_s`), end
+        every connection."""
+        self._is_draining = True
+        self.check_drained()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        await asyncio.sleep(0)  # the last answers' frame goes out first
+        for connection in list(self.connections):
+            connection.end()
+
+
+def _frame_arrays(
+    message: pb.RequestFrame, num_requests: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """(num_sequences, lengths, token_ids, token types, priorities, timeouts) of a frame, their sizes
+    checked against each other; InvalidInput (for every request of the frame) where they disagree."""
+
+    def array(field: str, dtype: str, expected: int | None) -> np.ndarray | None:
+        data: bytes = getattr(message, field)
+        if not data and field in _OPTIONAL:
+            return None
+        width = np.dtype(dtype).itemsize
+        if len(data) % width or (expected is not None and len(data) // width != expected):
+            wanted = f"{expected} values" if expected is not None else f"a multiple of {width} bytes"
+            raise InvalidInput(
+                f"a frame's {field} holds {len(data)} bytes; {wanted} of {width} bytes were expected"
+            )
+        return np.frombuffer(data, dtype)
+
+    num_sequences = array("num_sequences", "<u4", num_requests)
+    assert num_sequences is not None
+    lengths = array("lengths", "<u4", int(num_sequences.sum()))
+    assert lengths is not None
+    num_tokens = int(lengths.sum())
+    token_ids = array("token_ids", "<i4", num_tokens)
+    assert token_ids is not None
+    return (
+        num_sequences,
+        lengths,
+        token_ids,
+        array("token_type_ids", "<i4", num_tokens),
+        array("priorities", "u1", num_requests),
+        array("timeouts_ms", "<u4", num_requests),
+    )
+
+
+_OPTIONAL = frozenset({"token_type_ids", "priorities", "timeouts_ms"})
+
+
+def _span_bound_offsets(message: pb.RequestFrame, lengths: np.ndarray) -> np.ndarray | None:
+    """[num_sequences + 1]: where each sequence's bounds start in span_bounds; None without spans.
+    Raises InvalidInput when num_spans does not hold one count per sequence."""
+    if not message.num_spans:
+        return None
+    counts = np.frombuffer(message.num_spans, "<u4").astype(np.int64)
+    if len(counts) != len(lengths):
+        raise InvalidInput(f"a frame's num_spans has {len(counts)} values for {len(lengths)} sequences")
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.where(counts > 0, counts + 1, 0), out=offsets[1:])
+    return offsets
+
 
 async def serve_frames(
-    server: StreamServer, host: str, port: int, max_frame_bytes: int, auth_token: str = ""
+    service: FrameService, host: str, port: int, max_frame_bytes: int, auth_token: str = ""
 ) -> tuple[asyncio.Server, int]:
     """The data port's listening server on host:port (0 picks a free port), and the port it got.
     With `auth_token`, every connection must show it first."""
     loop = asyncio.get_running_loop()
     auth = TokenCheck(auth_token) if auth_token else None
-    listener = await loop.create_server(lambda: FrameConnection(server, max_frame_bytes, auth), host, port)
+    listener = await loop.create_server(lambda: FrameConnection(service, max_frame_bytes, auth), host, port)
     return listener, listener.sockets[0].getsockname()[1]

@@ -49,7 +49,10 @@ class QueueState(Protocol):
     max_batch_tokens: int
     max_batch_sequences: int
     max_queued_tokens: int
-    num_lane_batches: int  # batches run on the interactive lane since start (0 without one)
+
+    @property
+    def num_lane_batches(self) -> int:
+        """Batches run on the interactive lane since start (0 without one)."""
 
 
 class WorkerMetrics:
@@ -140,10 +143,25 @@ class WorkerMetrics:
         return SchedulerHooks(
             batch_stages=batch_stages,
             batch_launched=batch_launched,
-            queue_waited=lambda seconds, klass: self._queue_wait[klass].observe(seconds),
+            queue_waited=lambda seconds, klass, count: observe_many(self._queue_wait[klass], seconds, count),
             batch_finished=self.batch_duration.observe,
-            request_finished=lambda seconds, klass: self._request_duration[klass].observe(seconds),
+            request_finished=lambda seconds, klass, count: observe_many(
+                self._request_duration[klass], seconds, count
+            ),
         )
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """`count` observations of `value` at once, as `count` calls of `histogram.observe(value)` would
+    record them: the requests of a group share their admission time, so a batch answers tens of
+    requests with one duration. prometheus_client observes one value at a time, scanning its 89
+    bounds in Python (~2-3 µs a call); this finds the bucket once (a test checks it agrees with
+    `observe` for the pinned prometheus_client)."""
+    if count == 1:
+        histogram.observe(value)
+        return
+    histogram._sum.inc(value * count)  # prometheus_client's own fields
+    histogram._buckets[bisect.bisect_left(histogram._upper_bounds, value)].inc(count)
 
 
 class EngineCollector(Collector):

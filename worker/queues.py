@@ -27,172 +27,105 @@ come, first served (round robin across requests).
 
 from __future__ import annotations
 
-import asyncio
-import enum
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
-# A request that does not say its class (a plain gRPC client) is INTERACTIVE when it is at most this
-# large, BULK otherwise: a search-time query embeds one text, a handful with query expansion.
-INTERACTIVE_MAX_SEQUENCES = 8
-INTERACTIVE_MAX_TOKENS = 1024
+from kembed.worker.classes import (
+    INTERACTIVE_MAX_SEQUENCES,
+    INTERACTIVE_MAX_TOKENS,
+    ClassPolicy,
+    Priority,
+    classify,
+)
+from kembed.worker.groups import RequestGroup, Segment
+
+__all__ = [
+    "INTERACTIVE_MAX_SEQUENCES",
+    "INTERACTIVE_MAX_TOKENS",
+    "ClassPolicy",
+    "ClassQueues",
+    "Priority",
+    "RoundRobin",
+    "batch_size",
+    "classify",
+]
 
 
-class Priority(enum.IntEnum):
-    """A request's class; the values are the gRPC contract's `Priority`."""
-
-    UNSPECIFIED = 0
-    INTERACTIVE = 1
-    BULK = 2
-
-    @property
-    def label(self) -> str:
-        """The metrics' `class` label: "interactive" or "bulk"."""
-        return "bulk" if self == Priority.BULK else "interactive"
-
-
-def classify(said: int, num_sequences: int, num_tokens: int) -> Priority:
-    """The class of a request: what the caller said, else by size (see the constants above)."""
-    if said in (Priority.INTERACTIVE, Priority.BULK):
-        return Priority(said)
-    if num_sequences <= INTERACTIVE_MAX_SEQUENCES and num_tokens <= INTERACTIVE_MAX_TOKENS:
-        return Priority.INTERACTIVE
-    return Priority.BULK
-
-
-@dataclass(frozen=True)
-class ClassPolicy:
-    """How the two classes share the worker (see the module docstring; each field in WorkerConfig)."""
-
-    is_enabled: bool = True
-    bulk_step_tokens: int = 1024  # most bulk tokens in a step while interactive traffic is about
-    interactive_hold_s: float = 1.0  # how long after an interactive request bulk steps stay short
-    bulk_max_wait_s: float = 0.5  # bulk waiting this long without a launch goes first
-    bulk_queue_share: float = 0.75  # bulk is admitted while the queue is below this share of its cap
-    max_bulk_inflight: int = 0  # while interactive is about: steps in flight before a query-less one (0: any)
-
-
-@dataclass(eq=False)
-class Request:
-    token_ids: np.ndarray  # [num_tokens] int32, sequences back to back
-    offsets: np.ndarray  # [num_seqs + 1] int64, where each sequence starts
-    future: asyncio.Future[np.ndarray]
-    token_type_ids: np.ndarray | None = None  # [num_tokens] int32 (pair segments), or all zeros
-    spans: list[np.ndarray | None] | None = None  # per sequence: its span boundaries, or None
-    rows: list[np.ndarray | None] = field(default_factory=list)  # [dim], or [num_spans, dim]
-    num_pending: int = 0  # sequences not yet answered
-    num_queued_tokens: int = 0  # tokens of this request still counted against the admission cap
-    admitted_at: float = 0.0  # time.perf_counter() at admission
-    is_started: bool = False  # one of its sequences has been launched
-    priority: Priority = Priority.INTERACTIVE
-    num_taken: int = 0  # its first num_taken sequences have been taken into batches
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.offsets) - 1
-
-
-@dataclass(frozen=True)
-class QueuedSequence:
-    request: Request
-    index: int  # position within its request
-
-    @property
-    def num_tokens(self) -> int:
-        offsets = self.request.offsets
-        return int(offsets[self.index + 1] - offsets[self.index])
-
-    def token_ids(self) -> np.ndarray:
-        offsets = self.request.offsets
-        return self.request.token_ids[offsets[self.index] : offsets[self.index + 1]]
-
-    def spans(self) -> np.ndarray | None:
-        spans = self.request.spans
-        return None if spans is None else spans[self.index]
-
-    def token_type_ids(self) -> np.ndarray:
-        offsets = self.request.offsets
-        types = self.request.token_type_ids
-        if types is None:
-            return np.zeros(self.num_tokens, dtype=np.int32)
-        return types[offsets[self.index] : offsets[self.index + 1]]
+def batch_size(batch: list[Segment]) -> tuple[int, int]:
+    """(sequences, tokens) of a batch."""
+    return sum(len(seg.seqs) for seg in batch), sum(seg.num_tokens for seg in batch)
 
 
 class RoundRobin:
-    """The queue of requests with sequences not yet taken, in arrival order, and the rule that
-    takes a batch from it (see the module docstring). Taking costs O(sequences taken)."""
+    """The groups with sequences not yet taken, in arrival order, and the rule that takes a batch
+    from them (see the module docstring): in effect one sequence of each group in turn, then a
+    second of each that has more, while they fit. A group is the unit of turns: one data-port
+    frame's requests of a class (the gateway fills a frame round robin across its requests), or
+    one unary request. Taking costs a few numpy calls per group that gives sequences."""
 
     def __init__(self) -> None:
-        self._waiting: deque[Request] = deque()
+        self._waiting: deque[RequestGroup] = deque()
 
     def __bool__(self) -> bool:
-        return bool(self._waiting)
+        return any(group.num_waiting for group in self._waiting)
 
     def __len__(self) -> int:
-        return len(self._waiting)
+        return sum(1 for group in self._waiting if group.num_waiting)
 
-    def push(self, request: Request) -> None:
-        self._waiting.append(request)
+    def push(self, group: RequestGroup) -> None:
+        self._waiting.append(group)
 
-    def pop_all(self) -> list[Request]:
+    def pop_all(self) -> list[RequestGroup]:
         waiting, self._waiting = list(self._waiting), deque()
         return waiting
 
     def next_num_tokens(self) -> int | None:
         """Tokens of the sequence the next batch would take first (None: nothing waits)."""
-        for request in self._waiting:
-            if not request.future.done():
-                return int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
+        for group in self._waiting:
+            if group.num_waiting:
+                return int(group.next_lengths(1)[0])
         return None
 
-    def take(self, max_tokens: int, max_sequences: int, *, at_least_one: bool = True) -> list[QueuedSequence]:
-        """The next batch; a request finished early (cancelled, failed) is dropped when reached.
-        With `at_least_one`, a first sequence longer than `max_tokens` is taken alone; without, the
-        batch may be empty (it fills the room another class left)."""
-        batch: list[QueuedSequence] = []
-        num_tokens = 0
-        taken: list[Request] = []  # requests that gave a sequence, oldest first
-
-        def fits(request: Request) -> bool:
-            n = int(request.offsets[request.num_taken + 1] - request.offsets[request.num_taken])
-            if not batch and at_least_one:
-                return True
-            return num_tokens + n <= max_tokens and len(batch) < max_sequences
-
-        def take_one(request: Request) -> None:
-            nonlocal num_tokens
-            seq = QueuedSequence(request, request.num_taken)
-            request.num_taken += 1
-            batch.append(seq)
-            num_tokens += seq.num_tokens
-
-        is_full = False
-        while self._waiting:  # the first round, over the queue from its oldest request
-            request = self._waiting[0]
-            if request.future.done():
-                self._waiting.popleft()
-                continue
-            if not fits(request):
-                is_full = True
-                break
-            take_one(self._waiting.popleft())
-            taken.append(request)
-        # Every waiting request has given one: later rounds go over them again, oldest first.
-        more = [r for r in taken if r.num_taken < r.num_seqs]
-        while more and not is_full:
-            for request in more:
-                if not fits(request):
-                    is_full = True
-                    break
-                take_one(request)
-            more = [r for r in more if r.num_taken < r.num_seqs]
-        for request in reversed(taken):  # those with sequences left keep their place at the front
-            if request.num_taken < request.num_seqs:
-                self._waiting.appendleft(request)
+    def take(self, max_tokens: int, max_sequences: int, *, at_least_one: bool = True) -> list[Segment]:
+        """The next batch, as a run of sequences from each group that gives some, oldest group
+        first. With `at_least_one`, a first sequence longer than `max_tokens` is taken alone;
+        without, the batch may be empty (it fills the room another class left)."""
+        if max_sequences <= 0:
+            return []
+        groups = [group for group in self._waiting if group.num_waiting]
+        if len(groups) != len(self._waiting):
+            self._waiting = deque(groups)
+        if not groups:
+            return []
+        counts = _turns([g.next_lengths(max_sequences) for g in groups], max_tokens, max_sequences)
+        if counts[0] == 0 and at_least_one:  # the oldest group's next sequence alone is over the budget
+            counts[0] = 1
+        batch: list[Segment] = []
+        for group, count in zip(groups, counts.tolist(), strict=True):
+            if count:
+                seqs, started = group.take(count)
+                batch.append(Segment(group, seqs, int(group.lengths[seqs].sum()), started))
+        while self._waiting and not self._waiting[0].num_waiting:
+            self._waiting.popleft()
         return batch
+
+
+def _turns(lengths: list[np.ndarray], max_tokens: int, max_sequences: int) -> np.ndarray:
+    """How many sequences each group gives when they take turns, one sequence a turn, group after
+    group: the longest prefix of that order within `max_tokens` and `max_sequences`. `lengths`:
+    each group's next sequences' tokens, oldest group first."""
+    if len(lengths) == 1:
+        within = int(np.searchsorted(np.cumsum(lengths[0]), max_tokens, side="right"))
+        return np.array([min(within, max_sequences)])
+    counts = np.array([len(group) for group in lengths])
+    owner = np.repeat(np.arange(len(lengths)), counts)
+    turn = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    order = np.lexsort((owner, turn))  # by turn, then by group: the turn-taking order
+    cumulative = np.cumsum(np.concatenate(lengths)[order])
+    num_taken = min(int(np.searchsorted(cumulative, max_tokens, side="right")), max_sequences)
+    return np.bincount(owner[order[:num_taken]], minlength=len(lengths))
 
 
 class ClassQueues:
@@ -210,16 +143,16 @@ class ClassQueues:
     def __bool__(self) -> bool:
         return bool(self.interactive) or bool(self.bulk)
 
-    def push(self, request: Request, now: float) -> None:
-        if request.priority == Priority.BULK and self.policy.is_enabled:
+    def push(self, group: RequestGroup, now: float) -> None:
+        if group.priority == Priority.BULK and self.policy.is_enabled:
             if not self.bulk:
                 self._bulk_served_at = now  # its wait starts now
-            self.bulk.push(request)
+            self.bulk.push(group)
         else:
             self._interactive_seen_at = now
-            self.interactive.push(request)
+            self.interactive.push(group)
 
-    def pop_all(self) -> list[Request]:
+    def pop_all(self) -> list[RequestGroup]:
         return self.interactive.pop_all() + self.bulk.pop_all()
 
     def is_interactive_about(self, now: float) -> bool:
@@ -245,14 +178,14 @@ class ClassQueues:
         head = self.interactive.next_num_tokens()
         return bool(self.lane_tokens) and head is not None and head <= self.lane_tokens
 
-    def take_lane(self, max_tokens: int, max_sequences: int) -> list[QueuedSequence]:
+    def take_lane(self, max_tokens: int, max_sequences: int) -> list[Segment]:
         """The interactive lane's next batch: interactive sequences only, none longer than
         `max_tokens` (such a one is left, with those behind it, to the main path)."""
         return self.interactive.take(max_tokens, max_sequences, at_least_one=False)
 
     def take(
         self, max_tokens: int, max_sequences: int, now: float, *, with_interactive: bool = True
-    ) -> list[QueuedSequence]:
+    ) -> list[Segment]:
         """The next batch: at most `max_tokens` tokens (but one longer sequence alone) and
         `max_sequences` sequences. With a lane, `with_interactive` False leaves interactive
         sequences to it (all but one longer than its steps): the batch is bulk alone, in full."""
@@ -268,17 +201,17 @@ class ClassQueues:
             bulk_tokens = min(self.policy.bulk_step_tokens, max_tokens)
         if self.bulk and now - self._bulk_served_at >= self.policy.bulk_max_wait_s:
             batch = self.bulk.take(bulk_tokens, max_sequences)
-            num_tokens = sum(seq.num_tokens for seq in batch)
+            num_seqs, num_tokens = batch_size(batch)
             batch += self.interactive.take(
-                max_tokens - num_tokens, max_sequences - len(batch), at_least_one=not batch
+                max_tokens - num_tokens, max_sequences - num_seqs, at_least_one=not batch
             )
         else:
             batch = self.interactive.take(max_tokens, max_sequences)
-            num_tokens = sum(seq.num_tokens for seq in batch)
+            num_seqs, num_tokens = batch_size(batch)
             batch += self.bulk.take(
-                min(bulk_tokens, max_tokens - num_tokens), max_sequences - len(batch), at_least_one=not batch
+                min(bulk_tokens, max_tokens - num_tokens), max_sequences - num_seqs, at_least_one=not batch
             )
-        if any(seq.request.priority == Priority.BULK for seq in batch):
+        if any(seg.group.priority == Priority.BULK for seg in batch):
             self._bulk_served_at = now
         return batch
 

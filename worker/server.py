@@ -31,6 +31,7 @@ from kembed.worker.errors import InvalidInput, StartupError, Unsupported, Worker
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.streams import StreamServer
+from kembed.worker.validation import sequences_problem, spans_of, token_types_problem
 
 log = logging.getLogger(__name__)
 
@@ -97,62 +98,22 @@ def decode_batch(batch: pb.TokenBatch, info: ModelInfo) -> tuple[np.ndarray, np.
         raise InvalidInput(f"token_ids holds {len(batch.token_ids)} bytes, not a whole number of int32")
     token_ids = np.frombuffer(batch.token_ids, dtype="<i4")
     lengths = np.asarray(batch.lengths, dtype=np.int64)
-    if len(lengths) == 0:
-        raise InvalidInput("the batch holds no sequences")
-    if lengths.min() < 1:
-        raise InvalidInput(f"sequence {int(lengths.argmin())} is empty")
-    if lengths.max() > info.max_sequence_length:
-        i = int(lengths.argmax())
-        raise InvalidInput(
-            f"sequence {i} has {int(lengths[i])} tokens; the model takes at most {info.max_sequence_length}"
-        )
-    if int(lengths.sum()) != len(token_ids):
-        raise InvalidInput(f"lengths add up to {int(lengths.sum())} but {len(token_ids)} token ids were sent")
-    bad = (token_ids < 0) | (token_ids >= info.vocab_size)
-    if bad.any():
-        i = int(bad.argmax())
-        raise InvalidInput(f"token id {int(token_ids[i])} at position {i} is outside [0, {info.vocab_size})")
+    problem = sequences_problem(token_ids, lengths, info)
+    if problem is not None:
+        raise InvalidInput(problem)
     return token_ids, lengths.astype(np.int32)
 
 
 def decode_spans(batch: pb.TokenBatch, lengths: np.ndarray) -> list[np.ndarray | None] | None:
-    """Per sequence, None (pooled as usual) or its span boundaries (int64 [k + 1]); None for the whole
-    batch when it asks for no span pooling. Checked: one count per sequence, as many boundaries as
-    the counts say, each sequence's strictly increasing and within it."""
+    """Per sequence, None (pooled as usual) or its span boundaries; None for the whole batch when it
+    asks for no span pooling (validation.spans_of)."""
     if not batch.num_spans and not batch.span_bounds:
         return None
-    counts = np.asarray(batch.num_spans, dtype=np.int64)
-    if len(counts) != len(lengths):
-        raise InvalidInput(f"num_spans has {len(counts)} values for {len(lengths)} sequences")
-    if not counts.any():  # every sequence pooled as usual
-        return None
-    bounds = np.asarray(batch.span_bounds, dtype=np.int64)
-    expected = int((counts + 1)[counts > 0].sum())
-    if len(bounds) != expected:
-        raise InvalidInput(f"span_bounds has {len(bounds)} values; num_spans asks for {expected}")
-    spans: list[np.ndarray | None] = []
-    start = 0
-    for i, (count, length) in enumerate(zip(counts.tolist(), lengths.tolist(), strict=True)):
-        if count == 0:
-            spans.append(None)
-            continue
-        own = bounds[start : start + count + 1]
-        start += count + 1
-        if (np.diff(own) <= 0).any():
-            raise InvalidInput(f"the span bounds of sequence {i} are not strictly increasing: {own.tolist()}")
-        if own[-1] > length:
-            raise InvalidInput(
-                f"sequence {i} has {length} tokens, its last span ends at {int(own[-1])}: out of range"
-            )
-        spans.append(own)
-    return spans
+    return spans_of(np.asarray(batch.num_spans), np.asarray(batch.span_bounds), lengths)
 
 
 def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | None:
-    """The batch's token_type_ids (int32 [num_tokens]), or None when absent (all zeros).
-
-    Only 0 and 1 are accepted: a pair has two segments, and an id past the model's token-type table
-    must never reach an embedding lookup on the device."""
+    """The batch's token_type_ids (int32 [num_tokens]), or None when absent (all zeros)."""
     if not batch.token_type_ids:
         return None
     if len(batch.token_type_ids) != 4 * num_tokens:
@@ -160,10 +121,9 @@ def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | No
             f"token_type_ids holds {len(batch.token_type_ids)} bytes; {num_tokens} int32 values were expected"
         )
     types = np.frombuffer(batch.token_type_ids, dtype="<i4")
-    bad = (types < 0) | (types > 1)
-    if bad.any():
-        i = int(bad.argmax())
-        raise InvalidInput(f"token type id {int(types[i])} at position {i} is not 0 or 1")
+    problem = token_types_problem(types)
+    if problem is not None:
+        raise InvalidInput(problem)
     return types
 
 
@@ -282,11 +242,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
 
     def advertise_data_port(self, port: int) -> None:
         """Info tells callers where the data port (frames.py) listens."""
-        self._info_response.data_port = port
+        self._info_response.frame_port = port
 
     @property
     def data_port(self) -> int:
-        return self._info_response.data_port
+        return self._info_response.frame_port
 
     async def Info(self, request: pb.InfoRequest, context: Context) -> pb.InfoResponse:
         return self._info_response

@@ -2,8 +2,7 @@
 clock, and the scheduler serving a query behind a bulk flood."""
 
 import asyncio
-import concurrent.futures
-import dataclasses
+import copy
 import threading
 
 import numpy as np
@@ -12,30 +11,46 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.errors import Overloaded
-from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, Request, RoundRobin, classify
+from kembed.worker.groups import RequestGroup, Segment
+from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, RoundRobin, classify
 from kembed.worker.scheduler import Scheduler
 
 STEP_S = 0.01  # simulated time between two batches
 
 
-def _request(lengths: list[int], priority: Priority, admitted_at: float) -> Request:
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    future: concurrent.futures.Future = concurrent.futures.Future()  # done() and cancel() as asyncio's
-    return Request(
-        np.zeros(int(offsets[-1]), np.int32), offsets, future, admitted_at=admitted_at, priority=priority
-    )
+class _Ignored:
+    """A sink for groups whose answers no test reads."""
+
+    def answered(self, group, requests) -> None:
+        pass
+
+    def failed(self, group, requests, error) -> None:
+        pass
 
 
-def _take_alone(queue: RoundRobin, max_tokens: int, max_sequences: int) -> list[tuple[Request, int]]:
+def _request(lengths: list[int], priority: Priority, admitted_at: float) -> RequestGroup:
+    """One request of these sequences, as a group of its own (a unary call's)."""
+    lengths = np.array(lengths, np.int32)
+    return RequestGroup(
+        np.zeros(int(lengths.sum()), np.int32), lengths, np.array([len(lengths)]), _Ignored(),
+        priority=priority, admitted_at=admitted_at,
+    )  # fmt: skip
+
+
+def _pairs(batch: list[Segment]) -> list[tuple[RequestGroup, int]]:
+    """A batch as (request, sequence index) pairs, in the batch's order."""
+    return [(seg.group, int(i)) for seg in batch for i in seg.seqs]
+
+
+def _take_alone(queue: RoundRobin, max_tokens: int, max_sequences: int) -> list[tuple[RequestGroup, int]]:
     """What `queue.take` would give, taken from a copy: (request, sequence index) pairs."""
     copies = {}
     shadow = RoundRobin()
-    for request in queue._waiting:
-        copy = dataclasses.replace(request)
-        copies[id(copy)] = request
-        shadow.push(copy)
-    return [(copies[id(seq.request)], seq.index) for seq in shadow.take(max_tokens, max_sequences)]
+    for group in queue._waiting:
+        twin = copy.copy(group)  # taking moves only the copy's own head
+        copies[id(twin)] = group
+        shadow.push(twin)
+    return [(copies[id(twin)], i) for twin, i in _pairs(shadow.take(max_tokens, max_sequences))]
 
 
 traffic = st.lists(
@@ -83,10 +98,10 @@ def test_class_queue_properties(
     )
     queues = ClassQueues(policy)
     order = sorted(range(len(requests)), key=lambda i: (requests[i][2], i))
-    made: dict[int, Request] = {}
+    made: dict[int, RequestGroup] = {}
     taken: dict[int, list[int]] = {}
     first_taken: dict[int, int] = {}  # request -> batch that took its first sequence
-    fillers: list[Request] = []
+    fillers: list[RequestGroup] = []
     bulk_waiting_since: float | None = None
     num_batches = 0
     while num_batches < 2000:
@@ -104,10 +119,10 @@ def test_class_queue_properties(
                 queues.push(filler, now)
         if not queues and not order:
             break
-        is_bulk_waiting = any(r.num_taken < r.num_seqs for r in queues.bulk._waiting)
+        is_bulk_waiting = any(r.num_waiting for r in queues.bulk._waiting)
         if is_bulk_waiting and bulk_waiting_since is None:
             bulk_waiting_since = now
-        interactive_before = [r for r in queues.interactive._waiting if r.num_taken < r.num_seqs]
+        interactive_before = [r for r in queues.interactive._waiting if r.num_waiting]
         is_about = queues.is_interactive_about(now)
         is_starving = is_bulk_waiting and now - bulk_waiting_since >= bulk_max_wait_s - 1e-9
         interactive_alone = _take_alone(queues.interactive, max_tokens, max_sequences)
@@ -116,26 +131,25 @@ def test_class_queue_properties(
         if not batch:
             assert not interactive_before and not is_bulk_waiting, "work waited, nothing was taken"
             continue
-        tokens = [seq.num_tokens for seq in batch]
-        assert len(batch) <= max_sequences
-        assert sum(tokens) <= max_tokens or len(batch) == 1
-        bulk = [seq for seq in batch if seq.request.priority == Priority.BULK]
+        pairs = _pairs(batch)
+        tokens = [int(group.lengths[i]) for group, i in pairs]
+        assert len(pairs) <= max_sequences
+        assert sum(tokens) <= max_tokens or len(pairs) == 1
+        bulk = [(group, i) for group, i in pairs if group.priority == Priority.BULK]
         if is_about and len(bulk) > 1:
-            assert sum(seq.num_tokens for seq in bulk) <= bulk_step_tokens
+            assert sum(int(group.lengths[i]) for group, i in bulk) <= bulk_step_tokens
         if not is_starving:  # interactive first: its part is what its queue alone would give
-            assert [(seq.request, seq.index) for seq in batch if seq not in bulk] == interactive_alone
+            assert [pair for pair in pairs if pair not in bulk] == interactive_alone
         if bulk:
             assert bulk_waiting_since is not None
             assert now - bulk_waiting_since <= bulk_max_wait_s + STEP_S + 1e-9, "bulk starved"
-            bulk_waiting_since = (
-                None if not any(r.num_taken < r.num_seqs for r in queues.bulk._waiting) else now
-            )
+            bulk_waiting_since = None if not any(r.num_waiting for r in queues.bulk._waiting) else now
         elif is_bulk_waiting:
             assert now - bulk_waiting_since <= bulk_max_wait_s + 1e-9, "bulk starved"
-        for seq in batch:
+        for group, index in pairs:
             for i, request in made.items():
-                if request is seq.request:
-                    taken[i].append(seq.index)
+                if request is group:
+                    taken[i].append(index)
                     first_taken.setdefault(i, num_batches)
     assert not queues, "work left after 2000 batches"
     for i, (_, lengths, _) in enumerate(requests):
@@ -241,7 +255,9 @@ async def test_a_query_behind_fifty_queued_bulk_sequences_goes_in_the_next_step(
             # the query first, then bulk up to bulk_step_tokens (two of 16): the step stays short
             assert runner.batches[1] == [1000, 4, 5]
         else:
-            assert runner.batches[1] == [4, 1000, 5, 6]  # round robin: bulk's turn first, full step
+            # round robin, bulk's turn first, a full step: turns bulk, query, bulk, bulk; a batch
+            # holds each request's run of sequences
+            assert runner.batches[1] == [4, 5, 6, 1000]
         await _open_gates_until(runner, bulk)
         assert (await bulk)[:, 0].tolist() == list(range(51))
     finally:

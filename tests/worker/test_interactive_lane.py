@@ -4,15 +4,15 @@ busy, and the main path runs bulk alone in full steps. Recording runners stand i
 (no torch): what each path was given is what is checked."""
 
 import asyncio
-import concurrent.futures
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_class_queues import _pairs, _request
 from test_scheduler import RecordingRunner, ragged
 
-from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, Request
+from kembed.worker.queues import ClassPolicy, ClassQueues, Priority
 from kembed.worker.scheduler import Scheduler
 
 INTERACTIVE, BULK = Priority.INTERACTIVE, Priority.BULK
@@ -33,7 +33,8 @@ async def make_scheduler():
 
     yield make
     for scheduler in made:
-        for runner in scheduler._lane, scheduler._runner:  # open any gate still shut
+        paths = [path for path in (scheduler.lane, scheduler.main) if path is not None]
+        for runner in (path.runner for path in paths):  # open any gate still shut
             for gate in getattr(runner, "gates", []):
                 gate.set()
         await scheduler.close()
@@ -152,14 +153,6 @@ async def test_under_mixed_load_every_sequence_is_answered_once_with_its_own_row
     assert scheduler.queued_tokens == 0
 
 
-def _request(num_tokens: list[int], priority: Priority) -> Request:
-    offsets = np.zeros(len(num_tokens) + 1, np.int64)
-    np.cumsum(num_tokens, out=offsets[1:])
-    future: concurrent.futures.Future = concurrent.futures.Future()  # done() as asyncio's
-    return Request(np.zeros(int(offsets[-1]), np.int32), offsets, future, priority=priority,
-                   rows=[None] * len(num_tokens), num_pending=len(num_tokens))  # fmt: skip
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     requests=st.lists(
@@ -175,7 +168,7 @@ def test_the_lane_takes_only_interactive_sequences_that_fit_it(requests, lane_to
     budget, the main path without interactive gets bulk or the one interactive head too long for
     the lane, every sequence is taken exactly once, each request's in order."""
     queues = ClassQueues(ClassPolicy(), lane_tokens=lane_tokens)
-    made = [_request(lengths, BULK if bulk else INTERACTIVE) for lengths, bulk in requests]
+    made = [_request(lengths, BULK if bulk else INTERACTIVE, 0.0) for lengths, bulk in requests]
     for request in made:
         queues.push(request, 0.0)
     taken: dict[int, list[int]] = {id(r): [] for r in made}
@@ -185,16 +178,16 @@ def test_the_lane_takes_only_interactive_sequences_that_fit_it(requests, lane_to
         if lane_turn:
             batch = queues.take_lane(lane_tokens, 8)
             assert sum(s.num_tokens for s in batch) <= lane_tokens
-            assert all(s.request.priority == INTERACTIVE for s in batch)
+            assert all(s.group.priority == INTERACTIVE for s in batch)
         else:
             head = queues.interactive.next_num_tokens()
             batch = queues.take(64, 8, float(step), with_interactive=False)
-            interactive = [s for s in batch if s.request.priority == INTERACTIVE]
+            interactive = [s for s in batch if s.group.priority == INTERACTIVE]
             assert not interactive or (head is not None and head > lane_tokens)
             if not batch:  # interactive work left that only the lane may take: give it the turn
                 batch = queues.take_lane(lane_tokens, 8)
-        for seq in batch:
-            taken[id(seq.request)].append(seq.index)
+        for group, index in _pairs(batch):
+            taken[id(group)].append(index)
     assert not queues
     for request in made:
         assert taken[id(request)] == list(range(request.num_seqs))

@@ -2,7 +2,6 @@
 place of the engine (no torch)."""
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 
@@ -12,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.errors import InvalidInput, Overloaded
-from kembed.worker.queues import ClassPolicy, Request, RoundRobin
+from kembed.worker.groups import RequestGroup
+from kembed.worker.queues import ClassPolicy, Priority, RoundRobin
 from kembed.worker.scheduler import Scheduler, SchedulerHooks
 
 
@@ -273,7 +273,8 @@ async def test_a_small_request_behind_a_large_one_gets_a_place_in_the_next_batch
             gate.set()
         await asyncio.sleep(0.001)
     assert (await query)[0, 2] == 1  # the query's row came from batch 1, the next one
-    assert runner.batches[1] == [4, 3, 4, 4]  # bulk, query, bulk, bulk: round robin, oldest first
+    # turns: bulk, query, bulk, bulk (round robin, oldest first); a batch holds each group's run
+    assert runner.batches[1] == [4, 4, 4, 3]
     for gate in runner.gates:
         gate.set()
     while not bulk.done():
@@ -283,11 +284,23 @@ async def test_a_small_request_behind_a_large_one_gets_a_place_in_the_next_batch
     assert (await bulk)[:, 0].tolist() == list(range(40))
 
 
-def _queued(lengths: list[int], first: int) -> Request:
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    future: concurrent.futures.Future = concurrent.futures.Future()  # done() and cancel() as asyncio's
-    return Request(np.zeros(int(offsets[-1]), np.int32), offsets, future, admitted_at=first)
+class _Ignored:
+    """A sink for groups whose answers no test reads."""
+
+    def answered(self, group, requests) -> None:
+        pass
+
+    def failed(self, group, requests, error) -> None:
+        pass
+
+
+def _queued(lengths: list[int], first: int) -> RequestGroup:
+    """One request of these sequences, as a group of its own (a unary call's)."""
+    lengths = np.array(lengths, np.int32)
+    return RequestGroup(
+        np.zeros(int(lengths.sum()), np.int32), lengths, np.array([len(lengths)]), _Ignored(),
+        priority=Priority.INTERACTIVE, admitted_at=first,
+    )  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
@@ -309,34 +322,35 @@ def test_round_robin_properties(requests, arrivals, cancelled, max_tokens, max_s
     queue = RoundRobin()
     made = [_queued(lengths, i) for i, lengths in enumerate(requests)]
     for i in cancelled & set(range(len(made))):
-        made[i].future.cancel()
+        made[i].finish(np.array([0]))
     pending = sorted(range(len(made)), key=lambda i: (arrivals[i], i))
     taken: dict[int, list[int]] = {i: [] for i in range(len(made))}
     num_batches = 0
     while pending or queue:
         while pending and arrivals[pending[0]] <= num_batches:
             queue.push(made[pending.pop(0)])
-        waiting = [r for r in queue._waiting if not r.future.done()]  # oldest first, as the queue holds them
-        remaining = {id(r): r.num_seqs - r.num_taken for r in waiting}
-        next_length = {id(r): int(r.offsets[r.num_taken + 1] - r.offsets[r.num_taken]) for r in waiting}
+        waiting = [r for r in queue._waiting if r.num_waiting]  # oldest first, as the queue holds them
+        remaining = {id(r): r.num_waiting for r in waiting}
+        next_length = {id(r): int(r.next_lengths(1)[0]) for r in waiting}
         batch = queue.take(max_tokens, max_sequences)
         num_batches += 1
         if not waiting:
             assert batch == []
             continue
         assert batch, "a batch with requests waiting took nothing"
-        tokens = [seq.num_tokens for seq in batch]
-        assert len(batch) <= max_sequences
-        assert sum(tokens) <= max_tokens or len(batch) == 1
-        counts = [sum(seq.request is r for seq in batch) for r in waiting]
+        tokens = [int(n) for seg in batch for n in seg.group.lengths[seg.seqs]]
+        assert len(tokens) <= max_sequences
+        assert sum(tokens) <= max_tokens or len(tokens) == 1
+        assert all(seg.num_tokens == int(seg.group.lengths[seg.seqs].sum()) for seg in batch)
+        counts = [sum(len(seg.seqs) for seg in batch if seg.group is r) for r in waiting]
         assert counts[0] >= 1  # the oldest waiting request is always served
         if 0 in counts:  # one left out: its next sequence did not fit
             left_out = waiting[counts.index(0)]
-            assert len(batch) == max_sequences or sum(tokens) + next_length[id(left_out)] > max_tokens
+            assert len(tokens) == max_sequences or sum(tokens) + next_length[id(left_out)] > max_tokens
         for older, younger, r_old, r_young in zip(counts, counts[1:], waiting, waiting[1:], strict=False):
             assert older <= younger + 1 or younger == remaining[id(r_young)]
             assert older >= younger or older == remaining[id(r_old)]
-        for seq in batch:
-            taken[made.index(seq.request)].append(seq.index)
-    for i, r in enumerate(made):
-        assert taken[i] == ([] if r.future.cancelled() else list(range(len(requests[i])))), i
+        for seg in batch:
+            taken[made.index(seg.group)] += seg.seqs.tolist()
+    for i in range(len(made)):
+        assert taken[i] == ([] if i in cancelled else list(range(len(requests[i])))), i

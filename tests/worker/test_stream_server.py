@@ -1,5 +1,6 @@
 """Multiplexed requests in the worker, over both carriers: a gRPC `Stream` call (real grpc.aio server
-and client) and a connection to the data port (real TCP, length-prefixed frames)."""
+and client) and a connection to the data port (real TCP, length-prefixed RequestFrames and
+ResultFrames, here one request to a frame; frame_port tests cover many)."""
 
 import asyncio
 import struct
@@ -12,7 +13,7 @@ import pytest
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.frames import serve_frames
+from kembed.worker.frames import FrameService, serve_frames
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.server import EmbedderService, build_server
@@ -99,35 +100,86 @@ class GrpcClient:
 
 
 class FrameClient:
+    """The data port spoken one request per frame, its answers read back as the StreamResponses a
+    gRPC Stream would give (a ResultFrame may answer several)."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader, self._writer = reader, writer
+        self._answers: list[pb.StreamResponse] = []
 
     async def send(self, message: pb.StreamRequest | bytes) -> None:
-        body = message if isinstance(message, bytes) else message.SerializeToString()
+        body = message if isinstance(message, bytes) else as_frame(message).SerializeToString()
         self._writer.write(struct.pack("<I", len(body)) + body)
         await self._writer.drain()
 
     async def read(self) -> pb.StreamResponse:
-        try:
-            (length,) = struct.unpack("<I", await asyncio.wait_for(self._reader.readexactly(4), 5))
-            body = await self._reader.readexactly(length)
-        except asyncio.IncompleteReadError:
-            raise Ended from None
-        return pb.StreamResponse.FromString(body)
+        while not self._answers:
+            try:
+                (length,) = struct.unpack("<I", await asyncio.wait_for(self._reader.readexactly(4), 5))
+                body = await self._reader.readexactly(length)
+            except asyncio.IncompleteReadError:
+                raise Ended from None
+            self._answers += as_responses(pb.ResultFrame.FromString(body))
+        return self._answers.pop(0)
 
     async def close(self) -> None:
         self._writer.close()
         await self._writer.wait_closed()
 
 
+def as_frame(message: pb.StreamRequest) -> pb.RequestFrame:
+    """A StreamRequest as a frame of one request (or one cancel, or a token alone)."""
+    ids = np.array([message.id], "<u8").tobytes()
+    kind = message.WhichOneof("kind")
+    if kind is None:
+        return pb.RequestFrame(auth_token=message.auth_token)
+    if kind == "cancel":
+        return pb.RequestFrame(cancel_ids=ids, auth_token=message.auth_token)
+    batch = message.embed.batch
+    return pb.RequestFrame(
+        auth_token=message.auth_token,
+        kind=pb.FRAME_KIND_EMBED,
+        ids=ids,
+        timeouts_ms=np.array([message.timeout_ms], "<u4").tobytes(),
+        num_sequences=np.array([len(batch.lengths)], "<u4").tobytes(),
+        lengths=np.array(batch.lengths, "<u4").tobytes(),
+        token_ids=batch.token_ids,
+    )
+
+
+def as_responses(frame: pb.ResultFrame) -> list[pb.StreamResponse]:
+    ids = np.frombuffer(frame.ids, "<u8")
+    counts = np.frombuffer(frame.num_rows, "<u4")
+    rows = np.frombuffer(frame.rows, "<f4").reshape(-1, frame.width or 1)
+    out, at = [], 0
+    for request_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+        own = rows[at : at + count]
+        at += count
+        embedded = pb.EmbedResponse(embeddings=own.tobytes(), num_sequences=count, dimensions=frame.width)
+        out.append(pb.StreamResponse(id=request_id, embed=embedded))
+    for error in frame.errors:
+        for request_id in np.frombuffer(error.ids, "<u8").tolist():
+            failure = pb.StreamError(code=error.code, message=error.message)
+            out.append(pb.StreamResponse(id=request_id, error=failure))
+    return out
+
+
 @dataclass
 class Worker:
     service: EmbedderService
+    frame_service: FrameService
     scheduler: Scheduler
     stub: pb_grpc.EmbedderStub
     carrier: str
     data_port: int
     clients: list
+
+    async def drain(self, timeout_s: float) -> None:
+        """The carrier's drain, as the worker's shutdown runs it."""
+        if self.carrier == "grpc":
+            await self.service.streams.drain(timeout_s)
+        else:
+            await self.frame_service.drain(timeout_s)
 
     async def open(self):
         if self.carrier == "grpc":
@@ -146,11 +198,13 @@ async def served(request):
         scheduler = Scheduler(runner, max_batch_tokens=64, max_queued_tokens=4096, **kwargs)
         service = EmbedderService(runner, scheduler, scheduler.max_batch_tokens, revision="r1")
         server, port = build_server(service, "127.0.0.1", 0)
-        frames, data_port = await serve_frames(service.streams, "127.0.0.1", 0, 1 << 20)
+        frame_service = FrameService(scheduler, runner.info)
+        frames, data_port = await serve_frames(frame_service, "127.0.0.1", 0, 1 << 20)
         scheduler.start()
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        worker = Worker(service, scheduler, pb_grpc.EmbedderStub(channel), request.param, data_port, [])
+        stub = pb_grpc.EmbedderStub(channel)
+        worker = Worker(service, frame_service, scheduler, stub, request.param, data_port, [])
         started.append((worker, server, frames, channel))
         return worker
 
@@ -259,7 +313,7 @@ async def test_drain_finishes_requests_in_flight_and_refuses_new_ones(served):
     client = await worker.open()
     await client.send(embed(1, first=1, length=4))
     await asyncio.sleep(0.05)
-    draining = asyncio.create_task(worker.service.streams.drain(timeout_s=5))
+    draining = asyncio.create_task(worker.drain(timeout_s=5))
     await asyncio.sleep(0.05)
     await client.send(embed(2, first=2, length=4))
     refused = await client.read()
@@ -285,7 +339,7 @@ async def test_unary_embed_still_works_beside_a_connection(served):
 @pytest.mark.parametrize(
     "garbage",
     [struct.pack("<I", 2 << 20), struct.pack("<I", 5) + b"\xff\xff\xff\xff\xff"],
-    ids=["frame-over-the-limit", "not-a-stream-request"],
+    ids=["frame-over-the-limit", "not-a-request-frame"],
 )
 @pytest.mark.parametrize("served", ["frames"], indirect=True)  # framing exists on the data port only
 async def test_a_broken_frame_closes_only_its_connection(served, garbage):

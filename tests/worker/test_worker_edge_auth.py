@@ -9,10 +9,11 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_stream_server import as_frame, as_responses
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.frames import MAX_AUTH_FRAME_BYTES, serve_frames
+from kembed.worker.frames import MAX_AUTH_FRAME_BYTES, FrameService, serve_frames
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.server import EmbedderService, build_server
@@ -75,7 +76,7 @@ async def worker():
         service = EmbedderService(StandIn(), scheduler, 64, revision="r1")
         server, port = build_server(service, "127.0.0.1", 0, token, auth_data)
         frames, data_port = await serve_frames(
-            service.streams, "127.0.0.1", 0, 1 << 20, token if auth_data else ""
+            FrameService(scheduler, INFO), "127.0.0.1", 0, 1 << 20, token if auth_data else ""
         )
         scheduler.start()
         await server.start()
@@ -188,20 +189,21 @@ async def test_a_token_sent_to_a_worker_without_one_is_ignored(worker):
 
 
 async def send(writer: asyncio.StreamWriter, *messages: pb.StreamRequest | bytes) -> None:
-    """All `messages` as frames in one write (so the worker reads them in one piece)."""
+    """All `messages` as RequestFrames (a request each) in one write, so the worker reads them in
+    one piece."""
     data = b""
     for message in messages:
-        body = message if isinstance(message, bytes) else message.SerializeToString()
+        body = message if isinstance(message, bytes) else as_frame(message).SerializeToString()
         data += struct.pack("<I", len(body)) + body
     writer.write(data)
     await writer.drain()
 
 
 async def read(reader: asyncio.StreamReader) -> pb.StreamResponse | None:
-    """The next answer, or None when the worker closed the connection."""
+    """The first answer of the next ResultFrame, or None when the worker closed the connection."""
     try:
         (length,) = struct.unpack("<I", await asyncio.wait_for(reader.readexactly(4), 5))
-        return pb.StreamResponse.FromString(await reader.readexactly(length))
+        return as_responses(pb.ResultFrame.FromString(await reader.readexactly(length)))[0]
     except (asyncio.IncompleteReadError, ConnectionResetError):
         return None
 
