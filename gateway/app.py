@@ -349,6 +349,7 @@ def create_app(
         on_error=on_error,
     )
     app.state.metrics = metrics  # the connection edge (connections.py) counts into the same registry
+    app.state.routes = routes
     return app
 
 

@@ -1,4 +1,5 @@
-"""Splitting a request's sequences into chunks and packing a chunk into the wire's TokenBatch."""
+"""Splitting a request's sequences into chunks, a chunk as it travels to a worker (`Part`), and
+packing a chunk into the wire's TokenBatch (the unary RPCs)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,28 @@ class Chunk:
     @property
     def num_sequences(self) -> int:
         return self.stop - self.start
+
+
+@dataclass(eq=False, slots=True)
+class Part:
+    """One chunk of one request, as it travels to a worker replica."""
+
+    request_id: str
+    token_ids: Sequence[np.ndarray]  # one int32 array per sequence
+    token_type_ids: Sequence[np.ndarray] | None  # pairs (Score) only
+    num_tokens: int
+    deadline: float  # loop.time() by which its request must be answered
+    priority: int = 1  # its request's class (the contract's Priority: 1 interactive, 2 bulk)
+    spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
+    num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence
+
+    def __post_init__(self) -> None:
+        if not self.num_rows:
+            self.num_rows = len(self.token_ids)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.token_ids)
 
 
 def split_into_chunks(lengths: Sequence[int], *, max_tokens: int, max_sequences: int) -> list[Chunk]:

@@ -43,8 +43,8 @@ class GatewayConfig:
     """Gateway processes serving `port` (SO_REUSEPORT; the kernel spreads connections over them). One
     process does its HTTP, JSON, tokenization and gRPC work on one core, ~0.4 ms of CPU per
     single-query request; more processes serve more requests per second where cores are free
-    (docs/benchmarks.md). Each keeps its own RPC window per replica (max_inflight_rpcs), so a worker
-    sees up to processes x max_inflight_rpcs RPCs at once. Metrics are summed over the processes."""
+    (docs/benchmarks.md). Each keeps its own connection to each worker replica. Metrics are summed
+    over the processes."""
 
     served_model_names: tuple[str, ...] = ()
     """Names a request's `model` may carry; the first is the one reported. Empty: the worker's
@@ -93,21 +93,20 @@ class GatewayConfig:
     """Most sequences in one chunk. Bounds the response size of short-text chunks and keeps the
     worker's sequence-count buckets small."""
 
-    max_inflight_rpcs: int = 2
-    """RPCs of each kind this gateway process keeps in flight to one worker replica. Chunks that
-    arrive while that many are out wait, then go together as one RPC (within chunk_tokens and
-    max_chunk_sequences): a worker spends ~0.3 ms of CPU on each RPC whatever it holds, so under load
-    single queries share RPCs instead of saturating its event loop. 2 matches the worker's default
-    max_inflight_batches: a worker launches no more batches at once, so a chunk held back here would
-    mostly have waited in its queue. 0: no limit, one RPC per chunk."""
+    max_inflight_frames: int = 0
+    """Frames to one worker replica this gateway process keeps unanswered before chunks wait for
+    one to be answered (then they go together in the next frame); 0: no limit, the chunks of each
+    turn of the event loop leave at once in one frame. A worker answers a frame's requests as its
+    batches finish, so chunks held here would mostly have waited in its queue; a limit makes fewer,
+    fuller frames where the worker's CPU is short, at the cost of a wait here."""
 
     worker_transport: str = "frames"
     """How chunks travel to a worker: `frames`, one TCP connection per replica to the worker's data
-    port (advertised in its Info) carrying every request of this process as length-prefixed
-    protobuf frames, the cheapest (no HTTP/2, no gRPC completion-queue thread waking the loop for
-    each read and write); `stream`, one long-lived gRPC stream per replica, multiplexed the same way;
-    `unary`, one Embed/Score RPC per group of chunks. Each falls back to the next where the worker
-    offers less (no data port, or an older worker without Stream) or the data port is unreachable."""
+    port (its Info's frame_port), carrying every chunk of this process, many a frame (no HTTP/2, no
+    gRPC completion-queue thread waking the loop for each read and write); `unary`, one Embed/Score
+    RPC per chunk. Chosen once per replica when its Info is read: a worker without a data port, or
+    one whose data port does not answer then, is served by unary calls (its data port tried again
+    30 s later)."""
 
     max_attempts: int = 3
     """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
@@ -279,7 +278,7 @@ class GatewayConfig:
         for name in (
             "max_seq_length",
             "max_inline_tokenize_chars",
-            "max_inflight_rpcs",
+            "max_inflight_frames",
             "max_document_tokens",
             "bulk_tokenization_processes",
         ):
@@ -292,10 +291,8 @@ class GatewayConfig:
                 raise ValueError(f"prompts must be a JSON object: {error}") from None
             if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
                 raise ValueError('prompts must be a JSON object of strings, e.g. {"query": "query: "}')
-        if self.worker_transport not in ("frames", "stream", "unary"):
-            raise ValueError(
-                f"worker_transport must be frames, stream or unary, not {self.worker_transport!r}"
-            )
+        if self.worker_transport not in ("frames", "unary"):
+            raise ValueError(f"worker_transport must be frames or unary, not {self.worker_transport!r}")
         if self.interactive_max_inputs < 0 or self.interactive_max_tokens < 0:
             raise ValueError("interactive_max_inputs and interactive_max_tokens must be >= 0")
         if not 0 < self.bulk_queue_share <= 1:

@@ -7,11 +7,12 @@ is closed once nothing it holds is outstanding. Resolution is a port (`Resolve`)
 
 A request's sequences are split into chunks; every chunk goes, concurrently, to the serving replica
 with the fewest outstanding tokens at the moment it is sent (counted up at send, down on completion,
-so a slow replica stops attracting work). Each replica keeps a window of RPCs in flight; chunks that
-find it full wait and go together as one RPC (coalescing.py). A replica that answers UNAVAILABLE is
-marked down until its next successful probe and the chunk is retried elsewhere; RESOURCE_EXHAUSTED (a
-full queue) is retried elsewhere without marking it down. Tries are bounded; every RPC carries the
-request's deadline.
+so a slow replica stops attracting work). Each replica has one transport (transports.py), chosen
+when its Info is read: its data port, where chunks sent in one turn of the loop share a frame, or,
+for a worker without one or whose data port cannot be reached, unary gRPC calls. A replica that
+answers UNAVAILABLE is marked down until its next successful probe and the chunk is retried
+elsewhere; RESOURCE_EXHAUSTED (a full queue) is retried elsewhere without marking it down. Tries are
+bounded; every chunk carries the request's deadline.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
-from kembed.gateway.batches import num_rows, pack, split_into_chunks
-from kembed.gateway.coalescing import Part, RpcWindow
+from kembed.gateway.batches import Part, num_rows, split_into_chunks
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     GatewayError,
@@ -40,14 +40,7 @@ from kembed.gateway.errors import (
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
-from kembed.gateway.streams import (
-    DataPortUnreachable,
-    FrameStream,
-    StreamUnsupported,
-    WorkerStream,
-    data_port_host,
-)
-from kembed.gateway.vectors import decode_embeddings, decode_scores
+from kembed.gateway.transports import FrameTransport, Transport, UnaryTransport, close_quietly, data_port_host
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
@@ -74,8 +67,8 @@ async def resolve_dns(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
-# After a replica's data port failed to connect (a network policy, a worker restarting), requests go
-# over gRPC; its Info is read again and the data port tried again this long after.
+# After a replica's data port failed to connect (a network policy, a worker restarting), its chunks go
+# as unary gRPC calls; its Info is read again and the data port tried again this long after.
 DATA_PORT_RETRY_S = 30.0
 
 # While no replica serves (the gateway just started, or every worker is down), probes come this often
@@ -92,11 +85,8 @@ class Replica:
     address: str
     channel: grpc.aio.Channel
     stub: EmbedderStub
-    stream: WorkerStream | None  # the gRPC data path; None: unary RPCs (configured, or an older worker)
-    frames: FrameStream | None = None  # the data port's path, once Info advertised one (preferred)
+    transport: Transport  # unary calls until its Info advertises a data port that answers
     data_port_lost_at: float = -math.inf  # loop.time() its data port last failed to connect
-    # by RPC method ("Embed", "Score") and class (the contract's Priority)
-    windows: dict[tuple[str, int], RpcWindow] = field(default_factory=dict)
     outstanding_tokens: int = 0
     num_chunks_served: int = 0
     is_serving: bool = False
@@ -107,15 +97,10 @@ class Replica:
     is_discovered: bool = False  # from worker_service's DNS name (removed when it is gone from it)
     is_leaving: bool = False  # gone from the DNS name: no new work; closed once none is outstanding
 
-    @property
-    def transport(self) -> str:
-        """How requests reach it now: `frames` (its data port), `stream` (gRPC) or `unary`."""
-        return "frames" if self.frames is not None else "stream" if self.stream is not None else "unary"
-
     def describe(self) -> dict[str, Any]:
         return {
             "address": self.address,
-            "transport": self.transport,
+            "transport": self.transport.name,
             "serving": self.is_serving,
             "outstanding_tokens": self.outstanding_tokens,
             "queued_tokens": self.queued_tokens,
@@ -179,14 +164,8 @@ class WorkerPool:
         ]
         channel = grpc.aio.insecure_channel(address, options=options)
         stub = EmbedderStub(channel)
-        is_stream = self._config.worker_transport != "unary"
-        stream = WorkerStream(stub, address, self._metadata) if is_stream else None
-        replica = Replica(address, channel, stub, stream, is_discovered=is_discovered)
-        replica.windows = {
-            (method, priority): self._window(replica, method, priority)
-            for method in ("Embed", "Score")
-            for priority in (pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BULK)
-        }
+        unary = UnaryTransport(stub, self._metadata)
+        replica = Replica(address, channel, stub, unary, is_discovered=is_discovered)
         self.replicas.append(replica)
         return replica
 
@@ -225,101 +204,39 @@ class WorkerPool:
             except Exception:  # a bug in discovery must not stop it for good
                 log.exception("worker discovery failed")
 
-    def _window(self, replica: Replica, method: str, priority: int) -> RpcWindow:
-        async def rpc(parts: list[Part]) -> np.ndarray:
-            """One RPC of `parts`' sequences; their rows [sequences, width] in order."""
-            spans: list[np.ndarray | None] | None = None
-            if any(part.spans is not None for part in parts):  # span pooling: sequences without get None
-                spans = [b for p in parts for b in (p.spans or [None] * p.num_sequences)]
-            if len(parts) == 1:
-                token_ids, token_type_ids = parts[0].token_ids, parts[0].token_type_ids
-                request_id = parts[0].request_id
-            else:
-                token_ids = [ids for part in parts for ids in part.token_ids]
-                token_type_ids = (
-                    None
-                    if parts[0].token_type_ids is None
-                    else [types for part in parts for types in part.token_type_ids]  # type: ignore[union-attr]
-                )
-                request_id = f"{parts[0].request_id}+{len(parts) - 1}"
-            timeout = max(part.deadline for part in parts) - asyncio.get_running_loop().time()
-            if timeout <= 0:
-                raise Timeout("the request did not complete within its deadline")
-            batch = pack(token_ids, token_type_ids, spans)
-            if method == "Embed":
-                response = await self._call(
-                    replica,
-                    "embed",
-                    pb.EmbedRequest(batch=batch, request_id=request_id, priority=priority),  # type: ignore[arg-type]
-                    timeout,
-                )
-                # a worker without span pooling answers one row per sequence: refused here
-                return decode_embeddings(response, len(token_ids) if spans is None else num_rows(spans))
-            response = await self._call(
-                replica,
-                "score",
-                pb.ScoreRequest(batch=batch, request_id=request_id, priority=priority),  # type: ignore[arg-type]
-                timeout,
-            )
-            return decode_scores(response, len(token_ids))
-
-        return RpcWindow(
-            rpc,
-            max_inflight=self._config.max_inflight_rpcs,
-            max_tokens=self._config.chunk_tokens,
-            max_sequences=self._config.max_chunk_sequences,
-            is_refused_for_one=lambda error: (
-                isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            ),
-        )
-
-    async def _call(self, replica: Replica, kind: str, request: Any, timeout_s: float) -> Any:
-        """One Embed or Score over the replica's data port, else its gRPC stream, else unary."""
-        # Several requests may find the same path gone at once: the first to come back drops it
-        # (if it is still the replica's), the others just go on to the next path.
-        frames = replica.frames
-        if frames is not None:
-            try:
-                return await frames.request(kind, request, timeout_s)
-            except DataPortUnreachable as error:
-                if replica.frames is frames:
-                    log.warning("%s; using gRPC, trying it again in %.0f s", error, DATA_PORT_RETRY_S)
-                    replica.frames = None
-                    replica.data_port_lost_at = asyncio.get_running_loop().time()
-                    await frames.close()
-        stream = replica.stream
-        if stream is not None:
-            try:
-                return await stream.request(kind, request, timeout_s)
-            except StreamUnsupported:
-                if replica.stream is stream:
-                    log.info("worker %s has no Stream: using unary RPCs for it", replica.address)
-                    replica.stream = None
-                    await stream.close()
-        call = replica.stub.Embed if kind == "embed" else replica.stub.Score
-        return await call(request, timeout=timeout_s, metadata=self._metadata)
-
-    async def _use_data_port(self, replica: Replica) -> None:
-        """Frames to the data port the replica's Info advertises (a restarted worker may have moved
-        it), when configured and its address has a host to reach it on."""
+    async def _choose_transport(self, replica: Replica) -> None:
+        """The replica's transport, from its Info: its data port (when configured, advertised and
+        reachable now), else unary calls; a restarted worker may have moved its port."""
         host = data_port_host(replica.address)
-        port = replica.info.data_port if replica.info is not None else 0
-        current = replica.frames
-        if current is not None and (current.port, current.host) == (port, host):
+        port = replica.info.frame_port if replica.info is not None else 0
+        current = replica.transport
+        if isinstance(current, FrameTransport) and (current.port, current.host) == (port, host):
             return
-        replica.frames = None
-        if current is not None:
-            await current.close()
+        chosen: Transport = UnaryTransport(replica.stub, self._metadata)
         if self._config.worker_transport == "frames" and port and host is not None:
-            replica.frames = FrameStream(
+            frames = FrameTransport(
                 replica.address,
                 host,
                 port,
-                self._config.max_grpc_message_bytes,
-                self._config.health_timeout_s,
-                self._config.worker_auth_token,
+                max_frame_bytes=self._config.max_grpc_message_bytes,
+                connect_timeout_s=self._config.health_timeout_s,
+                max_inflight_frames=self._config.max_inflight_frames,
+                auth_token=self._config.worker_auth_token,
             )
-            replica.frames.connect_soon()
+            try:
+                await frames.connect()
+                chosen = frames
+            except OSError as error:
+                log.warning(
+                    "worker %s: no connection to its data port %s:%d (%s); using unary gRPC calls for "
+                    "it, trying the data port again in %.0f s",
+                    replica.address, host, port, error, DATA_PORT_RETRY_S,
+                )  # fmt: skip
+                replica.data_port_lost_at = asyncio.get_running_loop().time()
+        if chosen.name == current.name == "unary":
+            return
+        replica.transport = chosen
+        await close_quietly(current)
 
     async def close(self) -> None:
         tasks = [t for t in (self._health_task, self._resolve_task) if t is not None]
@@ -331,11 +248,7 @@ class WorkerPool:
 
     @staticmethod
     async def _close_replica(replica: Replica) -> None:
-        await asyncio.gather(*(w.close() for w in replica.windows.values()))
-        if replica.stream is not None:
-            await replica.stream.close()
-        if replica.frames is not None:
-            await replica.frames.close()
+        await close_quietly(replica.transport)
         # grpc-stubs makes grace required; grpcio's default is None (cancel every call at once)
         await replica.channel.close()  # type: ignore[call-arg]
 
@@ -371,7 +284,7 @@ class WorkerPool:
             health = await replica.stub.Health(pb.HealthRequest(), timeout=timeout, metadata=self._metadata)
             # Info again whenever a replica comes (back) up: a restarted worker may serve another revision.
             lost_for = asyncio.get_running_loop().time() - replica.data_port_lost_at
-            is_retry_due = replica.frames is None and DATA_PORT_RETRY_S <= lost_for < math.inf
+            is_retry_due = DATA_PORT_RETRY_S <= lost_for < math.inf
             if health.status == pb.HealthResponse.SERVING and (
                 replica.info is None or not replica.is_serving or is_retry_due
             ):
@@ -379,7 +292,7 @@ class WorkerPool:
                     pb.InfoRequest(), timeout=timeout, metadata=self._metadata
                 )
                 replica.data_port_lost_at = -math.inf
-                await self._use_data_port(replica)
+                await self._choose_transport(replica)
         except grpc.aio.AioRpcError as error:
             replica.last_error = f"{error.code().name}: {error.details()}"
             # A slow answer from a worker busy at full load is not a dead worker: only a refused
@@ -439,7 +352,7 @@ class WorkerPool:
         candidates = [r for r in rotated if r not in tried and self._is_available(r, now)]
         return min(candidates, key=lambda r: r.outstanding_tokens, default=None)
 
-    async def _send(self, method: str, part: Part) -> np.ndarray:
+    async def _send(self, kind: str, part: Part) -> np.ndarray:
         """One chunk's rows from the least loaded replica, retried on others if refused or down."""
         loop = asyncio.get_running_loop()
         tried: list[Replica] = []
@@ -455,7 +368,8 @@ class WorkerPool:
                 raise Timeout("the request did not complete within its deadline")
             replica.outstanding_tokens += part.num_tokens
             try:
-                rows = await replica.windows[method, part.priority].call(part)
+                timeout = part.deadline - loop.time()
+                rows = await replica.transport.request(kind, part, timeout)
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNAVAILABLE:
                     if replica.is_serving:
@@ -491,33 +405,7 @@ class WorkerPool:
         """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order; with `spans`
         (per sequence None or its span bounds), one row per span instead, in order. A sequence is
         never split across chunks, so its spans travel with it."""
-        chunks = split_into_chunks(
-            [len(s) for s in sequences],
-            max_tokens=self._config.chunk_tokens,
-            max_sequences=self._config.max_chunk_sequences,
-        )
-
-        async def run(index: int) -> np.ndarray:
-            chunk = chunks[index]
-            ids = sequences[chunk.start : chunk.stop]
-            part = Part(
-                f"{request_id}/{index}",
-                ids,
-                None,
-                chunk.num_tokens,
-                deadline,
-                owner=request_id,
-                priority=priority,
-            )
-            if spans is not None:
-                part.spans = spans[chunk.start : chunk.stop]
-                part.num_rows = num_rows(part.spans)
-            return await self._send("Embed", part)
-
-        parts = await gather_all([run(i) for i in range(len(chunks))])
-        if len({part.shape[1] for part in parts}) > 1:
-            raise WorkerFailed("worker replicas disagree on the embedding dimensions")
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return await self._run("embed", sequences, None, spans, request_id, deadline, priority)
 
     async def score(
         self,
@@ -530,29 +418,46 @@ class WorkerPool:
     ) -> np.ndarray:
         """Raw logits of templated pairs, [len(ids), num_labels], in input order; chunked and balanced
         over replicas like `embed` (a rerank of many long documents is as large as any embedding)."""
+        return await self._run("score", ids, type_ids, None, request_id, deadline, priority)
+
+    async def _run(
+        self,
+        kind: str,
+        sequences: Sequence[np.ndarray],
+        type_ids: Sequence[np.ndarray] | None,
+        spans: Sequence[np.ndarray | None] | None,
+        request_id: str,
+        deadline: float,
+        priority: int,
+    ) -> np.ndarray:
+        """A request's rows: its sequences in chunks, each chunk on a replica, the rows in order."""
         chunks = split_into_chunks(
-            [len(s) for s in ids],
+            [len(s) for s in sequences],
             max_tokens=self._config.chunk_tokens,
             max_sequences=self._config.max_chunk_sequences,
         )
 
-        async def run(index: int) -> np.ndarray:
+        def part(index: int) -> Part:
             chunk = chunks[index]
-            part = Part(
-                f"{request_id}/{index}",
-                ids[chunk.start : chunk.stop],
-                type_ids[chunk.start : chunk.stop],
+            own = slice(chunk.start, chunk.stop)
+            made = Part(
+                request_id if len(chunks) == 1 else f"{request_id}/{index}",
+                sequences[own],
+                None if type_ids is None else type_ids[own],
                 chunk.num_tokens,
                 deadline,
-                owner=request_id,
                 priority=priority,
             )
-            return await self._send("Score", part)
+            if spans is not None:
+                made.spans = spans[own]
+                made.num_rows = num_rows(made.spans)
+            return made
 
-        parts = await gather_all([run(i) for i in range(len(chunks))])
-        if len({part.shape[1] for part in parts}) > 1:
-            raise WorkerFailed("worker replicas disagree on the number of labels")
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        rows = await gather_all([self._send(kind, part(i)) for i in range(len(chunks))])
+        if len({own.shape[1] for own in rows}) > 1:
+            what = "embedding dimensions" if kind == "embed" else "number of labels"
+            raise WorkerFailed(f"worker replicas disagree on the {what}")
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
 
 async def gather_all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

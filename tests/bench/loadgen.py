@@ -76,6 +76,7 @@ class LoadResult:
     num_body_bytes: int
     loadgen_cpu_us: float  # the load generator's processes
     pids_cpu_us: float  # the caller's pids with their descendants
+    group_cpu_us: dict[str, float]  # per named group of pids (run's `groups`), with their descendants
     sent_ns: np.ndarray  # [num_requests] int64, time.monotonic_ns() at the write
     latencies_ns: np.ndarray  # [num_requests] int64
     statuses: np.ndarray  # [num_requests] uint16
@@ -245,8 +246,10 @@ def run(
     port: int, bodies: Sequence[bytes], *, host: str = "127.0.0.1", path: str = "/v1/embeddings",
     headers: dict[str, str] | None = None, connections: int = 64, processes: int | None = None,
     warmup_s: float = 1.0, duration_s: float = 5.0, pids: Sequence[int] = (),
+    groups: dict[str, Sequence[int]] | None = None,
 ) -> LoadResult:  # fmt: skip
-    """Closed-loop load on `connections` kept-alive connections; see the module docstring."""
+    """Closed-loop load on `connections` kept-alive connections; see the module docstring. `groups`:
+    pids whose CPU is reported apart, per name (the gateway's, the worker's)."""
     num_processes = processes or default_processes(connections)
     assert 1 <= connections <= 256 and 1 <= num_processes <= connections and bodies
     requests = [build_request(body, f"{host}:{port}", path, headers or {}) for body in bodies]
@@ -261,7 +264,8 @@ def run(
         for proc, (_, child) in zip(procs, pipes, strict=True):
             proc.start()
             child.close()  # the child has its own copy; ours would hide its end of the pipe closing
-        return measure([parent for parent, _ in pipes], procs, connections, warmup_s, duration_s, pids)
+        conns = [parent for parent, _ in pipes]
+        return measure(conns, procs, connections, warmup_s, duration_s, pids, groups or {})
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -274,7 +278,7 @@ def run(
 
 def measure(
     conns: list[Connection], procs: Sequence[BaseProcess], num_connections: int, warmup_s: float,
-    duration_s: float, pids: Sequence[int],
+    duration_s: float, pids: Sequence[int], groups: dict[str, Sequence[int]],
 ) -> LoadResult:  # fmt: skip
     """Starts the processes' traffic, reads CPU at the phase's two instants, gathers the reports."""
     for conn in conns:
@@ -286,8 +290,10 @@ def measure(
     ours = [proc.pid for proc in procs if proc.pid is not None]
     time.sleep(max(0, start_ns - time.monotonic_ns()) / 1e9)
     ours_start, theirs_start = cpu_ticks(ours), cpu_ticks(pids)
+    groups_start = {name: cpu_ticks(members) for name, members in groups.items()}
     time.sleep(max(0, end_ns - time.monotonic_ns()) / 1e9)
     ours_s, theirs_s = cpu_s(ours_start, cpu_ticks(ours)), cpu_s(theirs_start, cpu_ticks(pids))
+    groups_s = {name: cpu_s(groups_start[name], cpu_ticks(members)) for name, members in groups.items()}
     reports = [cast(Report, receive(conn, timeout_s=60)) for conn in conns]
     for proc in procs:
         proc.join(timeout=10)
@@ -308,6 +314,7 @@ def measure(
         first_error=next((first for _, first, _ in summaries if first), ""),
         num_body_bytes=sum(body_bytes for body_bytes, _, _ in summaries),
         loadgen_cpu_us=ours_s * per_request_us, pids_cpu_us=theirs_s * per_request_us,
+        group_cpu_us={name: seconds * per_request_us for name, seconds in groups_s.items()},
         sent_ns=sent_ns, latencies_ns=latencies_ns, statuses=statuses,
     )  # fmt: skip
 

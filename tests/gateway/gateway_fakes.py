@@ -1,7 +1,11 @@
-"""In-process test doubles of the worker: `grpc.aio` Embedder servicers with deterministic answers.
+"""In-process test doubles of the worker: `grpc.aio` Embedder servicers with deterministic answers,
+and a data port that speaks the real protocol (RequestFrame in, ResultFrame out) over real TCP.
 
 A fake's vector for a sequence is a function of its token ids (`fake_vector`), so a test can compute
-what the gateway must return for each input and check that chunks came back in input order.
+what the gateway must return for each input and check that chunks came back in input order. The
+data port answers each request of a frame through the fake's own Embed or Score (so delays, failures
+and gates apply alike), each in a task of its own, and every answer of one turn of the loop in one
+ResultFrame, as the real worker answers a batch.
 """
 
 from __future__ import annotations
@@ -19,9 +23,7 @@ import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.errors import WorkerError
-from kembed.worker.frames import serve_frames
-from kembed.worker.streams import StreamServer
+from kembed.proto.framing import FrameReader, frame
 
 DIMENSIONS = 8
 VOCAB_SIZE = 30522
@@ -59,22 +61,28 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     num_labels: int = 0  # 0: Score answers UNIMPLEMENTED, like today's worker
     batches: list[list[int]] = field(default_factory=list)  # lengths of each Embed batch received
     sequences: list[list[int]] = field(default_factory=list)  # every sequence embedded, in arrival order
-    has_stream: bool = True  # False: Stream answers UNIMPLEMENTED, like a worker before it existed
-    streams_opened: int = 0
-    cancels: int = 0  # cancel messages received on streams
-    stream_requests: int = 0  # Embed/Score requests received on streams
+    cancels: int = (
+        0  # requests cancelled while delayed (a cancel frame, a connection's end, a call cancelled)
+    )
     has_data_port: bool = True  # serve a data port (frames) beside gRPC and advertise it in Info
     data_port: int = 0  # where it listens, once served
     frame_requests: int = 0  # Embed/Score requests received on the data port
+    frames: list[int] = field(default_factory=list)  # requests in each RequestFrame received
     frame_connections: int = 0  # connections opened to the data port
     max_queued_tokens: int = 65536  # what its Info says its queue holds
     priorities: list[int] = field(default_factory=list)  # the class of each Embed/Score request
+    num_received: int = 0  # Embed requests received (counted before any delay)
     bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
     health_delays: list[float] = field(default_factory=list)  # each Health call sleeps the next one
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
+        self.num_received += 1
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            try:
+                await asyncio.sleep(self.delay_s)
+            except asyncio.CancelledError:  # a cancel on the data port, or a unary call cancelled
+                self.cancels += 1
+                raise
         self.priorities.append(request.priority)
         if self.bulk_gate is not None and request.priority == pb.PRIORITY_BULK:
             await self.bulk_gate.wait()
@@ -100,43 +108,6 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
             scores=scores.tobytes(), num_sequences=len(sequences), num_labels=self.num_labels
         )
 
-    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
-        """The multiplexed data path, answered by this fake's own Embed and Score (each request in
-        a task of its own, answers in completion order), as the real worker does."""
-        if not self.has_stream:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Stream is not implemented")
-        lock = asyncio.Lock()
-        tasks: set[asyncio.Task] = set()
-        self.streams_opened += 1
-
-        async def answer(message: pb.StreamRequest) -> None:
-            kind = message.WhichOneof("kind")
-            shim = _AbortShim()
-            try:
-                handler = self.Embed if kind == "embed" else self.Score
-                response = pb.StreamResponse(
-                    id=message.id, **{kind: await handler(getattr(message, kind), shim)}
-                )
-            except _Aborted as aborted:
-                error = pb.StreamError(code=aborted.status.value[0], message=aborted.details)
-                response = pb.StreamResponse(id=message.id, error=error)
-            async with lock:
-                await context.write(response)
-
-        try:
-            while (message := await context.read()) is not grpc.aio.EOF:
-                if message.WhichOneof("kind") == "cancel":
-                    self.cancels += 1
-                    continue
-                self.stream_requests += 1
-                task = asyncio.create_task(answer(message))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         return pb.InfoResponse(
             model_name=self.name,
@@ -153,7 +124,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
             max_batch_tokens=512,
             max_queued_tokens=self.max_queued_tokens,
             version="test",
-            data_port=self.data_port,
+            frame_port=self.data_port,
         )
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
@@ -175,53 +146,128 @@ class _AbortShim:
         raise _Aborted(status, details)
 
 
-def _as_worker_handler(fake: FakeEmbedder, method):
-    """The fake's Embed or Score as the worker's StreamServer calls it: a fake's abort becomes the
-    worker error of the same status, which the data port answers with that code."""
+class _FakeDataPort(asyncio.Protocol):
+    """One connection to a fake's data port (see the module docstring)."""
 
-    async def handle(request):
+    def __init__(self, fake: FakeEmbedder, tasks: set[asyncio.Task], open_: set[_FakeDataPort]) -> None:
+        self._fake = fake
+        self._tasks = tasks
+        self._open = open_
+        self._reader = FrameReader(64 << 20)
+        self._transport: asyncio.Transport | None = None
+        self._running: dict[int, asyncio.Task] = {}
+        self._out = pb.ResultFrame()
+        self._is_flush_due = False
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+        self._fake.frame_connections += 1
+        self._open.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self._open.discard(self)
+        for task in self._running.values():
+            task.cancel()
+
+    def abort(self) -> None:
+        """The worker is gone: its connections reset, as a killed process's are."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        for body in self._reader.feed(data):
+            message = pb.RequestFrame.FromString(body)
+            for request_id in np.frombuffer(message.cancel_ids, "<u8").tolist():
+                task = self._running.pop(request_id, None)
+                if task is not None:
+                    task.cancel()
+            if message.ids:
+                self._start(message)
+
+    def _start(self, message: pb.RequestFrame) -> None:
+        ids = np.frombuffer(message.ids, "<u8").tolist()
+        self._fake.frames.append(len(ids))
+        counts = np.frombuffer(message.num_sequences, "<u4").tolist()
+        lengths = np.frombuffer(message.lengths, "<u4").tolist()
+        token_ids = np.frombuffer(message.token_ids, "<i4")
+        types = np.frombuffer(message.token_type_ids, "<i4") if message.token_type_ids else None
+        priorities = np.frombuffer(message.priorities, "u1").tolist() or [0] * len(ids)
+        seq_at = token_at = 0
+        for request_id, count, priority in zip(ids, counts, priorities, strict=True):
+            own = lengths[seq_at : seq_at + count]
+            num_tokens = sum(own)
+            batch = pb.TokenBatch(
+                token_ids=token_ids[token_at : token_at + num_tokens].tobytes(), lengths=own
+            )
+            if types is not None:
+                batch.token_type_ids = types[token_at : token_at + num_tokens].tobytes()
+            seq_at += count
+            token_at += num_tokens
+            task = asyncio.create_task(self._answer(request_id, message.kind, batch, priority))
+            self._running[request_id] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, request_id: int, kind: int, batch: pb.TokenBatch, priority: int) -> None:
+        fake = self._fake
         fake.frame_requests += 1
         try:
-            return await method(request, _AbortShim())
-        except asyncio.CancelledError:  # a cancel message, or the connection closed
-            fake.cancels += 1
-            raise
+            if kind == pb.FRAME_KIND_SCORE:
+                scored = await fake.Score(pb.ScoreRequest(batch=batch, priority=priority), _AbortShim())
+                rows = np.frombuffer(scored.scores, "<f4").reshape(scored.num_sequences, scored.num_labels)
+            else:
+                embedded = await fake.Embed(pb.EmbedRequest(batch=batch, priority=priority), _AbortShim())
+                rows = np.frombuffer(embedded.embeddings, "<f4").reshape(embedded.num_sequences, -1)
         except _Aborted as aborted:
-            error = WorkerError(aborted.details)
-            error.status = aborted.status.name
-            raise error from None
+            self._out.errors.add(
+                ids=np.array([request_id], "<u8").tobytes(),
+                code=aborted.status.value[0],
+                message=aborted.details,
+            )
+        else:
+            out = self._out
+            out.ids += np.array([request_id], "<u8").tobytes()
+            out.num_rows += np.array([len(rows)], "<u4").tobytes()
+            out.rows += rows.astype("<f4").tobytes()
+            out.width = rows.shape[1]
+        finally:
+            self._running.pop(request_id, None)
+        if not self._is_flush_due:
+            self._is_flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
-    return handle
-
-
-class _CountingStreams(StreamServer):
-    def __init__(self, fake: FakeEmbedder) -> None:
-        super().__init__(_as_worker_handler(fake, fake.Embed), _as_worker_handler(fake, fake.Score))
-        self._fake = fake
-
-    def open(self, connection) -> None:
-        self._fake.frame_connections += 1
-        super().open(connection)
+    def _flush(self) -> None:
+        self._is_flush_due = False
+        out, self._out = self._out, pb.ResultFrame()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frame(out.SerializeToString()))
 
 
 @contextlib.asynccontextmanager
 async def serving(fake: FakeEmbedder) -> AsyncIterator[str]:
-    """Serve `fake` on a free loopback port for the block, and its data port (the real worker's frame
-    server around the fake's Embed and Score) unless `has_data_port` is off; yields its address."""
+    """Serve `fake` on a free loopback port for the block, and its data port unless `has_data_port`
+    is off; yields its address."""
     server = grpc.aio.server()
     pb_grpc.add_EmbedderServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     frames = None
+    tasks: set[asyncio.Task] = set()
+    connections: set[_FakeDataPort] = set()
     if fake.has_data_port:
-        streams = _CountingStreams(fake)
-        frames, fake.data_port = await serve_frames(streams, "127.0.0.1", 0, 64 << 20)
+        loop = asyncio.get_running_loop()
+        frames = await loop.create_server(lambda: _FakeDataPort(fake, tasks, connections), "127.0.0.1", 0)
+        fake.data_port = frames.sockets[0].getsockname()[1]
     await server.start()
     try:
         yield f"127.0.0.1:{port}"
     finally:
         if frames is not None:
             frames.close()
-            await streams.drain(0)
+            for connection in list(connections):
+                connection.abort()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await server.stop(None)
 
 

@@ -90,7 +90,7 @@ async def test_overload_is_refused_at_once_and_what_was_admitted_completes(gatew
     # ~10 tokens, those that fit are admitted and answered; the others are refused before any answer.
     fake = FakeEmbedder(delay_s=0.5, max_queued_tokens=64)
     finished: list[int] = []
-    async with gateway_with(fake, max_inflight_rpcs=0) as client:
+    async with gateway_with(fake) as client:
 
         async def post(i: int) -> int:
             response = await client.post("/v1/embeddings", json={"input": f"query number {i} about things"})
@@ -129,7 +129,7 @@ async def test_a_refused_request_is_never_tokenized(gateway_with, monkeypatch):
 
     monkeypatch.setattr(Tokenization, "encode", counting)
     fake = FakeEmbedder(delay_s=0.5, max_queued_tokens=64)
-    async with gateway_with(fake, max_inflight_rpcs=0) as client:
+    async with gateway_with(fake) as client:
         statuses = await asyncio.gather(
             *(
                 client.post("/v1/embeddings", json={"input": f"query number {i} about things"})

@@ -214,7 +214,7 @@ async def test_past_the_cap_an_idle_connection_makes_room_for_a_new_client():
 
 async def test_past_the_cap_with_every_connection_busy_a_newcomer_gets_503():
     fake = FakeEmbedder(delay_s=2.0)  # holds every request for 2 s
-    async with edge(fake, max_connections=4, max_inflight_rpcs=0) as (port, app):
+    async with edge(fake, max_connections=4) as (port, app):
         await asyncio.sleep(0.1)
         busy = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
         for _, writer in busy:

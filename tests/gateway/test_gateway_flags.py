@@ -60,7 +60,7 @@ def test_repeated_flags_give_several_workers_and_aliases():
         (["--max-attempts", "-1"], "max_attempts"),
         (["--processes", "0"], "processes must be positive"),
         (["--processes", "2", "--port", "0"], "fixed port"),
-        (["--max-inflight-rpcs", "-1"], "max_inflight_rpcs must be >= 0"),
+        (["--max-inflight-frames", "-1"], "max_inflight_frames must be >= 0"),
         (["--max-inline-tokenize-chars", "-1"], "max_inline_tokenize_chars must be >= 0"),
     ],
     ids=[

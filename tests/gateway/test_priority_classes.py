@@ -80,12 +80,12 @@ async def test_every_embedding_route_takes_the_header(gateway_with, path, body):
     assert "X-Kembed-Priority" in refused.text and "urgent" in refused.text
 
 
-async def test_a_query_is_not_held_behind_bulk_rpcs_in_the_gateway(gateway_with):
-    """One RPC in flight per replica and class: a bulk request whose RPC the worker holds does not
-    keep a query's chunk waiting in the gateway's window."""
+async def test_a_query_is_not_held_behind_bulk_frames_in_the_gateway(gateway_with):
+    """One frame unanswered per replica and class: a bulk request whose frame the worker holds does
+    not keep a query's chunk waiting in the gateway's window."""
     gate = asyncio.Event()
     fake = FakeEmbedder(bulk_gate=gate)
-    async with gateway_with(fake, max_inflight_rpcs=1, max_chunk_sequences=2) as client:
+    async with gateway_with(fake, max_inflight_frames=1, max_chunk_sequences=2) as client:
         bulk = asyncio.create_task(client.post("/embed", json={"inputs": ["indexing this"] * 20}))
         await _until(lambda: BULK in fake.priorities)
         query = await asyncio.wait_for(client.post("/embed", json={"inputs": "a question"}), 5)
