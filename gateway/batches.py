@@ -36,10 +36,13 @@ class Part:
     priority: int = 1  # its request's class (the contract's Priority: 1 interactive, 2 bulk)
     spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
     num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence
+    owner: str = ""  # the request this chunk is part of; empty: request_id
 
     def __post_init__(self) -> None:
         if not self.num_rows:
             self.num_rows = len(self.token_ids)
+        if not self.owner:
+            self.owner = self.request_id
 
     @property
     def num_sequences(self) -> int:

@@ -7,11 +7,13 @@ process (embedder.proto's RequestFrame and ResultFrame, each behind a 4-byte len
 during one turn of the event loop leave together in one frame, so under load a frame carries many
 requests and the worker does its Python work per frame, not per request; at low load a chunk
 leaves at once, alone. A frame holds one kind (embed, score) and one class of work (interactive,
-bulk). With `max_inflight_frames`, chunks that find that many frames of their class unanswered wait
-for one to be answered and go together in the next (fewer, fuller frames for the worker; a wait
-here instead of in its queue), so a query never waits here behind an indexing job's frames. The
-worker answers a frame per batch step with every request of this connection the step finished, in
-any order; each answer is delivered by id.
+bulk); a bulk request's chunks travel in a frame of their own, so the worker, which takes turns
+between frames, serves concurrent indexing requests in turn rather than one after the other. With
+`max_inflight_frames`, chunks that find that many frames of their class unanswered wait for one to
+be answered and go together in the next (fewer, fuller frames for the worker; a wait here instead
+of in its queue), so a query never waits here behind an indexing job's frames. The worker answers a
+frame per batch step with every request of this connection the step finished, in any order; each
+answer is delivered by id.
 
 Per request, what a unary call gives is kept: a deadline (sent along as `timeouts_ms`; the service
 enforces it here too), cancellation (a caller that gives up sends its id in the next frame's
@@ -228,7 +230,7 @@ class FrameTransport(asyncio.Protocol):
                 self._waiting[kind, priority] = live
                 continue
             del self._waiting[kind, priority]
-            for entries in _by_size(live):
+            for entries in _by_size(live, by_owner=priority == pb.PRIORITY_BULK):
                 self._write(self._frame(kind, priority, entries, now))
         if self._cancels:
             cancels, self._cancels = self._cancels, []
@@ -327,8 +329,14 @@ class FrameTransport(asyncio.Protocol):
         self._break(f"worker {self.address}: {reason}")
 
 
-def _by_size(entries: list[tuple[int, Part]]) -> list[list[tuple[int, Part]]]:
-    """Entries cut into frames of at most MAX_FRAME_TOKENS tokens (a part never split)."""
+def _by_size(entries: list[tuple[int, Part]], *, by_owner: bool) -> list[list[tuple[int, Part]]]:
+    """Entries cut into frames of at most MAX_FRAME_TOKENS tokens (a part never split); with
+    `by_owner`, each request's parts in frames of their own."""
+    if by_owner:
+        owners: dict[str, list[tuple[int, Part]]] = {}
+        for entry in entries:
+            owners.setdefault(entry[1].owner, []).append(entry)
+        return [frame for own in owners.values() for frame in _by_size(own, by_owner=False)]
     frames: list[list[tuple[int, Part]]] = [[]]
     num_tokens = 0
     for entry in entries:

@@ -447,6 +447,7 @@ class WorkerPool:
                 chunk.num_tokens,
                 deadline,
                 priority=priority,
+                owner=request_id,
             )
             if spans is not None:
                 made.spans = spans[own]

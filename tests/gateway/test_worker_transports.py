@@ -227,3 +227,23 @@ async def test_concurrent_reranks_sharing_frames_keep_each_pairs_token_types(gat
         want = pair_logit(np.array(encoded["input_ids"]), np.array(encoded["token_type_ids"]))
         assert response.json()[0]["score"] == pytest.approx(want, rel=1e-6)
     assert max(fake.frames) > 1  # some frames carried several requests' pairs
+
+
+async def test_each_bulk_request_travels_in_frames_of_its_own(gateway_with):
+    """The worker takes turns between frames: two indexing requests sent at once are served in turn,
+    not one after the other, and queries still share a frame."""
+    fake = FakeEmbedder()
+    bulk = {"X-Kembed-Priority": "bulk"}
+    async with gateway_with(fake, max_chunk_sequences=2) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/embed", json={"inputs": [[i, j] for j in range(1, 7)]}, headers=bulk)
+                for i in (1, 2)
+            )
+        )
+        assert [r.status_code for r in responses] == [200, 200]
+        assert sorted(fake.frames) == [3, 3]  # three chunks each, a frame each
+        fake.frames.clear()
+        queries = await asyncio.gather(*(client.post("/embed", json={"inputs": [[i, 9]]}) for i in (1, 2)))
+        assert [r.status_code for r in queries] == [200, 200]
+        assert fake.frames == [2]

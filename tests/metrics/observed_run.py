@@ -62,10 +62,9 @@ def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> tuple[
             Target("worker", f"127.0.0.1:{metrics_port}", NAMESPACE, f"minilm-worker-{revision}-0")
         )
     port = p.free_port()
-    # 256-token chunks: a request of up to 16 texts spans several, so the small queue fills. No RPC
-    # window (max-inflight-rpcs 0): every chunk is sent at once, else the gateway would hold them back
-    # and rev-b's queue would never refuse one.
-    args = ["kembed.gateway", "--port", str(port), "--chunk-tokens", "256", "--max-inflight-rpcs", "0"]
+    # 256-token chunks: a request of up to 16 texts spans several, so the small queue fills (the
+    # gateway sends every chunk at once, so rev-b's queue refuses some).
+    args = ["kembed.gateway", "--port", str(port), "--chunk-tokens", "256"]
     for address in addresses:
         args += ["--worker", address]
     processes.append(p.spawn("gateway", args, log_dir))
