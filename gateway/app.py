@@ -46,6 +46,7 @@ from kembed.gateway.errors import (
     reason_of,
     render,
 )
+from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.perplexity import PerplexityRoutes
@@ -83,7 +84,7 @@ _SWAGGER_PAGE = """<!doctype html>
 """
 
 
-def _check_json(request: Request) -> None:
+def _check_json(request: Request | HotRequest) -> None:
     """415 unless the body is declared JSON (`application/json`, or a `+json` type), as TEI does. A
     web page of another origin can POST `text/plain`, a form or an untyped body without the
     browser asking the gateway first (CORS preflight), but not `application/json`: this check is
@@ -99,8 +100,10 @@ def _check_json(request: Request) -> None:
         )
 
 
-async def _read_body(request: Request, max_bytes: int) -> bytes:
+async def _read_body(request: Request | HotRequest, max_bytes: int) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (before parsing)."""
+    if isinstance(request, HotRequest):  # read whole by the connection edge, under the same cap
+        return request.whole_body
     too_large = PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
@@ -125,7 +128,7 @@ class Routes:
         self._openapi: bytes | None = None
         self.created = int(time.time())
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request | HotRequest) -> bytes:
         _check_json(request)
         return await _read_body(request, self.config.max_request_bytes)
 
@@ -295,10 +298,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
+        metrics.start_folding()
         try:
             yield
         finally:
             await pool.close()
+            await metrics.stop_folding()
             tokenization.close()
 
     async def on_error(request: Request, error: Exception) -> Response:
@@ -335,6 +340,7 @@ def create_app(
         Route("/ready", routes.ready, methods=["GET"]),
         Route(METRICS_PATH, routes.metrics, methods=["GET"]),
     ]
+    hot_routes: dict[str, Endpoint] = {"/v1/embeddings": routes.openai_embeddings, "/embed": tei.embed}
     # Outermost first: the timing middleware sees requests the API key check refuses.
     middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]
     if config.api_key:
@@ -345,10 +351,12 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={GatewayError: on_error, HTTPException: on_error, Exception: on_error},
         middleware=middleware,
-        hot_routes={"/v1/embeddings": routes.openai_embeddings, "/embed": tei.embed},
+        hot_routes=hot_routes,
         on_error=on_error,
     )
     app.state.metrics = metrics  # the connection edge (connections.py) counts into the same registry
+    # ... and serves the hot routes itself, past the ASGI stack (hot_path.py)
+    app.state.hot_path = HotPath(hot_routes, on_error, metrics, config.api_key)
     app.state.routes = routes
     return app
 

@@ -20,6 +20,11 @@ refused. `guarded_protocol` adds, per connection:
 Each close is counted in `kembed_gateway_connections_closed_total{reason}`; open connections in
 `kembed_gateway_open_connections`.
 
+A POST to a hot route (`/v1/embeddings`, `/embed`) is served here past the ASGI stack: its body is
+gathered, `HotPath.respond` (hot_path.py) answers it, and the answer leaves in one write; the
+connection's end cancels it. Everything else, and a hot request that arrives pipelined behind
+another or asks for `100-continue`, goes to the ASGI app as before.
+
 It also answers an HTTP/2 upgrade offer (`Upgrade: h2c`, which curl's `--http2`, Spring's
 RestClient and Ktor clients send on plain-HTTP requests) as the HTTP/1.1 request it is. The gateway
 speaks HTTP/1.1 only, and a server may ignore an Upgrade offer (RFC 9110 §7.8), but httptools stops
@@ -30,6 +35,7 @@ read) and its Upgrade field dropped before the parser sees it.
 
 from __future__ import annotations
 
+import asyncio
 import http
 import itertools
 import logging
@@ -39,17 +45,19 @@ from asyncio import TimerHandle
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     GatewayError,
     HeadersTooLarge,
+    PayloadTooLarge,
     RequestTimeout,
     Unavailable,
     flavour_of,
     render,
 )
+from kembed.gateway.hot_path import HotPath
 from kembed.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -109,7 +117,37 @@ def _raw_response(status: int, message: str, url: bytes) -> bytes:
     return head.encode("ascii") + body
 
 
-_ERRORS: dict[int, type[GatewayError]] = {408: RequestTimeout, 431: HeadersTooLarge, 503: Unavailable}
+_ERRORS: dict[int, type[GatewayError]] = {
+    408: RequestTimeout,
+    413: PayloadTooLarge,
+    431: HeadersTooLarge,
+    503: Unavailable,
+}
+
+
+class _Event:
+    """What uvicorn's protocol calls on a cycle's message event: nothing waits on a hot one."""
+
+    def set(self) -> None:
+        pass
+
+
+class HotCycle:
+    """A hot request in progress, with the attributes uvicorn's protocol reads of a cycle (its body
+    as it arrives, whether the response started or completed, the client gone, keep-alive)."""
+
+    message_event = _Event()
+
+    def __init__(self, url: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> None:
+        self.url = url
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self.task: asyncio.Task[None] | None = None
 
 
 class _Refusal(Exception):
@@ -120,12 +158,18 @@ class _Refusal(Exception):
         self.status, self.message, self.reason = status, message, reason
 
 
-def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connections: int) -> type:
-    """uvicorn's httptools protocol class with this gateway's connection bounds (module docstring)."""
+def guarded_protocol(
+    config: GatewayConfig, metrics: GatewayMetrics, max_connections: int, hot: HotPath | None = None
+) -> type:
+    """uvicorn's httptools protocol class with this gateway's connection bounds, serving the hot
+    routes of `hot` itself (module docstring)."""
     header_timeout_s = config.header_timeout_s
     body_timeout_s = config.body_timeout_s
     max_header_bytes = config.max_header_bytes
     max_headers = config.max_headers
+    max_body_bytes = config.max_request_bytes
+    too_large = f"request body is larger than the limit of {max_body_bytes} bytes"
+    hot_paths = hot.paths if hot is not None else frozenset()
     closed = metrics.connections_closed
     open_gauge = metrics.open_connections
     opened = itertools.count()
@@ -165,7 +209,10 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             if self in self.connections:
                 open_gauge.dec()
             self._disarm()
+            cycle = self._hot_cycle()
             super().connection_lost(exc)
+            if cycle is not None and cycle.task is not None and not cycle.task.done():
+                cycle.task.cancel()  # the client left: its request is dropped (recorded as 499)
 
         def _is_evictable(self) -> bool:
             """Not being served: idle between requests, or still sending a head."""
@@ -310,12 +357,74 @@ def guarded_protocol(config: GatewayConfig, metrics: GatewayMetrics, max_connect
             self._head_bytes = 0
             self._phase = _BODY
             self._arm(body_timeout_s, "body_timeout")
+            if self.url in hot_paths and self._is_hot():
+                self._begin_hot()
+                return
             super().on_headers_complete()
+
+        # -- hot routes (hot_path.py) -----------------------------------------------------------
+        def _is_hot(self) -> bool:
+            """A POST to a hot route this protocol can serve itself: not pipelined behind another
+            request, not asking for 100-continue, not an upgrade."""
+            return (
+                self.parser.get_method() == b"POST"
+                and (self.cycle is None or self.cycle.response_complete)
+                and not self.expect_100_continue
+                and not self.parser.should_upgrade()
+            )
+
+        def _begin_hot(self) -> None:
+            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+            self.cycle = HotCycle(self.url, self.headers, keep_alive)  # type: ignore[assignment]
+            declared = next((v for n, v in self.headers if n == b"content-length"), b"")
+            if declared.isdigit() and int(declared) > max_body_bytes:  # refused before it is read
+                raise _Refusal(413, too_large, "body_too_large")
+
+        def _hot_cycle(self) -> HotCycle | None:
+            cycle: object = self.cycle  # uvicorn types it as its own cycle class
+            return cycle if isinstance(cycle, HotCycle) else None
+
+        def on_body(self, body: bytes) -> None:
+            cycle = self._hot_cycle()
+            if cycle is None:
+                super().on_body(body)
+                return
+            cycle.body += body
+            if len(cycle.body) > max_body_bytes:  # more than it declared: refused as it passes the cap
+                raise _Refusal(413, too_large, "body_too_large")
 
         def on_message_complete(self) -> None:
             self._disarm()
             self._phase = _SERVING
-            super().on_message_complete()
+            cycle = self._hot_cycle()
+            if cycle is None:
+                super().on_message_complete()
+                return
+            cycle.more_body = False
+            cycle.task = self.loop.create_task(self._serve_hot(cycle))
+            self.tasks.add(cycle.task)  # the server's graceful shutdown waits for it
+            cycle.task.add_done_callback(self.tasks.discard)
+
+        async def _serve_hot(self, cycle: HotCycle) -> None:
+            assert hot is not None
+            try:
+                response = await hot.respond(cycle.url, cycle.headers, bytes(cycle.body))
+            except asyncio.CancelledError:  # the client left: nobody to answer
+                return
+            if cycle.disconnected or self.transport.is_closing():
+                return
+            head = [STATUS_LINE[response.status_code]]
+            for name, value in (*self.server_state.default_headers, *response.raw_headers):
+                head += (name, b": ", value, b"\r\n")
+            if not cycle.keep_alive:
+                head.append(b"connection: close\r\n")
+            head.append(b"\r\n")
+            cycle.response_started = True
+            self.transport.write(b"".join(head) + response.body)
+            cycle.response_complete = True
+            self.on_response_complete()
+            if not cycle.keep_alive:
+                self.transport.close()
 
         def on_response_complete(self) -> None:
             if self._phase == _SERVING:

@@ -6,14 +6,23 @@ bounded: `route` is one of the app's route paths (none has parameters) or `unmat
 HTTP status; `reason` is an error class's snake-case name. A registry per app (not prometheus_client's
 global one) lets several gateways live in one process, as the tests run them; several gateway
 processes on one port (processes.py) report the sum of their values.
+
+What every request records (its duration, tokenize time, inputs, tokens, class) is kept in plain lists
+on the event loop and folded into the metrics in bulk (`Batched`, `fold`): at least every FOLD_S and
+before every scrape this process answers. prometheus_client takes a lock per increment and scans a
+histogram's 89 bounds in Python per observation, ~10-15 µs of a request's CPU for the four of them;
+a fold buckets a whole batch with numpy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -43,6 +52,42 @@ TOKEN_BUCKETS = tuple(float(2**i) for i in range(21))
 
 METRICS_PATH = "/metrics"
 UNMATCHED = "unmatched"  # the route label of a path no route serves
+FOLD_S = 1.0  # the most a recorded observation waits to reach the metrics (a scrape folds at once)
+
+
+class Batched:
+    """A histogram (or counter) child fed from the event loop: `observe` appends, `fold` hands the
+    values to prometheus_client in bulk, as that many `observe` (`inc`) calls would record them (a
+    test checks it for the pinned prometheus_client)."""
+
+    __slots__ = ("_bounds", "_child", "pending")
+
+    def __init__(self, child: Histogram | Counter) -> None:
+        self._child: Any = child
+        # a histogram's finite bounds: value v lands in the first bucket whose bound is >= v
+        bounds = getattr(child, "_upper_bounds", None)
+        self._bounds = None if bounds is None else np.asarray(bounds[:-1])
+        self.pending: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.pending.append(value)
+
+    inc = observe
+
+    def fold(self) -> None:
+        if not self.pending:
+            return
+        values, self.pending = np.asarray(self.pending, dtype=np.float64), []
+        child = self._child
+        if self._bounds is None:  # a counter
+            child.inc(float(values.sum()))
+            return
+        counts = np.bincount(
+            np.searchsorted(self._bounds, values, side="left"), minlength=len(self._bounds) + 1
+        )
+        child._sum.inc(float(values.sum()))  # prometheus_client's own fields
+        for index in np.flatnonzero(counts).tolist():
+            child._buckets[index].inc(int(counts[index]))
 
 
 class GatewayMetrics:
@@ -120,13 +165,58 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        # per request, through Batched (module docstring)
+        self.tokenize = Batched(self.tokenize_duration)
+        self.inputs = Batched(self.request_inputs)
+        self.tokens = Batched(self.request_tokens)
+        self.class_requests_of = {k: Batched(self.class_requests.labels(k)) for k in ("interactive", "bulk")}
+        self.class_tokens_of = {k: Batched(self.class_tokens.labels(k)) for k in ("interactive", "bulk")}
+        self._durations: dict[tuple[str, int], Batched] = {}
+        self._batched: list[Batched] = [
+            self.tokenize,
+            self.inputs,
+            self.tokens,
+            *self.class_requests_of.values(),
+            *self.class_tokens_of.values(),
+        ]
+        self._fold_task: asyncio.Task[None] | None = None
         self.connections_closed = Counter(
             "kembed_gateway_connections_closed",
             "Client connections the gateway closed itself, by reason: idle_timeout, header_timeout, "
-            "body_timeout, headers_too_large, evicted_idle (to make room), too_many_connections.",
+            "body_timeout, headers_too_large, body_too_large (a hot route's body over the cap: 413), "
+            "evicted_idle (to make room), too_many_connections.",
             ["reason"],
             registry=r,
         )
+
+    def duration(self, route: str, code: int) -> Batched:
+        """The request-duration series of a route template and status."""
+        batched = self._durations.get((route, code))
+        if batched is None:
+            batched = self._durations[route, code] = Batched(self.request_duration.labels(route, str(code)))
+            self._batched.append(batched)
+        return batched
+
+    def fold(self) -> None:
+        """What the requests recorded, into the metrics."""
+        for batched in self._batched:
+            batched.fold()
+
+    def start_folding(self) -> None:
+        """Fold every FOLD_S on the running loop (the app's lifespan), until `stop_folding`."""
+
+        async def every_interval() -> None:
+            while True:
+                await asyncio.sleep(FOLD_S)
+                self.fold()
+
+        self._fold_task = asyncio.get_running_loop().create_task(every_interval(), name="kembed-metrics-fold")
+
+    async def stop_folding(self) -> None:
+        if self._fold_task is not None:
+            self._fold_task.cancel()
+            await asyncio.gather(self._fold_task, return_exceptions=True)
+        self.fold()
 
     def watch(self, served_name: Callable[[], str]) -> None:
         """Report `kembed_gateway_info{model}` at each scrape: the name this gateway serves (its
@@ -137,6 +227,7 @@ class GatewayMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
+        self.fold()
         if self._multiprocess_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         registry = CollectorRegistry()
@@ -194,4 +285,4 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             inflight.dec()
-            self._metrics.request_duration.labels(route, str(code)).observe(time.perf_counter() - started)
+            self._metrics.duration(route, code).observe(time.perf_counter() - started)

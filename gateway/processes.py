@@ -113,7 +113,7 @@ def uvicorn_config(config: GatewayConfig, app: Any, **overrides: Any) -> Any:
         "host": config.host,
         "port": config.port,
         "loop": "uvloop",
-        "http": guarded_protocol(config, app.state.metrics, cap),
+        "http": guarded_protocol(config, app.state.metrics, cap, app.state.hot_path),
         "timeout_keep_alive": config.keep_alive_timeout_s,
         "access_log": False,
         "log_level": config.log_level,

@@ -89,8 +89,8 @@ class Admitted:
         self._service.admission.resize(self.num_tokens, num_tokens, was_bulk=was_bulk, is_bulk=self.is_bulk)
         self.num_tokens = num_tokens
         label = "bulk" if self.is_bulk else "interactive"
-        self._service.metrics.class_requests.labels(label).inc()
-        self._service.metrics.class_tokens.labels(label).inc(num_tokens)
+        self._service.metrics.class_requests_of[label].inc(1)
+        self._service.metrics.class_tokens_of[label].inc(num_tokens)
         return num_tokens
 
 
@@ -197,9 +197,9 @@ class EmbeddingService:
     def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
         """Records a request's tokenize time, input and token counts; returns its token count."""
         num_tokens = sum(len(s) for s in sequences)
-        self.metrics.tokenize_duration.observe(time.perf_counter() - started)
-        self.metrics.request_inputs.observe(num_inputs)
-        self.metrics.request_tokens.observe(num_tokens)
+        self.metrics.tokenize.observe(time.perf_counter() - started)
+        self.metrics.inputs.observe(num_inputs)
+        self.metrics.tokens.observe(num_tokens)
         return num_tokens
 
     def _deadline(self) -> float:
@@ -319,7 +319,7 @@ class EmbeddingService:
             tokens = await self.tokenization.tokenize(
                 texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
             )
-            self.metrics.tokenize_duration.observe(time.perf_counter() - started)
+            self.metrics.tokenize.observe(time.perf_counter() - started)
             return tokens
 
         return await self._run(run)

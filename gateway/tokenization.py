@@ -135,6 +135,9 @@ class Tokenization:
         truncation; token-id inputs are checked against `vocab_size` and truncated as they are.
         `is_bulk`: the texts of a request classed bulk, tokenized in the bulk processes if any."""
         prompt = self.prompt(prompt_name)
+        short = self._encode_short(inputs, prompt, truncate)
+        if short is not None:
+            return short
         result: list[np.ndarray | None] = [None] * len(inputs)
         text_positions = [i for i, item in enumerate(inputs) if isinstance(item, str)]
         for i, item in enumerate(inputs):
@@ -164,6 +167,24 @@ class Tokenization:
                 self._check_length(i, len(ids))
                 result[i] = ids
         return result  # type: ignore[return-value]
+
+    def _encode_short(self, inputs: Sequence[Input], prompt: str, truncate: bool) -> list[np.ndarray] | None:
+        """The ids of a request of a few short texts (a search query), on the calling thread; None
+        for any other request. Encoded without truncation: the ids are the same wherever truncation
+        would not cut, and a text that comes out longer than the limit is encoded again below, as
+        any other (windows.py), or refused."""
+        if (
+            len(inputs) > SHORT_MAX_TEXTS
+            or not all(type(item) is str for item in inputs)
+            or sum(map(len, inputs)) > min(self._max_inline_chars, SERIAL_MAX_CHARS)
+        ):
+            return None
+        encode = self._untruncated.encode
+        encoded = [np.array(encode(prompt + text).ids, dtype=np.int32) for text in inputs]  # type: ignore[operator]
+        limit = self.spec.max_seq_length
+        if limit is not None and any(len(ids) > limit for ids in encoded):
+            return None
+        return encoded
 
     async def _in_processes(
         self, is_bulk: bool, num_chars: int, texts: list[str], truncation: tuple[int, Direction] | None
@@ -336,6 +357,7 @@ class Tokenization:
 # CPU that way against 0.13 ms encoded one by one on the calling thread (same ids). A batch up to
 # this many characters is encoded on the calling thread; a larger one is worth the pool's cores.
 SERIAL_MAX_CHARS = 2048
+SHORT_MAX_TEXTS = 8  # a request of at most this many short texts takes `_encode_short`
 
 
 def _encode(

@@ -113,3 +113,30 @@ async def test_metrics_need_no_api_key_and_count_refusals(gateway_with):
         after = await scrape(client)
     assert after['kembed_gateway_errors_total{reason="unauthorized"}'] == 1
     assert after['kembed_gateway_request_duration_seconds_count{code="401",route="/embed"}'] == 1
+
+
+def test_folded_observations_expose_what_one_observe_each_would():
+    """Batched hands prometheus_client a batch through its histogram's own fields: the exposition must
+    be what observing each value would give (this fails first if prometheus_client changes them)."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from kembed.gateway.metrics import DURATION_BUCKETS, Batched
+
+    rng = random.Random(0)
+    values = [rng.lognormvariate(-7, 2) for _ in range(500)] + [DURATION_BUCKETS[10], 0.0, 1e9]
+    exposed = []
+    for batched in (False, True):
+        registry = CollectorRegistry()
+        histogram = Histogram("h", "h", buckets=DURATION_BUCKETS, registry=registry)
+        if batched:
+            folding = Batched(histogram)
+            for value in values:
+                folding.observe(value)
+            folding.fold()
+        else:
+            for value in values:
+                histogram.observe(value)
+        exposed.append([line for line in generate_latest(registry).decode().splitlines() if "created" not in line])
+    assert exposed[0] == exposed[1]

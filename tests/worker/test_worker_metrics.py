@@ -239,3 +239,28 @@ async def test_bucket_hits_count_batches_by_their_own_bucket(served):
     after = samples(metrics)
     assert after[key] == before + 3
     assert all(value > 0 for name, value in after.items() if name.startswith("kembed_worker_bucket_hits"))
+
+
+def test_observing_many_at_once_exposes_what_observing_each_would():
+    """observe_many (a group's requests share one duration) goes through prometheus_client's own
+    histogram fields: the exposition must equal `count` calls of observe (this fails first if
+    prometheus_client changes them)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from kembed.worker.metrics import DURATION_BUCKETS, observe_many
+
+    cases = [(3e-4, 7), (2.5e-3, 1), (DURATION_BUCKETS[20], 3), (0.0, 2), (1e9, 4)]
+    exposed = []
+    for at_once in (False, True):
+        registry = CollectorRegistry()
+        histogram = Histogram("h", "h", buckets=DURATION_BUCKETS, registry=registry)
+        for value, count in cases:
+            if at_once:
+                observe_many(histogram, value, count)
+            else:
+                for _ in range(count):
+                    histogram.observe(value)
+        exposed.append(
+            [line for line in generate_latest(registry).decode().splitlines() if "created" not in line]
+        )
+    assert exposed[0] == exposed[1]
