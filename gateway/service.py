@@ -7,11 +7,10 @@ OpenAI and TEI routes cannot drift apart in limits, truncation or normalisation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -82,6 +81,10 @@ class Admitted:
     @property
     def is_bulk(self) -> bool:
         return self.priority == pb.PRIORITY_BULK
+
+    def release(self) -> None:
+        """The request ended, answered or not: its tokens leave the admission's count."""
+        self._service.admission.release(self.num_tokens, is_bulk=self.is_bulk)
 
     def settle(self, num_tokens: int) -> int:
         was_bulk = self.is_bulk
@@ -173,21 +176,17 @@ class EmbeddingService:
             return pb.PRIORITY_INTERACTIVE
         return pb.PRIORITY_BULK
 
-    @contextlib.contextmanager
-    def _admitted(self, said: int, num_inputs: int, estimate: int) -> Iterator[Admitted]:
-        """The request held as outstanding while it runs, first at its `estimate` (estimate_tokens),
-        then at its token count once tokenized (`Admitted.settle`); or Overloaded (429) at once, before
-        any tokenizing, if the workers cannot take it in time (admission.py). Its class (`said`, else
-        by size) decides what it waits behind, and bulk is refused first."""
+    def _admit(self, said: int, num_inputs: int, estimate: int) -> Admitted:
+        """The request held as outstanding until `Admitted.release`, first at its `estimate`
+        (estimate_tokens), then at its token count once tokenized (`Admitted.settle`); or Overloaded
+        (429) at once, before any tokenizing, if the workers cannot take it in time (admission.py).
+        Its class (`said`, else by size) decides what it waits behind, and bulk is refused first."""
         admitted = Admitted(self, said, num_inputs, estimate)
         reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
         if reason is not None:
             raise Overloaded(f"the workers are at capacity: {reason}; retry later")
         self.admission.admit(estimate, is_bulk=admitted.is_bulk)
-        try:
-            yield admitted
-        finally:
-            self.admission.release(admitted.num_tokens, is_bulk=admitted.is_bulk)
+        return admitted
 
     def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
         texts = [len(item) for item in inputs if isinstance(item, str)]
@@ -232,7 +231,8 @@ class EmbeddingService:
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(said, len(inputs), self._estimate(inputs, is_truncating)) as admitted:
+            admitted = self._admit(said, len(inputs), self._estimate(inputs, is_truncating))
+            try:
                 started = time.perf_counter()
                 sequences = await self.tokenization.encode(
                     inputs,
@@ -246,6 +246,8 @@ class EmbeddingService:
                 raw = await self.pool.embed(
                     sequences, next(self._request_ids), deadline, priority=admitted.priority
                 )
+            finally:
+                admitted.release()
             return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
@@ -290,13 +292,16 @@ class EmbeddingService:
         lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(said, num_chunks, estimate_tokens(lengths, max_tokens)) as admitted:
+            admitted = self._admit(said, num_chunks, estimate_tokens(lengths, max_tokens))
+            try:
                 started = time.perf_counter()
                 sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
                 num_tokens = admitted.settle(self._observe_tokenized(started, num_chunks, sequences))
                 raw = await self.pool.embed(
                     sequences, next(self._request_ids), deadline, list(spans), priority=admitted.priority
                 )
+            finally:
+                admitted.release()
             return raw, num_tokens
 
         raw, num_tokens = await self._run(run)
@@ -356,7 +361,8 @@ class EmbeddingService:
         estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
 
         async def run() -> tuple[np.ndarray, int]:
-            with self._admitted(said, len(texts), estimate) as admitted:
+            admitted = self._admit(said, len(texts), estimate)
+            try:
                 started = time.perf_counter()
                 ids, type_ids = await self.tokenization.encode_pairs(
                     query, texts, truncate=is_truncating, direction=direction, param=param
@@ -365,6 +371,8 @@ class EmbeddingService:
                 logits = await self.pool.score(
                     ids, type_ids, next(self._request_ids), deadline, priority=admitted.priority
                 )
+            finally:
+                admitted.release()
             return logits, num_tokens
 
         try:

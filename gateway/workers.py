@@ -343,14 +343,20 @@ class WorkerPool:
     def _pick(self, tried: Sequence[Replica]) -> Replica | None:
         """The available, untried replica with the fewest outstanding tokens. Ties go round-robin
         (the scan starts one further each time), so an idle fleet still shares sequential requests."""
-        now = asyncio.get_running_loop().time()
-        if not self.replicas:
+        replicas = self.replicas
+        if not replicas:
             return None
-        start = self._num_picks % len(self.replicas)
+        now = asyncio.get_running_loop().time()
+        start = self._num_picks % len(replicas)
         self._num_picks += 1
-        rotated = self.replicas[start:] + self.replicas[:start]
-        candidates = [r for r in rotated if r not in tried and self._is_available(r, now)]
-        return min(candidates, key=lambda r: r.outstanding_tokens, default=None)
+        best: Replica | None = None
+        for offset in range(len(replicas)):
+            replica = replicas[(start + offset) % len(replicas)]
+            if replica in tried or not self._is_available(replica, now):
+                continue
+            if best is None or replica.outstanding_tokens < best.outstanding_tokens:
+                best = replica
+        return best
 
     async def _send(self, kind: str, part: Part) -> np.ndarray:
         """One chunk's rows from the least loaded replica, retried on others if refused or down."""

@@ -257,22 +257,20 @@ class FrameService:
         if not frame_is_clean(num_sequences, lengths, token_ids, types, self._info) or message.num_spans:
             valid = self._check_each(message, arrays, ids, connection)
         now = time.perf_counter()
-        seq_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(num_sequences, out=seq_offsets[1:])
-        token_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=token_offsets[1:])
-        tokens = token_offsets[seq_offsets[1:]] - token_offsets[seq_offsets[:-1]]
-        classes = np.where(
-            (num_sequences <= INTERACTIVE_MAX_SEQUENCES) & (tokens <= INTERACTIVE_MAX_TOKENS),
-            Priority.INTERACTIVE,
-            Priority.BULK,
-        )
-        if priorities is not None:
-            said = (priorities == Priority.INTERACTIVE) | (priorities == Priority.BULK)
-            classes = np.where(said, priorities, classes)
+        classes = self._classes(num_sequences, lengths, priorities)
         deadlines = None
         if timeouts is not None and timeouts.any():
             deadlines = np.where(timeouts > 0, now + timeouts / 1000, math.inf)
+        if isinstance(classes, Priority) and valid is None:  # the gateway's frame: one class, all valid
+            spans = self._spans(message, lengths, None) if message.num_spans else None
+            many = None if len(num_sequences) == len(lengths) else num_sequences
+            group = RequestGroup(
+                token_ids, lengths, many, connection, priority=classes, admitted_at=now,
+                deadlines=deadlines, ids=ids, token_type_ids=types, spans=spans,
+            )  # fmt: skip
+            return [group]
+        if isinstance(classes, Priority):
+            classes = np.full(len(ids), classes)
         groups = []
         for klass in (Priority.INTERACTIVE, Priority.BULK):
             chosen = classes == klass
@@ -308,6 +306,31 @@ class FrameService:
                 )
             )
         return groups
+
+    @staticmethod
+    def _classes(
+        num_sequences: np.ndarray, lengths: np.ndarray, priorities: np.ndarray | None
+    ) -> Priority | np.ndarray:
+        """Each request's class (what it says, else by its size), or the one class of them all when
+        they all say the same (as the gateway's frames do)."""
+        if priorities is not None and len(priorities) and priorities.min() == priorities.max():
+            said = int(priorities[0])
+            if said in (Priority.INTERACTIVE, Priority.BULK):
+                return Priority(said)
+        seq_offsets = np.zeros(len(num_sequences) + 1, dtype=np.int64)
+        np.cumsum(num_sequences, out=seq_offsets[1:])
+        token_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=token_offsets[1:])
+        tokens = token_offsets[seq_offsets[1:]] - token_offsets[seq_offsets[:-1]]
+        classes = np.where(
+            (num_sequences <= INTERACTIVE_MAX_SEQUENCES) & (tokens <= INTERACTIVE_MAX_TOKENS),
+            Priority.INTERACTIVE,
+            Priority.BULK,
+        )
+        if priorities is not None:
+            said_ones = (priorities == Priority.INTERACTIVE) | (priorities == Priority.BULK)
+            classes = np.where(said_ones, priorities, classes)
+        return classes
 
     def _check_kind(self, kind: int) -> None:
         asked = _KINDS.get(kind)

@@ -47,6 +47,7 @@ __all__ = ["BatchRunner", "Scheduler", "SchedulerHooks"]
 log = logging.getLogger(__name__)
 
 IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
+_NONE = np.empty(0, dtype=np.int64)
 
 
 def _ignore(*_: object) -> None:
@@ -246,6 +247,10 @@ class Scheduler:
     def _refused(self, group: RequestGroup) -> tuple[np.ndarray, str]:
         """The live requests the queue has no room for, and why: from the first that would pass the
         cap (for bulk, its share of it) on, in order."""
+        is_bulk = group.priority == Priority.BULK and self.policy.is_enabled and self._queued_tokens > 0
+        share = self.policy.bulk_queue_share if is_bulk else 1.0
+        if self._queued_tokens + group.num_queued_tokens <= int(self.max_queued_tokens * share):
+            return _NONE, ""  # all of it fits: nearly every group
         live = ~group.is_settled
         tokens = np.where(live, group.tokens_per_request, 0)
         cap, what = self.max_queued_tokens, "max_queued_tokens={}"
