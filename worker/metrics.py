@@ -50,6 +50,9 @@ class QueueState(Protocol):
     max_batch_sequences: int
     max_queued_tokens: int
 
+    num_groups: int  # request groups admitted since start
+    num_requests: int  # requests admitted since start
+
     @property
     def num_lane_batches(self) -> int:
         """Batches run on the interactive lane since start (0 without one)."""
@@ -191,6 +194,17 @@ class EngineCollector(Collector):
             "Batches run on the interactive lane (CUDA workers: queries on a stream of their own, beside "
             "the bulk steps), since start; 0 without a lane. All batches: kembed_worker_batch_tokens_count.",
             value=queue.num_lane_batches,
+        )
+        yield CounterMetricFamily(
+            "kembed_worker_admitted_requests",
+            "Requests admitted into the queue, since start (refused ones not counted).",
+            value=queue.num_requests,
+        )
+        yield CounterMetricFamily(
+            "kembed_worker_admitted_groups",
+            "Groups of requests admitted together, since start: a data-port frame's requests of one class, "
+            "or one unary call. Requests over groups is how many a gateway's frame carried.",
+            value=queue.num_groups,
         )
         yield GaugeMetricFamily(
             "kembed_worker_max_queued_tokens",

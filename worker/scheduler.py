@@ -120,6 +120,8 @@ class Scheduler:
         self._queue = ClassQueues(self.policy, self.lane.max_tokens if self.lane is not None else 0)
         self._queued_tokens = 0
         self._queued_bulk_tokens = 0  # of which bulk
+        self.num_groups = 0  # groups admitted since start (a frame's requests of a class, or a unary call)
+        self.num_requests = 0  # requests admitted since start
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()  # batches in flight
         self._loop_task: asyncio.Task[None] | None = None
@@ -235,6 +237,8 @@ class Scheduler:
             self._finish(group, refused, Overloaded(reason))
         if group.num_live == 0:
             return
+        self.num_groups += 1
+        self.num_requests += group.num_live
         group.is_queued = True  # its tokens count against the cap until they are answered or freed
         self._queued_tokens += group.num_queued_tokens
         if group.priority == Priority.BULK:

@@ -155,16 +155,24 @@ def engine_rate_at(rates: dict[int, float], batch: float) -> float:
     return float(np.interp(np.log(batch), np.log(sizes), [rates[s] for s in sizes]))
 
 
-def batch_counts(port: int) -> tuple[float, float]:
-    """(sum, count) of the worker's kembed_worker_batch_sequences histogram."""
+COUNTS = (
+    "kembed_worker_batch_sequences_sum",  # sequences in the batches launched
+    "kembed_worker_batch_sequences_count",  # batches launched
+    "kembed_worker_admitted_requests_total",
+    "kembed_worker_admitted_groups_total",  # frames (of a class) admitted
+)
+
+
+def worker_counts(port: int) -> dict[str, float]:
+    """The worker's counts of COUNTS, read from its /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     values = {}
     for line in text.splitlines():
-        for suffix in ("_sum", "_count"):
-            if line.startswith(f"kembed_worker_batch_sequences{suffix} "):
-                values[suffix] = float(line.split()[1])
-    return values["_sum"], values["_count"]
+        name, _, value = line.partition(" ")
+        if name in COUNTS:
+            values[name] = float(value)
+    return values
 
 
 def cell(values: list[float], digits: int = 2, worst=max) -> str:
@@ -225,9 +233,9 @@ def main() -> None:
             loadgen.run(port, bodies, connections=64, warmup_s=1.0, duration_s=2.0)  # warm: connections, code
             time.sleep(1.0)  # what the warm-up left in flight is answered before the first run
             for clients in args.clients:
-                runs, batches = [], []
+                runs, batches, frames = [], [], []
                 for _ in range(args.rounds):
-                    before = batch_counts(metrics_port)
+                    before = worker_counts(metrics_port)
                     runs.append(
                         loadgen.run(
                             port, bodies, connections=clients, processes=args.loadgen_processes,
@@ -235,8 +243,10 @@ def main() -> None:
                             groups={"gateway": [gateway.pid], "worker": [worker.pid]},
                         )
                     )  # fmt: skip
-                    after = batch_counts(metrics_port)
-                    batches.append((after[0] - before[0]) / max(after[1] - before[1], 1))
+                    after = worker_counts(metrics_port)
+                    delta = {name: after[name] - before[name] for name in COUNTS}
+                    batches.append(delta[COUNTS[0]] / max(delta[COUNTS[1]], 1))
+                    frames.append(delta[COUNTS[2]] / max(delta[COUNTS[3]], 1))
                     if runs[-1].num_errors:
                         print(f"  {runs[-1].num_errors} errors: {runs[-1].first_error}", flush=True)
                 rate = [r.requests_per_s for r in runs]
@@ -247,7 +257,8 @@ def main() -> None:
                     f"| {cell([r.p99_ms for r in runs])} | {cell([r.p999_ms for r in runs])} "
                     f"| {cell([r.group_cpu_us['gateway'] for r in runs], 0)} "
                     f"| {cell([r.group_cpu_us['worker'] for r in runs], 0)} "
-                    f"| {cell([r.loadgen_cpu_us for r in runs], 0)} | {batch:.1f} | {engine:,.0f} "
+                    f"| {cell([r.loadgen_cpu_us for r in runs], 0)} | {statistics.median(frames):.1f} "
+                    f"| {batch:.1f} | {engine:,.0f} "
                     f"| {statistics.median(rate) / engine:.2f} |"
                 )
                 print(rows[-1], flush=True)
@@ -256,9 +267,9 @@ def main() -> None:
         print(
             f"\nEach cell: the median of {args.rounds} runs of {args.duration_s:g} s (the worst in "
             "brackets); CPU in µs per request.\n\n| gateway processes | clients | requests/s | p50 ms "
-            "| p99 ms | p99.9 ms | gateway CPU | worker CPU | loadgen CPU | batch formed "
+            "| p99 ms | p99.9 ms | gateway CPU | worker CPU | loadgen CPU | requests a frame | batch formed "
             "| engine queries/s at it | end to end / engine |\n"
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )
         print("\n".join(rows))
     finally:

@@ -43,7 +43,13 @@ def free_port() -> int:
 
 
 async def measure(
-    transport: str, address: str, worker_pid: int, callers: int, requests_each: int, gap_s: float
+    transport: str,
+    address: str,
+    worker_pid: int,
+    callers: int,
+    requests_each: int,
+    gap_s: float,
+    window: int = 0,
 ) -> tuple[list[float], float]:
     """Sorted latencies (µs) and the worker's CPU µs per request."""
     channel = grpc.aio.insecure_channel(address)
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--callers", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--step-ms", type=float, default=0.0, help="emulated device time per batch")
     parser.add_argument("--transports", nargs="+", default=["unary", "frames"])
+    parser.add_argument("--max-inflight-frames", type=int, default=0, help="the frame window (gateway flag)")
     args = parser.parse_args()
     port = free_port()
     log = Path(tempfile.mkdtemp()) / "worker.log"
@@ -117,7 +124,9 @@ def main() -> None:
                 for label, callers, gap in loads:
                     each = max(1, (args.requests // 4 if gap else args.requests) // callers)
                     for transport in args.transports:
-                        lat, cpu = await measure(transport, address, worker.pid, callers, each, gap)
+                        lat, cpu = await measure(
+                            transport, address, worker.pid, callers, each, gap, args.max_inflight_frames
+                        )
                         row = (statistics.median(lat), percentile(lat, 0.99), cpu)
                         results.setdefault((label, transport), []).append(row)
             return results

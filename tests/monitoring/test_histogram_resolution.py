@@ -97,6 +97,8 @@ QUEUE = SimpleNamespace(
     max_batch_sequences=64,
     max_queued_tokens=4096,
     num_lane_batches=0,
+    num_groups=0,
+    num_requests=0,
 )
 INTERACTIVE = {"class": "interactive"}  # `class` is a keyword: passed as **INTERACTIVE
 

@@ -33,6 +33,8 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_worker_queued_tokens": {"class"},
     "kembed_worker_max_queued_tokens": set(),
     "kembed_worker_lane_batches": set(),
+    "kembed_worker_admitted_requests": set(),
+    "kembed_worker_admitted_groups": set(),
     "kembed_worker_max_batch_tokens": set(),
     "kembed_worker_max_batch_sequences": set(),
     "kembed_worker_pinned_memory_bytes": {"state"},
