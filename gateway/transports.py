@@ -42,7 +42,7 @@ from kembed.gateway.batches import Part, pack
 from kembed.gateway.vectors import decode_embeddings, decode_scores
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
-from kembed.proto.framing import FrameError, FrameReader, frame
+from kembed.proto.framing import FrameError, FrameReader, frame, split_rows
 
 log = logging.getLogger(__name__)
 
@@ -294,19 +294,20 @@ class FrameTransport(asyncio.Protocol):
             self._fail_connection(f"the worker broke the framing: {error}")
             return
         for body in bodies:
+            head, rows = split_rows(body)  # the rows as a view of the frame, not a copy
             result = pb.ResultFrame()
             try:
-                result.ParseFromString(body)
+                result.ParseFromString(bytes(head))  # small: the rows are left out
             except DecodeError:
                 self._fail_connection("the worker sent a frame that is not a ResultFrame")
                 return
-            self._deliver(result)
+            self._deliver(result, result.rows if rows is None else rows)
 
-    def _deliver(self, result: pb.ResultFrame) -> None:
+    def _deliver(self, result: pb.ResultFrame, rows_bytes: bytes | memoryview) -> None:
         if result.ids:
             numbers = np.frombuffer(result.ids, "<u8").tolist()
             counts = np.frombuffer(result.num_rows, "<u4").tolist()
-            rows = np.frombuffer(result.rows, "<f4").reshape(-1, result.width)
+            rows = np.frombuffer(rows_bytes, "<f4").reshape(-1, result.width)
             at = 0
             for number, count in zip(numbers, counts, strict=True):
                 future = self._pending.pop(number, None)

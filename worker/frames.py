@@ -33,7 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
-from kembed.proto.framing import FrameError, FrameReader
+from kembed.proto.framing import FrameError, FrameReader, frame, result_frame
 from kembed.worker.auth import TokenCheck
 from kembed.worker.classes import INTERACTIVE_MAX_SEQUENCES, INTERACTIVE_MAX_TOKENS, Priority
 from kembed.worker.errors import InvalidInput, Unavailable, Unsupported, WorkerError
@@ -99,17 +99,17 @@ class FrameConnection(asyncio.Protocol):
         for body in bodies:
             message = pb.RequestFrame()
             try:
-                message.ParseFromString(body)
+                message.ParseFromString(body)  # type: ignore[arg-type]  # upb parses any buffer, uncopied
             except DecodeError:
                 self._refuse("a frame is not a RequestFrame")
                 return
             self._service.receive(message, self)
 
-    def _accept_token(self, body: bytes) -> bool:
+    def _accept_token(self, body: bytes | memoryview) -> bool:
         """The first frame of a connection that must show the token: it is that, or the end."""
         message = pb.RequestFrame()
         try:
-            message.ParseFromString(body)
+            message.ParseFromString(bytes(body))  # a token frame: a few bytes
         except DecodeError:
             message.Clear()
         assert self._auth is not None
@@ -180,22 +180,26 @@ class FrameConnection(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return
         result = pb.ResultFrame()
+        rows: np.ndarray | None = None
         if answered:
-            ids, counts, rows = [], [], []
+            ids, counts, parts = [], [], []
             for group, requests in answered:
                 assert group.ids is not None
                 ids.append(group.ids[requests])
                 num_rows, own = group.rows_of(requests)
                 counts.append(num_rows)
-                rows.append(own)
+                parts.append(own)
             result.ids = _joined(ids, "<u8")
             result.num_rows = _joined(counts, "<u4")
-            result.rows = _joined(rows, "<f4")
-            result.width = rows[0].shape[1]
+            result.width = parts[0].shape[1]
+            rows = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype="<f4")
         for ids_failed, code, message in failed:
             result.errors.add(ids=ids_failed.astype("<u8").tobytes(), code=code, message=message)
-        body = result.SerializeToString()
-        self._transport.write(len(body).to_bytes(4, "little") + body)
+        head = result.SerializeToString()
+        if rows is None:
+            self._transport.write(frame(head))
+        else:  # the rows field last, written from the array itself (framing.result_frame)
+            self._transport.writelines(result_frame(head, rows.data.cast("B")))
 
 
 def _joined(arrays: list[np.ndarray], dtype: str) -> bytes:

@@ -138,10 +138,14 @@ class RequestGroup:
     def deliver(self, seqs: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Store the rows of `seqs` (a batch's, in their order); returns the requests that now have
         every row (newly answered) and the tokens handed back to the queue cap."""
-        if self.rows is None:
+        if self.rows is None and self.row_offsets is None and len(seqs) == self.num_seqs:
+            self.rows = rows  # the whole group in one batch, in order: its rows as they came, uncopied
+        elif self.rows is None:
             num_rows = self.num_seqs if self.row_offsets is None else int(self.row_offsets[-1])
             self.rows = np.empty((num_rows, rows.shape[1]), dtype=np.float32)
-        if self.row_offsets is None:
+        if self.rows is rows:
+            pass
+        elif self.row_offsets is None:
             self.rows[seqs] = rows
         else:
             at = 0
