@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,9 @@ import numpy as np
 
 from kembed.worker.results import ResultHandle
 
+log = logging.getLogger(__name__)
+
+IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
 Launched = tuple[np.ndarray, float, float]
 """A batch's rows, when its step returned and when its rows were on the host (perf_counter)."""
 
@@ -63,11 +67,11 @@ class DevicePath:
         self,
         name: str,
         runner: BatchRunner,
-        *,
         max_tokens: int,
         max_sequences: int,
         max_inflight: int,
-        is_inline: bool,
+        *,
+        is_inline: bool = True,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -101,6 +105,26 @@ class DevicePath:
             return await asyncio.get_running_loop().run_in_executor(self._launcher, fn, *args)
         finally:
             self.num_threaded -= 1
+
+    async def capture_when_idle(self, is_idle: Callable[[], bool], check_s: float) -> None:
+        """Captures what the engine deferred (`capture_deferred`), one short slice at a time and only
+        while the worker `is_idle`, so a request that arrives meanwhile waits for at most one capture
+        (~20 ms for a BGE-M3-sized model). Asks again only after new batches, which may have found a
+        bucket uncovered. Runs until cancelled."""
+        batches_seen = -1
+        while True:
+            await asyncio.sleep(check_s)
+            idle = is_idle() and self.num_threaded == 0
+            if not idle or batches_seen == self.num_batches:
+                continue
+            batches_seen = self.num_batches
+            try:
+                while idle and await self.call(self.runner.capture_deferred, IDLE_CAPTURE_SLICE_S):
+                    idle = is_idle()
+            except RuntimeError:  # the launcher is shut down: closing
+                return
+            except Exception:
+                log.exception("capturing deferred buckets failed")
 
     async def run(self, packed: Any) -> Launched:
         """Launch a packed batch and wait for its rows."""

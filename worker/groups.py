@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -246,3 +246,32 @@ class FutureSink:
     def failed(self, group: RequestGroup, requests: np.ndarray, error: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+
+
+def pack_arguments(batch: list[Segment]) -> tuple[Any, ...]:
+    """`pack`'s arguments for a batch: its token ids and lengths, then token types and spans where
+    any sequence has them (a runner without them is called with two arguments)."""
+    token_ids = _joined([seg.group.tokens_of(seg.seqs) for seg in batch])
+    arrays: tuple[Any, ...] = (token_ids, _joined([seg.group.lengths[seg.seqs] for seg in batch]))
+    has_types = any(seg.group.token_type_ids is not None for seg in batch)
+    has_spans = any(seg.group.spans is not None for seg in batch)
+    if has_types or has_spans:
+        arrays += (_joined([_token_types(seg) for seg in batch]) if has_types else None,)
+    if has_spans:
+        arrays += ([_span(seg.group, s) for seg in batch for s in seg.seqs.tolist()],)
+    return arrays
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _token_types(seg: Segment) -> np.ndarray:
+    group = seg.group
+    if group.token_type_ids is None:  # all zeros: a group without pairs beside one with them
+        return np.zeros(seg.num_tokens, np.int32)
+    return group.tokens_of(seg.seqs, group.token_type_ids)
+
+
+def _span(group: RequestGroup, seq: int) -> np.ndarray | None:
+    return None if group.spans is None else group.spans[seq]

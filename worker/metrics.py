@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from kembed.worker.hooks import SchedulerHooks
 from kembed.worker.info import EngineStats, ModelInfo
-from kembed.worker.scheduler import SchedulerHooks
 
 # Latency buckets a quarter octave apart: 2**(k/4) s from 2**-16 s (15 µs: a pack or hand-off stage)
 # to 2**6 s (64 s: a long capture or a CPU batch), 89 bounds. histogram_quantile interpolates linearly

@@ -25,52 +25,26 @@ per batch and per group (a group's requests share their admission time, so one c
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kembed.worker.classes import ClassPolicy, Priority, classify
+from kembed.worker.deadlines import Deadlines
 from kembed.worker.device_path import BatchRunner, DevicePath
 from kembed.worker.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
-from kembed.worker.groups import FutureSink, RequestGroup, Segment
+from kembed.worker.groups import FutureSink, RequestGroup, Segment, pack_arguments
+from kembed.worker.hooks import SchedulerHooks
 from kembed.worker.queues import ClassQueues, batch_size
 
 __all__ = ["BatchRunner", "Scheduler", "SchedulerHooks"]
 
 log = logging.getLogger(__name__)
 
-IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
 _NONE = np.empty(0, dtype=np.int64)
-
-
-def _ignore(*_: object) -> None:
-    pass
-
-
-@dataclass(frozen=True)
-class SchedulerHooks:
-    """Plain callbacks for what the scheduler sees (the metrics; the scheduler imports none). They run
-    on the event loop and must be cheap. Durations are in seconds."""
-
-    # per launched batch: (num_seqs, num_tokens, num_bulk_tokens), the last the bulk class's share
-    batch_launched: Callable[[int, int, int], None] = _ignore
-    # (seconds, class, count): `count` requests of a class waited this long from admission to the
-    # launch of their first batch ("interactive" or "bulk")
-    queue_waited: Callable[[float, str, int], None] = _ignore
-    batch_finished: Callable[[float], None] = _ignore  # per batch: launch to rows on the host
-    # per batch, batch_finished split in four (seconds): packing on the loop; the step's own CPU work
-    # (staging, copy, the graph launch), after a hand-off to the launcher thread unless launched from
-    # the loop; device time plus the waiter's copy of the rows; the waiter's hand-off back to the loop
-    batch_stages: Callable[[float, float, float, float], None] = _ignore
-    # (seconds, class, count): `count` requests took this long from admission to answer (or failure)
-    request_finished: Callable[[float, str, int], None] = _ignore
 
 
 class Scheduler:
@@ -99,23 +73,15 @@ class Scheduler:
         self.max_queued_tokens = max_queued_tokens
         self.policy = policy or ClassPolicy()
         self._hooks = hooks or SchedulerHooks()
-        self.main = DevicePath(
-            "main",
-            runner,
-            max_tokens=max_batch_tokens,
-            max_sequences=max_batch_sequences,
-            max_inflight=max_inflight_batches,
-            is_inline=True,
-        )
+        self.main = DevicePath("main", runner, max_batch_tokens, max_batch_sequences, max_inflight_batches)
         self.lane: DevicePath | None = None
         if lane is not None and self.policy.is_enabled:
+            lane_tokens, lane_seqs = (
+                min(lane_max_batch_tokens, max_batch_tokens),
+                min(lane_max_batch_sequences, max_batch_sequences),
+            )
             self.lane = DevicePath(
-                "lane",
-                lane,
-                max_tokens=min(lane_max_batch_tokens, max_batch_tokens),
-                max_sequences=min(lane_max_batch_sequences, max_batch_sequences),
-                max_inflight=lane_inflight_batches,
-                is_inline=False,
+                "lane", lane, lane_tokens, lane_seqs, lane_inflight_batches, is_inline=False
             )
         self._queue = ClassQueues(self.policy, self.lane.max_tokens if self.lane is not None else 0)
         self._queued_tokens = 0
@@ -128,10 +94,8 @@ class Scheduler:
         self._idle_task: asyncio.Task[None] | None = None
         self._idle_capture_check_s = idle_capture_check_s  # how often an idle worker looks for captures
         self._closed = False
-        # (deadline, tie-break, group): each group with a deadline ahead, at its earliest one
-        self._deadlines: list[tuple[float, int, RequestGroup]] = []
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._order = itertools.count()
+        late = DeadlineExceeded("deadline exceeded in the worker")
+        self._deadlines = Deadlines(lambda group, requests: self._finish(group, requests, late))
 
     @property
     def queued_tokens(self) -> int:
@@ -155,7 +119,8 @@ class Scheduler:
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="kembed-scheduler")
-        self._idle_task = asyncio.create_task(self._capture_when_idle(), name="kembed-idle-capture")
+        capture = self.main.capture_when_idle(self._is_idle, self._idle_capture_check_s)
+        self._idle_task = asyncio.create_task(capture, name="kembed-idle-capture")
 
     async def close(self) -> None:
         """Stop taking work, fail what is queued, let launched batches finish."""
@@ -164,8 +129,7 @@ class Scheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
+        self._deadlines.close()
         closing = Unavailable("worker is shutting down")
         for group in self._queue.pop_all():
             self._finish(group, np.flatnonzero(~group.is_settled), closing)
@@ -244,8 +208,7 @@ class Scheduler:
         if group.priority == Priority.BULK:
             self._queued_bulk_tokens += group.num_queued_tokens
         self._queue.push(group, group.admitted_at)
-        if group.min_deadline < math.inf:
-            self._watch_deadline(group)
+        self._deadlines.watch(group)
         self._wake.set()
 
     def _refused(self, group: RequestGroup) -> tuple[np.ndarray, str]:
@@ -300,35 +263,6 @@ class Scheduler:
             if group.priority == Priority.BULK:
                 self._queued_bulk_tokens -= num_tokens
 
-    # --- deadlines ---
-
-    def _watch_deadline(self, group: RequestGroup) -> None:
-        heapq.heappush(self._deadlines, (group.min_deadline, next(self._order), group))
-        if self._deadlines[0][2] is group:  # the earliest now: (re)arm the timer for it
-            self._arm_deadline_timer()
-
-    def _arm_deadline_timer(self) -> None:
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
-        if self._deadlines:
-            delay = max(0.0, self._deadlines[0][0] - time.perf_counter())
-            self._deadline_timer = asyncio.get_running_loop().call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        """Fail the requests whose deadline has passed; watch each group's next one."""
-        self._deadline_timer = None
-        now = time.perf_counter()
-        late = DeadlineExceeded("deadline exceeded in the worker")
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, group = heapq.heappop(self._deadlines)
-            expired = group.expired(now)
-            if len(expired):
-                self._finish(group, expired, late)
-            if group.num_live and group.min_deadline < math.inf:
-                heapq.heappush(self._deadlines, (group.min_deadline, next(self._order), group))
-        self._arm_deadline_timer()
-
     # --- the loop ---
 
     async def _run(self) -> None:
@@ -372,7 +306,7 @@ class Scheduler:
                 group = seg.group
                 self._hooks.queue_waited(started - group.admitted_at, group.priority.label, len(seg.started))
         try:
-            packed = path.runner.pack(*_arrays(batch))
+            packed = path.runner.pack(*pack_arguments(batch))
             packed_at = time.perf_counter()
             rows, launched_at, ready_at = await path.run(packed)
             finished = time.perf_counter()
@@ -412,55 +346,5 @@ class Scheduler:
                 self._hooks.request_finished(now - group.admitted_at, group.priority.label, len(answered))
         assert at == len(rows), "the engine answers one row per span and per other sequence"
 
-    async def _capture_when_idle(self) -> None:
-        """Captures what the engine deferred (`capture_deferred`), one short slice at a time and only
-        while the worker is idle, so a request that arrives meanwhile waits for at most one capture
-        (~20 ms for a BGE-M3-sized model). Asks again only after new batches, which may have found a
-        bucket uncovered."""
-        batches_seen = -1
-        while True:
-            await asyncio.sleep(self._idle_capture_check_s)
-            is_idle = self._is_idle() and self.main.num_threaded == 0
-            if not is_idle or batches_seen == self.main.num_batches:
-                continue
-            batches_seen = self.main.num_batches
-            try:
-                capture = self.main.runner.capture_deferred
-                while is_idle and await self.run_on_device(capture, IDLE_CAPTURE_SLICE_S):
-                    is_idle = self._is_idle()
-            except Unavailable:  # closing
-                return
-            except Exception:
-                log.exception("capturing deferred buckets failed")
-
     def _is_idle(self) -> bool:
         return not self._queue and not self._tasks
-
-
-def _arrays(batch: list[Segment]) -> tuple[Any, ...]:
-    """`pack`'s arguments for a batch: its token ids and lengths, then token types and spans where
-    any sequence has them (a runner without them is called with two arguments)."""
-    token_ids = _joined([seg.group.tokens_of(seg.seqs) for seg in batch])
-    arrays: tuple[Any, ...] = (token_ids, _joined([seg.group.lengths[seg.seqs] for seg in batch]))
-    has_types = any(seg.group.token_type_ids is not None for seg in batch)
-    has_spans = any(seg.group.spans is not None for seg in batch)
-    if has_types or has_spans:
-        arrays += (_joined([_token_types(seg) for seg in batch]) if has_types else None,)
-    if has_spans:
-        arrays += ([_span(seg.group, s) for seg in batch for s in seg.seqs.tolist()],)
-    return arrays
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _token_types(seg: Segment) -> np.ndarray:
-    group = seg.group
-    if group.token_type_ids is None:  # all zeros: a group without pairs beside one with them
-        return np.zeros(seg.num_tokens, np.int32)
-    return group.tokens_of(seg.seqs, group.token_type_ids)
-
-
-def _span(group: RequestGroup, seq: int) -> np.ndarray | None:
-    return None if group.spans is None else group.spans[seq]

@@ -138,5 +138,7 @@ def test_folded_observations_expose_what_one_observe_each_would():
         else:
             for value in values:
                 histogram.observe(value)
-        exposed.append([line for line in generate_latest(registry).decode().splitlines() if "created" not in line])
+        exposed.append(
+            [line for line in generate_latest(registry).decode().splitlines() if "created" not in line]
+        )
     assert exposed[0] == exposed[1]
