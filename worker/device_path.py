@@ -33,6 +33,12 @@ from kembed.worker.results import ResultHandle
 log = logging.getLogger(__name__)
 
 IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
+# A batch of at most this many sequences alone on the device is polled for on the loop: a few queries
+# on a worker that is otherwise idle, whose every tenth of a millisecond shows. A larger batch, or one
+# behind another, is waited for on the waiter thread, asleep: polling spins the loop for the whole
+# step, and a busy worker would spend a core on it (H200, 8 gateway processes, 23,700 queries/s:
+# 55 µs of worker CPU a query while every batch alone was polled).
+POLL_MAX_SEQUENCES = 16
 Launched = tuple[np.ndarray, float, float]
 """A batch's rows, when its step returned and when its rows were on the host (perf_counter)."""
 
@@ -126,26 +132,26 @@ class DevicePath:
             except Exception:
                 log.exception("capturing deferred buckets failed")
 
-    async def run(self, packed: Any) -> Launched:
-        """Launch a packed batch and wait for its rows."""
+    async def run(self, packed: Any, num_seqs: int) -> Launched:
+        """Launch a packed batch of `num_seqs` sequences and wait for its rows."""
         self._num_launched += 1
         try:
             if self._is_inline and self.num_threaded == 0 and self.runner.can_launch_inline(packed):
-                return await self._inline(packed)
+                return await self._inline(packed, is_small=num_seqs <= POLL_MAX_SEQUENCES)
             return await self._threaded(packed)
         finally:
             self._num_launched -= 1
 
-    async def _inline(self, packed: Any) -> Launched:
+    async def _inline(self, packed: Any, *, is_small: bool) -> Launched:
         """Launched from the loop: the launcher thread is idle, so the engine is still driven by one
-        thread at a time. Polled for on the loop, one batch at a time; a batch launched while
-        another is polled for is waited for on the waiter thread."""
+        thread at a time. A small batch alone is polled for on the loop; any other is waited for on
+        the waiter thread (POLL_MAX_SEQUENCES)."""
         pending = self.runner.step(packed)
         launched_at = time.perf_counter()
         # Polled only when alone on the device: a busy worker, whose every batch is launched behind
         # another, would otherwise spin its loop at every turn for as long as the device is busy;
         # those batches are waited for on the waiter thread, their events blocking (cuda_engine.py).
-        if self._num_polled == 0 and self._num_launched == 1:
+        if is_small and self._num_polled == 0 and self._num_launched == 1:
             self._num_polled += 1
             try:
                 await _poll(pending.is_ready)

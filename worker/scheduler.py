@@ -305,12 +305,12 @@ class Scheduler:
             if len(seg.started):
                 group = seg.group
                 self._hooks.queue_waited(started - group.admitted_at, group.priority.label, len(seg.started))
+        num_seqs, num_tokens = batch_size(batch)
         try:
             packed = path.runner.pack(*pack_arguments(batch))
             packed_at = time.perf_counter()
-            rows, launched_at, ready_at = await path.run(packed)
+            rows, launched_at, ready_at = await path.run(packed, num_seqs)
             finished = time.perf_counter()
-            num_seqs, num_tokens = batch_size(batch)
             num_bulk = sum(seg.num_tokens for seg in batch if seg.group.priority == Priority.BULK)
             self._hooks.batch_launched(num_seqs, num_tokens, num_bulk)
             self._hooks.batch_finished(finished - started)
@@ -318,7 +318,7 @@ class Scheduler:
                 packed_at - started, launched_at - packed_at, ready_at - launched_at, finished - ready_at
             )
         except Exception as exc:  # a failed batch fails its requests, never the loop
-            log.exception("batch of %d sequences failed", batch_size(batch)[0])
+            log.exception("batch of %d sequences failed", num_seqs)
             for seg in batch:
                 group = seg.group
                 owners = (

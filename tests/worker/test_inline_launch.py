@@ -188,3 +188,22 @@ async def test_an_idle_worker_polls_the_result_on_the_loop_without_blocking_it()
     polls = [e for e in runner.log if e.startswith("is_ready:")]
     assert len(polls) > 1 and all(e == "is_ready:MainThread" for e in polls)
     assert runner.log[-1] == "wait:MainThread"  # rows taken on the loop once ready: nothing left to wait for
+
+
+@pytest.mark.parametrize(("num_seqs", "polled"), [(16, True), (17, False)], ids=["small", "large"])
+async def test_only_a_small_batch_alone_is_polled_on_the_loop(num_seqs, polled):
+    """Polling spins the loop for a whole step: a busy worker's large batches are waited for asleep."""
+    runner = DeviceLikeRunner(inline=True, step_s=0.02)
+    ids, lengths = np.arange(num_seqs, dtype=np.int32), np.ones(num_seqs, np.int32)
+    scheduler = Scheduler(runner, max_batch_tokens=64, max_queued_tokens=10_000)
+    scheduler.start()
+    try:
+        await scheduler.submit(ids, lengths)
+    finally:
+        await scheduler.close()
+    waits = [e for e in runner.log if e.startswith("wait:")]
+    assert runner.log.count("step:MainThread") == 1  # launched from the loop either way
+    assert waits == (
+        ["wait:MainThread"] if polled else [w for w in waits if w.startswith("wait:kembed-wait")]
+    )
+    assert bool(waits) and any(e.startswith("is_ready:") for e in runner.log) == polled

@@ -188,10 +188,10 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
-        # Alone in flight: the waiter spins until the event fires (CUDA's default), the quickest
-        # wake-up, on a worker that is idle anyway. Behind another batch: a blocking event, whose
-        # waiter sleeps in the driver, so a busy worker does not burn a core on every wait (lazy.py).
-        event = torch.cuda.Event(blocking=self.ring.num_in_use > 1)
+        # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the
+        # whole step (lazy.py). The quick wake-up a small batch alone needs comes from the event loop
+        # polling the event (`is_ready`, a query, whatever the event's kind; device_path.py).
+        event = torch.cuda.Event(blocking=True)
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 

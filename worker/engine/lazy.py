@@ -19,8 +19,9 @@ class LazyTensor(ResultHandle):
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
     the driver instead, and wakes it later. Measured on the H200 host through the gateway: at one
     client a batch's device stage and hand-off took 1.00-1.03 ms spinning (three runs), 1.23
-    blocking; at 16 clients blocking halved the worker's CPU per request (359 to 150 µs). So the
-    CUDA engine spins for a batch alone in flight and blocks behind another; eager GPU steps block.
+    blocking; at 16 clients blocking halved the worker's CPU per request (359 to 150 µs). So every
+    event blocks, and a small batch alone on the device is polled for on the event loop instead
+    (a query, no spin of its own: device_path.py), which wakes as fast as a spin.
     """
 
     def __init__(
