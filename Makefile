@@ -130,8 +130,8 @@ bench: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests/worker $(PYTEST_ARGS)
 
-# A whole GPU check in one command: the gpu tests, the engine benchmarks, suite 4 and mixed traffic,
-# then a summary.
+# A whole GPU check in one command: the gpu tests, the engine benchmarks, the online suite, concurrency
+# through the gateway and mixed traffic, then a summary.
 gpu-check: $(STAMP)
 	$(PY) tests/bench/gpu_check.py
 

@@ -41,7 +41,7 @@ class GatewayConfig:
 
     processes: int = 1
     """Gateway processes serving `port` (SO_REUSEPORT; the kernel spreads connections over them). One
-    process does its HTTP, JSON, tokenization and gRPC work on one core, ~0.4 ms of CPU per
+    process does its HTTP, JSON, tokenization and worker I/O on one core, ~0.16-0.3 ms of CPU per
     single-query request; more processes serve more requests per second where cores are free
     (docs/benchmarks.md). Each keeps its own connection to each worker replica. Metrics are summed
     over the processes."""

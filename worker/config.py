@@ -49,11 +49,11 @@ class WorkerConfig:
     """gRPC port (the conventional gRPC default)."""
 
     data_port: int = 0
-    """TCP port of the data port: the gateway's requests as length-prefixed frames, without gRPC's
-    per-message thread wake-ups (frames.py). It is advertised in Info, so the gateway finds it on
-    the gRPC port's host either way: 0 picks a free port (no clash between workers on one machine);
-    pods set a fixed one (50052) so that it can be named in a Service and a NetworkPolicy. -1: none,
-    the gateway then uses gRPC's Stream."""
+    """TCP port of the data port: the gateway's requests, many in each length-prefixed frame, answered
+    a frame per batch, without gRPC's per-message thread wake-ups (frames.py). It is advertised in
+    Info, so the gateway finds it on the gRPC port's host either way: 0 picks a free port (no clash
+    between workers on one machine); pods set a fixed one (50052) so that it can be named in a
+    Service and a NetworkPolicy. -1: none, the gateway then sends unary Embed/Score calls."""
 
     metrics_port: int = 9091
     """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091:

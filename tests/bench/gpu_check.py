@@ -1,6 +1,7 @@
 """One command for a whole GPU check (`make gpu-check`): the `gpu`-marked tests, the engine
-benchmarks (latency, scoring, throughput and saturation, each attention backend), concurrency
-through the gateway and mixed traffic (interactive queries beside bulk indexing); then a short
+benchmarks (latency, scoring, throughput and saturation, each attention backend), the online suite
+(short queries end to end against the engine's own pace), concurrency through the gateway and mixed
+traffic (interactive queries beside bulk indexing); then a short
 summary. Each part's own output streams as it runs; the summary repeats their tables."""
 
 import importlib.util
@@ -20,6 +21,7 @@ PARTS = {
         *PY, str(HERE / "bench_gpu.py"), "--models", "bge-m3", "qwen3-0.6b",
         "--backends", "auto", "torch-varlen", *OPTIONAL,
     ],
+    "online suite": [*PY, str(HERE / "bench_online.py")],
     "concurrency through the gateway": [*PY, str(HERE / "bench_gpu_gateway.py")],
     "mixed traffic": [*PY, str(HERE / "bench_mixed.py"), "--device", "cuda"],
 }  # fmt: skip
