@@ -4,7 +4,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -80,6 +80,7 @@ class Stack:
     url: str
     workers: list[str]
     processes: list[Process]
+    worker_metrics_ports: list[int] = field(default_factory=list)  # of the workers started here
 
 
 def start_stack(
@@ -97,8 +98,10 @@ def start_stack(
     processes: list[Process] = []
     addresses = list(worker_addresses or [])
     worker_args = ["--model", str(worker_model_dir)] if worker_model_dir is not None else []
+    metrics_ports = []
     for i in range(num_workers):
         port = free_port()
+        metrics_ports.append(free_port())
         processes.append(
             spawn(
                 f"worker{i}-{port}",
@@ -108,7 +111,7 @@ def start_stack(
                     "--port",
                     str(port),
                     "--metrics-port",
-                    str(free_port()),
+                    str(metrics_ports[-1]),
                     "--device",
                     "cpu",
                     *worker_args,
@@ -133,4 +136,4 @@ def start_stack(
         for proc in processes:
             proc.stop()
         raise
-    return Stack(url, addresses, processes)
+    return Stack(url, addresses, processes, metrics_ports)
