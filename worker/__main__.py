@@ -93,11 +93,11 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
-    frame_service = FrameService(scheduler, engine.info)
+    frame_server = FrameService(scheduler, engine.info)
     if config.data_port >= 0:  # before gRPC serves: the gateway's first Info must advertise it
         try:
             frames, data_port = await serve_frames(
-                frame_service,
+                frame_server,
                 config.host,
                 config.data_port,
                 MAX_MESSAGE_BYTES,
@@ -134,7 +134,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     # retries them on another replica), answer those in flight, end them; then the same for unary calls.
     if frames is not None:
         frames.close()  # no new connections
-    await asyncio.gather(service.drain(timeout_s=10), frame_service.drain(timeout_s=10))
+    await asyncio.gather(service.drain(timeout_s=10), frame_server.drain(timeout_s=10))
     await server.stop(grace=10)  # refuses new RPCs, lets running ones finish
     await scheduler.close()
     if metrics_server is not None:

@@ -34,6 +34,8 @@ def metrics(a: float, b: float, c: float) -> str:
         max_batch_sequences=1,
         max_queued_tokens=1,
         num_lane_batches=0,
+        num_groups=0,
+        num_requests=0,
     )
     registry.register(EngineCollector(lambda: stats, queue, 0))
     return generate_latest(registry).decode()
