@@ -21,7 +21,12 @@ enforces it here too), cancellation (a caller that gives up sends its id in the 
 the same `grpc.aio.AioRpcError` a unary call raises, so balancing and retries treat both alike. If
 the connection breaks (the worker died or drains, the network dropped it), every request on it fails
 UNAVAILABLE, to be retried on another replica; the next request opens a new connection. With the
-workers' shared token, a connection's first frame carries it. Mutated only on the event loop.
+workers' shared token, a connection's first frame carries it. A worker closes a connection silent
+for the bound its Info advertises (`frame_idle_timeout_ms`) with nothing in flight; a connection
+that has sent nothing for a third of it sends an empty frame, so the worker never closes it under a
+request about to leave (which would fail UNAVAILABLE and mark the replica down), and a query after
+a quiet spell finds the connection open rather than paying a reconnect. Mutated only on the event
+loop.
 """
 
 from __future__ import annotations
@@ -108,12 +113,18 @@ class FrameTransport(asyncio.Protocol):
         connect_timeout_s: float,
         max_inflight_frames: int = 0,
         auth_token: str = "",
+        worker_idle_timeout_s: float = 0.0,
     ) -> None:
         self.address, self.host, self.port = address, host, port
         self._max_frame_bytes = max_frame_bytes
         self._connect_timeout_s = connect_timeout_s
         self._max_inflight_frames = max_inflight_frames
         self._auth_token = auth_token
+        # the worker closes a connection silent for worker_idle_timeout_s (0: never): a frame leaves
+        # once nothing has for a third of it, two thirds of the bound ahead of the worker's close
+        self._keep_alive_s = worker_idle_timeout_s / 3
+        self._keep_alive_timer: asyncio.TimerHandle | None = None
+        self._last_write_at = 0.0  # loop time
         self._transport: asyncio.Transport | None = None
         self._opening: asyncio.Future[None] | None = None
         self._reader = FrameReader(max_frame_bytes)
@@ -163,6 +174,21 @@ class FrameTransport(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._keep_alive_s:
+            loop = asyncio.get_running_loop()
+            self._last_write_at = loop.time()
+            self._keep_alive_timer = loop.call_later(self._keep_alive_s, self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        """An empty frame if nothing has left for `_keep_alive_s`; then look again when it could be due."""
+        self._keep_alive_timer = None
+        if self._transport is None or self._transport.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_write_at >= self._keep_alive_s:
+            self._write(pb.RequestFrame())  # 4 bytes: the worker's idle clock starts again
+        delay = max(self._last_write_at + self._keep_alive_s - loop.time(), 0.001)
+        self._keep_alive_timer = loop.call_later(delay, self._keep_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._break(f"connection to worker {self.address} ended: {exc or 'closed by the worker'}")
@@ -170,6 +196,9 @@ class FrameTransport(asyncio.Protocol):
     def _break(self, reason: str) -> None:
         """Every request on the connection fails UNAVAILABLE (the caller retries elsewhere)."""
         self._transport = None
+        if self._keep_alive_timer is not None:
+            self._keep_alive_timer.cancel()
+            self._keep_alive_timer = None
         if self._pending:
             log.warning("%s, with %d requests in flight", reason, len(self._pending))
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, reason)
@@ -270,6 +299,8 @@ class FrameTransport(asyncio.Protocol):
         assert self._transport is not None
         self._transport.write(frame(message.SerializeToString()))
         self.num_frames_sent += 1
+        if self._keep_alive_s:
+            self._last_write_at = asyncio.get_running_loop().time()
 
     def _answered(self, number: int) -> None:
         """A request of a counted frame is settled: the frame leaves the window with its last."""

@@ -222,6 +222,7 @@ class WorkerPool:
                 connect_timeout_s=self._config.health_timeout_s,
                 max_inflight_frames=self._config.max_inflight_frames,
                 auth_token=self._config.worker_auth_token,
+                worker_idle_timeout_s=replica.info.frame_idle_timeout_ms / 1000 if replica.info else 0.0,
             )
             try:
                 await frames.connect()

@@ -176,7 +176,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port")
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class InfoResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
+    FRAME_IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_type: str
     task: str
@@ -211,7 +212,8 @@ class InfoResponse(_message.Message):
     version: str
     data_port: int
     frame_port: int
-    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ...) -> None: ...
+    frame_idle_timeout_ms: int
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

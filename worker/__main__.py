@@ -102,12 +102,13 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
                 config.data_port,
                 MAX_MESSAGE_BYTES,
                 config.auth_token if config.auth_data else "",
+                config.data_idle_timeout_s,
             )
         except OSError as error:
             raise _cannot_listen(
                 config.host, config.data_port, "the data port (--data-port)", error
             ) from None
-        service.advertise_data_port(data_port)
+        service.advertise_data_port(data_port, config.data_idle_timeout_s)
     scheduler.start()
     await server.start()
     await service.set_serving()  # the health services' SERVING: the engine is loaded and prewarmed

@@ -55,6 +55,14 @@ class WorkerConfig:
     between workers on one machine); pods set a fixed one (50052) so that it can be named in a
     Service and a NetworkPolicy. -1: none, the gateway then sends unary Embed/Score calls."""
 
+    data_idle_timeout_s: float = 30.0
+    """Seconds a data-port connection may stay silent (no frame from its caller) while none of its
+    requests is in flight, before the worker closes it: a connection that never sends a frame, or one
+    a caller left open and forgot, holds no socket and buffer for good. 30: the gateway's own
+    keep-alive bound for its HTTP clients. Info advertises it (`frame_idle_timeout_ms`), and the
+    gateway sends an empty frame on a connection idle for a third of it, so its own connection is
+    never the one closed. 0: never closed for being idle (for callers that send no keep-alive)."""
+
     metrics_port: int = 9091
     """Port of the Prometheus metrics HTTP server (`/metrics`), bound on `host`; 0 disables it. 9091:
     one above Prometheus' own 9090, clear of the gRPC port, and the port the operator's pods and
@@ -251,6 +259,8 @@ class WorkerConfig:
             raise ValueError(
                 f"data_port must be -1 (off), 0 (any free port) or a port number, not {self.data_port}"
             )
+        if not self.data_idle_timeout_s >= 0:  # NaN too
+            raise ValueError(f"data_idle_timeout_s must be >= 0 (0: never), not {self.data_idle_timeout_s}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be 0 (off) or a port number, not {self.metrics_port}")
         if self.max_batch_sequences < 1 or self.max_graphs < 0 or self.max_pinned_bytes < 1:

@@ -15,8 +15,11 @@ too long) fails alone with INVALID_ARGUMENT and a message naming its problem; a 
 disagree in size fails all its requests. Hostile input: a frame longer than `max_frame_bytes` or
 bytes that do not parse close the connection (its requests are cancelled). With a token (`auth`),
 the first frame must carry it (`auth_token`, nothing else) within `AUTH_TIMEOUT_S`; until then a
-frame may hold `MAX_AUTH_FRAME_BYTES` at most. On drain, new requests fail UNAVAILABLE (the gateway
-retries them elsewhere), those in flight are answered, then the connections end.
+frame may hold `MAX_AUTH_FRAME_BYTES` at most. A connection that sends no frame for `idle_timeout_s`
+while none of its requests is in flight is closed (a gateway sends an empty frame on an idle
+connection well within that bound, so that only forgotten or silent connections end). On drain,
+new requests fail UNAVAILABLE (the gateway retries them elsewhere), those in flight are answered,
+then the connections end.
 """
 
 from __future__ import annotations
@@ -59,10 +62,19 @@ class FrameConnection(asyncio.Protocol):
     """One caller's connection to the data port, and the sink of its requests' answers: what the
     scheduler settles during one turn of the loop leaves in one ResultFrame."""
 
-    def __init__(self, service: FrameService, max_frame_bytes: int, auth: TokenCheck | None = None) -> None:
+    def __init__(
+        self,
+        service: FrameService,
+        max_frame_bytes: int,
+        auth: TokenCheck | None = None,
+        idle_timeout_s: float = 0.0,
+    ) -> None:
         self._service = service
         self._max_frame_bytes = max_frame_bytes
         self._auth = auth  # None once the caller has shown the token (or none is needed)
+        self._idle_timeout_s = idle_timeout_s  # 0: never closed for being idle
+        self._idle_since = 0.0  # loop time of the last whole frame, or of the last request settled
+        self._idle_timer: asyncio.TimerHandle | None = None
         # Until the token is shown, a frame may hold MAX_AUTH_FRAME_BYTES and only the first is cut.
         self._reader = FrameReader(MAX_AUTH_FRAME_BYTES if auth is not None else max_frame_bytes)
         self._transport: asyncio.Transport | None = None
@@ -79,10 +91,14 @@ class FrameConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        loop = asyncio.get_running_loop()
         if self._auth is not None:
-            self._auth_timer = asyncio.get_running_loop().call_later(
+            self._auth_timer = loop.call_later(
                 AUTH_TIMEOUT_S, self._refuse, "no token within the time allowed"
             )
+        if self._idle_timeout_s:
+            self._idle_since = loop.time()
+            self._idle_timer = loop.call_later(self._idle_timeout_s, self._check_idle)
         self._service.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -92,10 +108,13 @@ class FrameConnection(asyncio.Protocol):
                 if not first or not self._accept_token(first[0]):
                     return
                 data = b""  # already buffered: what followed the token frame is read below
+                self._idle_since = self._now()
             bodies = self._reader.feed(data)
         except FrameError as error:
             self._refuse(str(error))
             return
+        if bodies:  # whole frames only: a frame trickled in byte by byte does not keep it open
+            self._idle_since = self._now()
         for body in bodies:
             message = pb.RequestFrame()
             try:
@@ -122,6 +141,23 @@ class FrameConnection(asyncio.Protocol):
         self._reader.max_frame_bytes = self._max_frame_bytes
         return True
 
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time() if self._idle_timeout_s else 0.0
+
+    def _check_idle(self) -> None:
+        """Close the connection if it has been idle for the bound, else look again when it could be."""
+        loop = asyncio.get_running_loop()
+        idle_s = loop.time() - self._idle_since
+        if self.live:  # requests in flight: not idle; the clock restarts when the last is settled
+            idle_s = 0.0
+        elif idle_s >= self._idle_timeout_s:
+            self._idle_timer = None
+            peer = self._transport.get_extra_info("peername") if self._transport else None
+            log.info("closing data connection from %s: no frame for %.1f s", peer, idle_s)
+            self.end()
+            return
+        self._idle_timer = loop.call_later(self._idle_timeout_s - idle_s, self._check_idle)
+
     def _refuse(self, reason: str) -> None:
         peer = self._transport.get_extra_info("peername") if self._transport else None
         log.warning("closing data connection from %s: %s", peer, reason)
@@ -129,8 +165,9 @@ class FrameConnection(asyncio.Protocol):
             self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
+        for timer in (self._auth_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
         self._service.connections.discard(self)
         for group in list(self.live):  # nobody waits for their answers: free their places
             self._service.scheduler.cancel(group, np.flatnonzero(~group.is_settled))
@@ -164,6 +201,7 @@ class FrameConnection(asyncio.Protocol):
         if group.num_live == 0:
             self.live.discard(group)
             if not self.live:
+                self._idle_since = self._now()
                 self._service.check_drained()
         self._flush_soon()
 
@@ -467,11 +505,19 @@ def _span_bound_offsets(message: pb.RequestFrame, lengths: np.ndarray) -> np.nda
 
 
 async def serve_frames(
-    service: FrameService, host: str, port: int, max_frame_bytes: int, auth_token: str = ""
+    service: FrameService,
+    host: str,
+    port: int,
+    max_frame_bytes: int,
+    auth_token: str = "",
+    idle_timeout_s: float = 0.0,
 ) -> tuple[asyncio.Server, int]:
     """The data port's listening server on host:port (0 picks a free port), and the port it got.
-    With `auth_token`, every connection must show it first."""
+    With `auth_token`, every connection must show it first; with `idle_timeout_s`, one silent that
+    long with nothing in flight is closed."""
     loop = asyncio.get_running_loop()
     auth = TokenCheck(auth_token) if auth_token else None
-    listener = await loop.create_server(lambda: FrameConnection(service, max_frame_bytes, auth), host, port)
+    listener = await loop.create_server(
+        lambda: FrameConnection(service, max_frame_bytes, auth, idle_timeout_s), host, port
+    )
     return listener, listener.sockets[0].getsockname()[1]

@@ -240,9 +240,11 @@ class EmbedderService(pb_grpc.EmbedderServicer):
     ) -> None:
         await self.streams.serve(context)
 
-    def advertise_data_port(self, port: int) -> None:
-        """Info tells callers where the data port (frames.py) listens."""
+    def advertise_data_port(self, port: int, idle_timeout_s: float = 0.0) -> None:
+        """Info tells callers where the data port (frames.py) listens, and after how long it closes
+        an idle connection (so that they keep theirs open)."""
         self._info_response.frame_port = port
+        self._info_response.frame_idle_timeout_ms = round(idle_timeout_s * 1000)
 
     @property
     def data_port(self) -> int:
