@@ -8,6 +8,9 @@ PY        := $(VENV)/bin/python -P
 WORKERS   ?= 1
 PORT      ?= 8080
 WORKER_PORT ?= 50051
+# The worker's data port (the gateway's requests, many a frame); like WORKER_PORT, one more per extra
+# worker. 50061: clear of ten workers' gRPC ports.
+WORKER_DATA_PORT ?= 50061
 WORKER_METRICS_PORT ?= 9091
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. On these
 # machines 2.13.0 is a local CPU build (found through /opt/wheels); on a GPU machine set
@@ -48,22 +51,28 @@ $(STAMP): $(RUN_STAMP)
 # signalled, never the process group: that would reach make, which then reports "Terminated". sleep
 # and curl run in the background and are waited for: a signal interrupts the wait at once, and the
 # shell reports no "Terminated" for a background child that the signal ended too.
+# The workers' gRPC and data ports ask for a token made for this run (32 random bytes in a file only
+# this user can read, mktemp's mode 600, removed at stop), which the gateway sends: another local
+# process cannot embed through them or call their admin RPCs. The gateway's own API is open, as before.
 run: $(RUN_STAMP)
-	@workers=""; pids=""; \
-	stop() { trap '' INT TERM; trap - EXIT; [ -z "$$pids" ] || kill $$pids 2>/dev/null; wait 2>/dev/null; }; \
+	@workers=""; pids=""; token=""; \
+	stop() { trap '' INT TERM; trap - EXIT; [ -z "$$pids" ] || kill $$pids 2>/dev/null; wait 2>/dev/null; [ -z "$$token" ] || rm -f "$$token"; }; \
 	pause() { sleep "$$1" & wait $$! 2>/dev/null; }; \
 	trap 'stop; echo; echo "kembed stopped"; exit 0' INT TERM; \
 	trap 'status=$$?; stop; exit $$status' EXIT; \
+	token=$$(mktemp "$${TMPDIR:-/tmp}/kembed-run-token.XXXXXX") || exit 1; \
+	od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$$token"; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
-	  $(PY) -m kembed.worker --port $$port --metrics-port $$(($(WORKER_METRICS_PORT) + i)) & \
+	  $(PY) -m kembed.worker --port $$port --data-port $$(($(WORKER_DATA_PORT) + i)) \
+	    --metrics-port $$(($(WORKER_METRICS_PORT) + i)) --auth-token-file "$$token" & \
 	  pids="$$pids $$!"; \
 	  workers="$$workers --worker 127.0.0.1:$$port"; \
 	done; \
-	$(PY) -m kembed.gateway --port $(PORT) $$workers & \
+	$(PY) -m kembed.gateway --port $(PORT) --worker-auth-token-file "$$token" $$workers & \
 	pids="$$pids $$!"; \
 	gone() { for pid in $$pids; do kill -0 $$pid 2>/dev/null || return 0; done; return 1; }; \
-	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT)"; \
+	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_DATA_PORT=$(WORKER_DATA_PORT) (worker data), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT) (worker metrics)"; \
 	ready=0; \
 	for _ in $$(seq 1 240); do \
 	  { curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null & wait $$! 2>/dev/null; } && { ready=1; break; }; \

@@ -1,18 +1,25 @@
 """`make run`, the README's first command, fails fast and says why when it cannot serve: a taken port
-makes it exit non-zero within seconds, naming the ports and the variables that move them. Stopped
-with Ctrl-C it stops its processes and says so in one clean line."""
+makes it exit non-zero within seconds, naming the ports and the variables that move them. Serving,
+its workers' ports ask for a token made for the run while the gateway answers the README's curl as
+it is. Stopped with Ctrl-C it stops its processes, removes the token and says so in one clean line."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+import grpc
+import httpx
 import pytest
+
+from kembed.proto import embedder_pb2 as pb
+from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -32,6 +39,7 @@ def test_make_run_with_a_taken_port_exits_non_zero_in_seconds():
         env = os.environ | {
             "PORT": str(port),
             "WORKER_PORT": str(free_port()),
+            "WORKER_DATA_PORT": str(free_port()),
             "WORKER_METRICS_PORT": str(free_port()),
         }
         started = time.monotonic()
@@ -50,12 +58,53 @@ def test_make_run_with_a_taken_port_exits_non_zero_in_seconds():
     assert done.returncode != 0
     assert elapsed < 10, elapsed
     assert "kembed did not start" in done.stdout and f"PORT={port} (gateway)" in done.stdout
+    assert f"WORKER_DATA_PORT={env['WORKER_DATA_PORT']} (worker data)" in done.stdout
 
 
 def as_a_terminal_job() -> None:
     """SIGINT as a shell started from a terminal has it: a test run started in the background (`make
     test &`, a CI runner) inherits it ignored, and a shell cannot trap a signal ignored at its start."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def token_files_of(session: int) -> set[Path]:
+    """The `--auth-token-file` and `--worker-auth-token-file` paths of the processes of a session."""
+    paths = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getsid(int(proc.name)) != session:
+                continue
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        paths |= {
+            Path(os.fsdecode(args[i + 1])) for i, arg in enumerate(args[:-1]) if arg.endswith(b"token-file")
+        }
+    return paths
+
+
+def check_the_token(ports: dict[str, int], session: int) -> Path:
+    """The workers ask for the run's token (one file, mode 600, all processes given it), the gateway
+    answers as the README shows; the token file's path."""
+    (token_file,) = token_files_of(session)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    with grpc.insecure_channel(f"127.0.0.1:{ports['WORKER_PORT']}") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            EmbedderStub(channel).Info(pb.InfoRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        token = token_file.read_text().strip()
+        info = EmbedderStub(channel).Info(
+            pb.InfoRequest(), timeout=10, metadata=(("authorization", f"Bearer {token}"),)
+        )
+    assert info.frame_port == ports["WORKER_DATA_PORT"]
+    response = httpx.post(
+        f"http://127.0.0.1:{ports['PORT']}/v1/embeddings",
+        headers={"Content-Type": "application/json"},
+        content='{"input": ["hello world", "kembed"], "encoding_format": "float"}',
+        timeout=30,
+    )
+    assert response.status_code == 200 and len(response.json()["data"]) == 2, response.text
+    return token_file
 
 
 @pytest.mark.parametrize(
@@ -69,7 +118,8 @@ def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
     recipe stops its processes and ends on "kembed stopped", and make ends by the signal it got (GNU
     make re-raises it once its recipe is done; shells print nothing for a SIGINT), never with make's
     "Terminated" or an "Error" line."""
-    ports = {"PORT": free_port(), "WORKER_PORT": free_port(), "WORKER_METRICS_PORT": free_port()}
+    names = ("PORT", "WORKER_PORT", "WORKER_DATA_PORT", "WORKER_METRICS_PORT")
+    ports = {name: free_port() for name in names}
     env = os.environ | {name: str(port) for name, port in ports.items()}
     run = subprocess.Popen(
         ["make", "--no-print-directory", "run"],
@@ -95,6 +145,7 @@ def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
     reader.start()
     try:
         assert ready.wait(120), "\n".join(lines[-40:])
+        token_file = check_the_token(ports, run.pid)
         (os.killpg if to_group else os.kill)(run.pid, signal_)
         run.wait(timeout=30)
     finally:
@@ -107,6 +158,7 @@ def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
     assert run.returncode == -signal_, output[-3000:]
     assert [line for line in lines if line.strip()][-1] == "kembed stopped", output[-3000:]
     assert "Terminated" not in output and "Error" not in output, output[-3000:]
+    assert not token_file.exists()
     for name, port in ports.items():  # every process it started is gone: its port is free again
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
