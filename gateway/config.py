@@ -112,6 +112,25 @@ class GatewayConfig:
     """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
     Bounded so a fleet-wide outage fails fast instead of cycling."""
 
+    hedge_after_s: float = 0.25
+    """An interactive chunk still unanswered this long after it was sent (or, if longer, after
+    `hedge_multiple` times what its tokens and those ahead of it take at the replica's measured
+    rate) is sent again to another serving replica; the first answer is taken, the other attempt
+    cancelled (attempts.py). 0.25 s: well past a query's p99 on a healthy GPU or CPU worker (a few
+    to tens of ms), well short of what a client notices as a hang. The replica stops getting new
+    work until a probe sent at once says it serves. 0: no hedging."""
+
+    bulk_hedge_after_s: float = 2.0
+    """`hedge_after_s` for a bulk chunk: thousands of tokens behind others of their kind."""
+
+    hedge_multiple: float = 4.0
+    """How many times its expected time a chunk may take before it is hedged (see hedge_after_s)."""
+
+    max_hedge_share: float = 0.02
+    """The most hedges may add to the chunks sent, as a share: each chunk sent earns this much of a
+    hedge, and a hedge is sent only with a whole one in hand (at most 10 saved), so a slow fleet
+    sees at most 2 % more work, never a storm of duplicates. Never more than one hedge per chunk."""
+
     request_timeout_s: float = 60.0
     """Deadline of one HTTP request, in seconds, tokenization included (504 after). 60 s matches the
     OpenAI SDK's patience for a large batch on a loaded fleet without holding sockets forever."""
@@ -297,6 +316,10 @@ class GatewayConfig:
             raise ValueError("interactive_max_inputs and interactive_max_tokens must be >= 0")
         if not 0 < self.bulk_queue_share <= 1:
             raise ValueError(f"bulk_queue_share must be in (0, 1], got {self.bulk_queue_share}")
+        if min(self.hedge_after_s, self.bulk_hedge_after_s, self.hedge_multiple) < 0:
+            raise ValueError("hedge_after_s, bulk_hedge_after_s and hedge_multiple must be >= 0")
+        if not 0 <= self.max_hedge_share <= 1:
+            raise ValueError(f"max_hedge_share must be in [0, 1], got {self.max_hedge_share}")
         if self.max_queue_wait_s <= 0:
             raise ValueError(f"max_queue_wait_s must be positive, got {self.max_queue_wait_s}")
         if self.retry_after_s < 0:

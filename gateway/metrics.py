@@ -132,6 +132,16 @@ class GatewayMetrics:
             "Chunks sent again to another replica after one refused (full queue) or was down.",
             registry=r,
         )
+        self.hedges = Counter(
+            "kembed_gateway_hedges",
+            "Chunks sent to a second replica because the first attempt ran past its hedge budget.",
+            registry=r,
+        )
+        self.hedge_wins = Counter(
+            "kembed_gateway_hedge_wins",
+            "Hedged chunks whose second attempt answered first (the first was cancelled).",
+            registry=r,
+        )
         self.class_requests = Counter(
             "kembed_gateway_class_requests",
             "Requests admitted, by class (interactive: served first by the workers; bulk).",

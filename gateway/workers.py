@@ -7,12 +7,13 @@ is closed once nothing it holds is outstanding. Resolution is a port (`Resolve`)
 
 A request's sequences are split into chunks; every chunk goes, concurrently, to the serving replica
 with the fewest outstanding tokens at the moment it is sent (counted up at send, down on completion,
-so a slow replica stops attracting work). Each replica has one transport (transports.py), chosen
-when its Info is read: its data port, where chunks sent in one turn of the loop share a frame, or,
-for a worker without one or whose data port cannot be reached, unary gRPC calls. A replica that
-answers UNAVAILABLE is marked down until its next successful probe and the chunk is retried
-elsewhere; RESOURCE_EXHAUSTED (a full queue) is retried elsewhere without marking it down. Tries are
-bounded; every chunk carries the request's deadline.
+so a slow replica stops attracting work); a chunk that runs long is hedged on another replica, and
+one whose replica is found stalled is moved (attempts.py). Each replica has one transport
+(transports.py), chosen when its Info is read: its data port, where chunks sent in one turn of the
+loop share a frame, or, for a worker without one or whose data port cannot be reached, unary gRPC
+calls. A replica that answers UNAVAILABLE is marked down until its next successful probe and the
+chunk is retried elsewhere; RESOURCE_EXHAUSTED (a full queue) is retried elsewhere without marking
+it down. Tries are bounded; every chunk carries the request's deadline.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
+from kembed.gateway.attempts import Attempts, Hedging
 from kembed.gateway.batches import Part, num_rows, split_into_chunks
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     GatewayError,
     InvalidInput,
-    Overloaded,
     Timeout,
-    Unavailable,
     Unsupported,
     WorkerFailed,
 )
@@ -96,12 +96,35 @@ class Replica:
     last_error: str = ""
     is_discovered: bool = False  # from worker_service's DNS name (removed when it is gone from it)
     is_leaving: bool = False  # gone from the DNS name: no new work; closed once none is outstanding
+    # an attempt on it ran past its hedge budget: no new work (while another serves) until a probe
+    # or an answer from it says it is alive (attempts.py)
+    is_suspect: bool = False
+    is_checking: bool = False  # a probe of a suspect is in flight
+    tokens_per_s: float = 0.0  # its device's rate, from its Health (0: not known)
+    num_stalls: int = 0  # times it was found stalled (a probe not answered, or NOT_SERVING, while suspect)
+    _down: asyncio.Future[None] | None = None
+
+    def down_signal(self) -> asyncio.Future[None]:
+        """A future set when the replica is next marked down (attempts on it wait on it too)."""
+        if self._down is None or self._down.done():
+            self._down = asyncio.get_running_loop().create_future()
+        return self._down
+
+    def mark_down(self, reason: str) -> None:
+        """No work until a probe says it serves again; the attempts outstanding on it move."""
+        self.is_serving = False
+        self.last_error = reason
+        if self._down is not None and not self._down.done():
+            self._down.set_result(None)
 
     def describe(self) -> dict[str, Any]:
         return {
             "address": self.address,
             "transport": self.transport.name,
             "serving": self.is_serving,
+            "suspect": self.is_suspect,
+            "stalls": self.num_stalls,
+            "tokens_per_s": round(self.tokens_per_s),
             "outstanding_tokens": self.outstanding_tokens,
             "queued_tokens": self.queued_tokens,
             "num_chunks_served": self.num_chunks_served,
@@ -137,6 +160,8 @@ class WorkerPool:
         self._resolve_task: asyncio.Task[None] | None = None
         self._was_ready: bool | None = None  # at the last probe; None before the first
         self._num_picks = 0
+        self._hedging = Hedging(config)
+        self._checks: set[asyncio.Task[None]] = set()  # probes of suspect replicas in flight
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
@@ -241,6 +266,7 @@ class WorkerPool:
 
     async def close(self) -> None:
         tasks = [t for t in (self._health_task, self._resolve_task) if t is not None]
+        tasks += self._checks
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -297,22 +323,30 @@ class WorkerPool:
         except grpc.aio.AioRpcError as error:
             replica.last_error = f"{error.code().name}: {error.details()}"
             # A slow answer from a worker busy at full load is not a dead worker: only a refused
-            # connection takes it out at once; otherwise it ages out after max_health_age_s.
+            # connection takes it out at once; a missed deadline makes it suspect (probed again at
+            # once, down if that is missed too while another serves); else it ages out after
+            # max_health_age_s.
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and replica.is_serving:
+                self.check(replica)
             if error.code() == grpc.StatusCode.UNAVAILABLE or replica.info is None:
                 if replica.is_serving:
                     log.warning("worker %s is down: %s", replica.address, error.code().name)
-                replica.is_serving = False
+                replica.mark_down(replica.last_error)
             return
         was_serving = replica.is_serving
-        replica.is_serving = health.status == pb.HealthResponse.SERVING
         replica.queued_tokens = health.queued_tokens
-        if replica.is_serving:
+        replica.tokens_per_s = health.tokens_per_s
+        if health.status == pb.HealthResponse.SERVING:
+            replica.is_serving, replica.is_suspect = True, False
             replica.last_serving_at = asyncio.get_running_loop().time()
             replica.last_error = ""
             if not was_serving:
                 log.info("worker %s is serving", replica.address)
         else:
-            replica.last_error = pb.HealthResponse.Status.Name(health.status)
+            reason = pb.HealthResponse.Status.Name(health.status)
+            if was_serving:
+                log.warning("worker %s is not serving: %s", replica.address, health.reason or reason)
+            replica.mark_down(f"{reason}: {health.reason}" if health.reason else reason)
 
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
@@ -355,50 +389,82 @@ class WorkerPool:
             replica = replicas[(start + offset) % len(replicas)]
             if replica in tried or not self._is_available(replica, now):
                 continue
-            if best is None or replica.outstanding_tokens < best.outstanding_tokens:
+            key = (replica.is_suspect, replica.outstanding_tokens)  # a suspect only if none else serves
+            if best is None or key < (best.is_suspect, best.outstanding_tokens):
                 best = replica
         return best
 
     async def _send(self, kind: str, part: Part) -> np.ndarray:
-        """One chunk's rows from the least loaded replica, retried on others if refused or down."""
-        loop = asyncio.get_running_loop()
-        tried: list[Replica] = []
-        is_overloaded = False
-        for attempt in range(self._config.max_attempts):
-            replica = self._pick(tried)
-            if replica is None:
-                break
-            if attempt > 0:  # the previous replica refused the chunk or was down
-                self._metrics.upstream_retries.inc()
-            tried.append(replica)
-            if part.deadline <= loop.time():
-                raise Timeout("the request did not complete within its deadline")
-            replica.outstanding_tokens += part.num_tokens
-            try:
-                timeout = part.deadline - loop.time()
-                rows = await replica.transport.request(kind, part, timeout)
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.UNAVAILABLE:
-                    if replica.is_serving:
-                        log.warning(
-                            "worker %s is down: %s; retrying elsewhere", replica.address, error.details()
-                        )
-                    replica.is_serving = False
-                    replica.last_error = f"UNAVAILABLE: {error.details()}"
-                    continue
-                if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    is_overloaded = True
-                    continue
-                raise _translate(error, replica.address) from None
-            finally:
-                replica.outstanding_tokens -= part.num_tokens
-            replica.num_chunks_served += 1
-            if self.on_chunk_served is not None:
-                self.on_chunk_served(part.num_tokens)
-            return rows
-        if is_overloaded:
-            raise Overloaded("every worker replica tried has a full queue; retry later")
-        raise Unavailable("no worker replica is serving; retry later")
+        """One chunk's rows from the least loaded replica: retried on others if refused or down,
+        hedged if it runs long, moved if its replica stalls (attempts.py)."""
+        attempts = Attempts(
+            part,
+            pick=self._pick,
+            request=lambda replica: self._attempt(kind, part, replica),
+            hedging=self._hedging,
+            check=self.check,
+            mark_down=self._mark_down,
+            translate=_translate,
+            metrics=self._metrics,
+            max_attempts=self._config.max_attempts,
+        )
+        return await attempts.run()
+
+    def _attempt(self, kind: str, part: Part, replica: Replica) -> asyncio.Task[np.ndarray]:
+        """One attempt of a chunk on `replica`, as a task; it raises the transport's AioRpcError.
+        (Attempts counts its tokens as outstanding on the replica until it is settled or dropped.)"""
+        return asyncio.ensure_future(self._request(kind, part, replica))
+
+    async def _request(self, kind: str, part: Part, replica: Replica) -> np.ndarray:
+        timeout = part.deadline - asyncio.get_running_loop().time()
+        rows = await replica.transport.request(kind, part, timeout)
+        replica.num_chunks_served += 1
+        replica.is_suspect = False  # it answers: alive
+        if self.on_chunk_served is not None:
+            self.on_chunk_served(part.num_tokens)
+        return rows
+
+    def _mark_down(self, replica: Replica, reason: str) -> None:
+        if replica.is_serving:
+            log.warning("worker %s is down: %s; retrying elsewhere", replica.address, reason)
+        replica.mark_down(reason)
+
+    def check(self, replica: Replica) -> None:
+        """An attempt on `replica` ran past its budget: it is suspect (no new work while another
+        serves) and is probed now, unless a probe of it is in flight (attempts.py)."""
+        replica.is_suspect = True
+        if replica.is_checking:
+            return
+        replica.is_checking = True
+        task = asyncio.create_task(self._check(replica), name=f"kembed-gateway-check-{replica.address}")
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check(self, replica: Replica) -> None:
+        """SERVING clears the suspicion; NOT_SERVING, or no answer within health_timeout_s while
+        another replica serves, marks it down (its attempts move; the health loop lets it rejoin)."""
+        try:
+            health = await replica.stub.Health(
+                pb.HealthRequest(), timeout=self._config.health_timeout_s, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as error:
+            now = asyncio.get_running_loop().time()
+            others = [r for r in self.replicas if r is not replica and self._is_available(r, now)]
+            if replica.is_suspect and others and any(not r.is_suspect for r in others):
+                replica.num_stalls += 1
+                self._mark_down(replica, f"stalled: no answer to a health probe ({error.code().name})")
+                self._say_readiness()
+            return
+        finally:
+            replica.is_checking = False
+        replica.queued_tokens = health.queued_tokens
+        replica.tokens_per_s = health.tokens_per_s
+        if health.status == pb.HealthResponse.SERVING:
+            replica.is_suspect = False
+        elif replica.is_serving:
+            replica.num_stalls += health.reason.startswith("stalled")
+            self._mark_down(replica, f"NOT_SERVING: {health.reason}" if health.reason else "NOT_SERVING")
+            self._say_readiness()
 
     async def embed(
         self,

@@ -220,7 +220,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("status", "queued_tokens")
+    __slots__ = ("status", "queued_tokens", "tokens_per_s", "reason")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNKNOWN: _ClassVar[HealthResponse.Status]
@@ -231,9 +231,13 @@ class HealthResponse(_message.Message):
     NOT_SERVING: HealthResponse.Status
     STATUS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     status: HealthResponse.Status
     queued_tokens: int
-    def __init__(self, status: _Optional[_Union[HealthResponse.Status, str]] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
+    tokens_per_s: float
+    reason: str
+    def __init__(self, status: _Optional[_Union[HealthResponse.Status, str]] = ..., queued_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Bucket(_message.Message):
     __slots__ = ("num_sequences", "num_tokens")
