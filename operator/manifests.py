@@ -257,7 +257,10 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         # minutes on a large model: up to 30 min before liveness.
         "startupProbe": probe | {"periodSeconds": 5, "failureThreshold": 360},
         "readinessProbe": probe | {"periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": probe | {"periodSeconds": 10, "failureThreshold": 6},
+        # A stalled worker (stalls.py) answers NOT_SERVING, a wedged one not at all: restarted once it
+        # has been so for worker.stallRestartSeconds (consecutive failures, one per period).
+        "livenessProbe": probe
+        | {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": -(-w.stall_restart_seconds // 10)},
     }
     # Longer than the worker's drain (placement.py), so SIGKILL never cuts a request it is answering.
     extra: dict[str, Any] = {"terminationGracePeriodSeconds": placement.worker_grace_s()}

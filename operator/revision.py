@@ -27,6 +27,7 @@ LATER_WORKER_FIELDS = (
     "priority_class_name",
     "topology_spread",
     "kernel_cache_claim",
+    "stall_restart_seconds",
 )
 
 

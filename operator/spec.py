@@ -187,6 +187,16 @@ class WorkerSpec(SpecModel):
         "the pod's own /tmp, which a restarted container keeps but a new pod does not. Part of the "
         "revision when set.",
     )
+    stall_restart_seconds: int = Field(
+        60,
+        ge=10,
+        le=3600,
+        description="Seconds a worker may stay stalled before its liveness probe restarts it, rounded "
+        "up to the probe's 10 s period. A worker is stalled when a device step runs far past what steps "
+        "of its size take (it then answers its health checks NOT_SERVING: gateways move its work "
+        "within about a second, and its pod leaves the Service) or when it stops answering them at all "
+        "(a wedged process). Part of the revision when set away from 60.",
+    )
 
     @model_validator(mode="after")
     def _a_batch_fits_the_queue(self) -> WorkerSpec:

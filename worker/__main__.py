@@ -52,6 +52,7 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     from kembed.worker.metrics import WorkerMetrics, serve_metrics
     from kembed.worker.scheduler import Scheduler
     from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
+    from kembed.worker.stalls import LoopWatch, StepWatch
 
     # The gRPC and data ports are bound only once the model is loaded and prewarmed (minutes on a
     # GPU): a port another process holds is found now, not then.
@@ -74,6 +75,12 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
         lane_max_batch_tokens=config.lane_max_batch_tokens,
         lane_max_batch_sequences=config.lane_max_batch_sequences,
         lane_inflight_batches=config.lane_inflight_batches,
+        steps=StepWatch(
+            config.stall_multiple,
+            config.stall_min_s,
+            config.stall_unseen_s,
+            min_batch_tokens=config.max_batch_tokens // 4,
+        ),
     )
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)
     metrics_server = None
@@ -90,6 +97,14 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     await scheduler.run_on_device(
         engine.prewarm_at_start, config.prewarm, hot_first(config), config.prewarm_seconds
     )
+    rate = await scheduler.run_on_device(measure_rate, engine, config.max_batch_tokens)
+    if rate > 0:
+        scheduler.steps.measured(rate)
+        log.info(
+            "device rate at start: %.0f tokens/s (a batch of %d tokens)",
+            rate,
+            _rate_tokens(config.max_batch_tokens),
+        )
     service = EmbedderService(engine, scheduler, config.max_batch_tokens, config.revision)
     server, port = build_server(service, config.host, config.port, config.auth_token, config.auth_data)
     frames = None
@@ -117,6 +132,12 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     # it, stopping the event loop for tens of ms while requests wait.
     gc.collect()
     gc.freeze()
+    loop_watch = LoopWatch()
+    loop_watch.start()
+    stall_watch = asyncio.create_task(
+        service.readiness.watch(scheduler.steps.stall, STALL_CHECK_S, loop_watch.beat),
+        name="kembed-stall-watch",
+    )
     log.info(
         "worker serving %s on %s:%d (data port %s; token %s)",
         engine.info.model_name,
@@ -130,6 +151,8 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    stall_watch.cancel()
+    loop_watch.stop()
     log.info("worker stopping: finishing in-flight requests")
     # Streams and frame connections never end on their own: refuse their new requests (the gateway
     # retries them on another replica), answer those in flight, end them; then the same for unary calls.
@@ -140,6 +163,36 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     await scheduler.close()
     if metrics_server is not None:
         metrics_server.shutdown()
+
+
+STALL_CHECK_S = 0.2  # how often the worker asks whether a device step has stalled
+
+
+def _rate_tokens(max_batch_tokens: int) -> int:
+    return max(1, min(max_batch_tokens, 512) // 128) * 128
+
+
+def measure_rate(engine: BatchRunner, max_batch_tokens: int) -> float:
+    """Tokens per second of a start-up batch of up to 512 tokens in sequences of 128 (the better of
+    two steps: the first may capture or warm up), 0 if it fails; on the launcher thread. What the
+    gateway weighs a request's work against until full batches have been measured (stalls.py)."""
+    import time
+
+    import numpy as np
+
+    num_tokens = _rate_tokens(max_batch_tokens)
+    lengths = np.full(num_tokens // 128, 128, dtype=np.int64)
+    token_ids = np.full(num_tokens, 100, dtype=np.int32)
+    best = float("inf")
+    try:
+        for _ in range(2):
+            started = time.perf_counter()
+            engine.step(engine.pack(token_ids, lengths)).wait()
+            best = min(best, time.perf_counter() - started)
+    except Exception as error:  # a stand-in without a step of that shape; the rate is measured later
+        log.warning("no start-up rate measured: %s", error)
+        return 0.0
+    return num_tokens / best
 
 
 def hot_first(config: WorkerConfig) -> tuple[Bucket, ...]:

@@ -155,6 +155,20 @@ class WorkerConfig:
     max_inflight_batches: int = 2
     """Batches launched and not yet collected: 2 lets the CPU pack batch N+1 while N runs."""
 
+    stall_multiple: float = 10.0
+    """A device step still running after this many times what recent steps of its size took (and
+    at least stall_min_s) marks the worker stalled: its health checks answer NOT_SERVING, so
+    gateways move its work elsewhere, until the step ends (stalls.py). A step's time varies by a
+    few times under load, not by ten."""
+
+    stall_min_s: float = 1.0
+    """The shortest a step may run before it counts as stalled, in seconds: GPU steps take
+    milliseconds, a CPU step of a full batch a few tenths of a second."""
+
+    stall_unseen_s: float = 30.0
+    """How long a step of a size not seen yet may run before it counts as stalled, in seconds: a
+    first step may compile kernels or capture a CUDA graph."""
+
     priority_classes: bool = True
     """Serve interactive requests before bulk ones (the gRPC contract's `Priority`; the gateway
     says which, a client that does not is classed by size: at most 8 sequences and 1024 tokens is
@@ -269,6 +283,8 @@ class WorkerConfig:
             raise ValueError(f"prewarm must be all, none or a list of buckets, not {self.prewarm!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if not min(self.stall_multiple, self.stall_min_s, self.stall_unseen_s) > 0:  # NaN too
+            raise ValueError("stall_multiple, stall_min_s and stall_unseen_s must be positive")
         if not self.prewarm_seconds >= 0:  # NaN too
             raise ValueError(f"prewarm_seconds must be >= 0, not {self.prewarm_seconds}")
 

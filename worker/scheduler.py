@@ -39,6 +39,7 @@ from kembed.worker.errors import DeadlineExceeded, InvalidInput, Overloaded, Una
 from kembed.worker.groups import FutureSink, RequestGroup, Segment, pack_arguments
 from kembed.worker.hooks import SchedulerHooks
 from kembed.worker.queues import ClassQueues, batch_size
+from kembed.worker.stalls import StepWatch
 
 __all__ = ["BatchRunner", "Scheduler", "SchedulerHooks"]
 
@@ -65,6 +66,7 @@ class Scheduler:
         lane_max_batch_tokens: int = 2048,
         lane_max_batch_sequences: int = 32,
         lane_inflight_batches: int = 2,
+        steps: StepWatch | None = None,
     ) -> None:
         self.max_batch_tokens = max_batch_tokens
         # Sequence cap as well: the CUDA engine's largest sequence bucket; past it a batch of many
@@ -72,6 +74,8 @@ class Scheduler:
         self.max_batch_sequences = max_batch_sequences
         self.max_queued_tokens = max_queued_tokens
         self.policy = policy or ClassPolicy()
+        # every device step timed: a stalled one, and the device's rate (stalls.py)
+        self.steps = steps or StepWatch(min_batch_tokens=max_batch_tokens // 4)
         self._hooks = hooks or SchedulerHooks()
         self.main = DevicePath("main", runner, max_batch_tokens, max_batch_sequences, max_inflight_batches)
         self.lane: DevicePath | None = None
@@ -309,7 +313,12 @@ class Scheduler:
         try:
             packed = path.runner.pack(*pack_arguments(batch))
             packed_at = time.perf_counter()
-            rows, launched_at, ready_at = await path.run(packed, num_seqs)
+            step, is_ok = self.steps.started(num_tokens), False
+            try:
+                rows, launched_at, ready_at = await path.run(packed, num_seqs)
+                is_ok = True
+            finally:
+                self.steps.finished(step, num_tokens if path is self.main else 0, is_ok=is_ok)
             finished = time.perf_counter()
             num_bulk = sum(seg.num_tokens for seg in batch if seg.group.priority == Priority.BULK)
             self._hooks.batch_launched(num_seqs, num_tokens, num_bulk)

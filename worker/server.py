@@ -140,20 +140,56 @@ class Readiness:
         self.servicer._server_status.update(
             dict.fromkeys(self.SERVICES, health_pb2.HealthCheckResponse.NOT_SERVING)
         )
-        self.is_serving = False
+        self._is_started = False
         self._is_drained = False
+        self.stall = ""  # why the worker is stalled now (stalls.py); empty: it is not
+
+    @property
+    def is_serving(self) -> bool:
+        return self._is_started and not self._is_drained and not self.stall
+
+    @property
+    def reason(self) -> str:
+        """Why it is not serving ("" while it serves)."""
+        if self._is_drained:
+            return "draining"
+        return self.stall or ("" if self._is_started else "starting")
 
     async def set_serving(self) -> None:
         if self._is_drained:
             return
-        self.is_serving = True
-        for service in self.SERVICES:
-            await self.servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._is_started = True
+        await self._publish()
 
     async def drain(self) -> None:
         """NOT_SERVING for good (later `set_serving` calls are ignored)."""
-        self.is_serving, self._is_drained = False, True
+        self._is_drained = True
         await self.servicer.enter_graceful_shutdown()
+
+    async def watch(self, stall: Callable[[], str | None], every_s: float, beat: Callable[[], None]) -> None:
+        """Every `every_s`: NOT_SERVING while `stall()` gives a reason, SERVING again once it gives
+        none (the liveness probe, on the same service, restarts a pod stalled for long); `beat` tells
+        the loop watch the loop turns. Runs until cancelled."""
+        while True:
+            await asyncio.sleep(every_s)
+            beat()
+            was_stalled, self.stall = bool(self.stall), stall() or ""
+            if bool(self.stall) == was_stalled:
+                continue
+            if self.stall:
+                log.error("worker not serving: %s", self.stall)
+            else:
+                log.warning("worker serving again: the stalled step finished")
+            await self._publish()
+
+    async def _publish(self) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.is_serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in self.SERVICES:
+            await self.servicer.set(service, status)
 
 
 class EngineOps(Protocol):
@@ -254,8 +290,13 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         return self._info_response
 
     async def Health(self, request: pb.HealthRequest, context: Context) -> pb.HealthResponse:
-        status = pb.HealthResponse.SERVING if self.readiness.is_serving else pb.HealthResponse.NOT_SERVING
-        return pb.HealthResponse(status=status, queued_tokens=self._scheduler.queued_tokens)
+        readiness = self.readiness
+        return pb.HealthResponse(
+            status=pb.HealthResponse.SERVING if readiness.is_serving else pb.HealthResponse.NOT_SERVING,
+            queued_tokens=self._scheduler.queued_tokens,
+            tokens_per_s=self._scheduler.steps.tokens_per_s,
+            reason=readiness.reason,
+        )
 
     async def set_serving(self) -> None:
         """The engine is loaded and the scheduler runs: health checks answer SERVING."""

@@ -34,6 +34,7 @@ SHAPING = {
     "node-selector": ("worker", {"nodeSelector": {"gpu": "a100"}}),
     "priority-class": ("worker", {"priorityClassName": "kembed-serving"}),
     "hard-spread": ("worker", {"topologySpread": {"nodes": "DoNotSchedule"}}),
+    "stall-restart": ("worker", {"stallRestartSeconds": 300}),
     "classes-off": ("trafficClasses", {"enabled": False}),
     "bulk-queue-share": ("trafficClasses", {"bulkQueueShare": 0.5}),
     "bulk-step-tokens": ("trafficClasses", {"bulkStepTokens": 2048}),
@@ -95,6 +96,7 @@ def test_placement_fields_at_their_defaults_keep_the_revision_of_a_spec_without_
     spec = copy.deepcopy(BASE)
     spec["worker"] |= {
         "priorityClassName": "",
+        "stallRestartSeconds": 60,
         "topologySpread": {"nodes": "ScheduleAnyway", "zones": "ScheduleAnyway", "maxSkew": 1},
         "disruptionBudget": {"enabled": True, "maxUnavailable": 1},
     }

@@ -65,6 +65,17 @@ def test_worker_probes_are_grpc_health_checks_on_the_grpc_port():
         assert container[probe]["grpc"] == {"port": spec.worker.port}
 
 
+@pytest.mark.parametrize(("seconds", "failures"), [(60, 6), (25, 3), (300, 30)])
+def test_a_stalled_worker_is_restarted_after_stall_restart_seconds(seconds, failures):
+    spec = spec_with(None).model_copy(
+        update={"worker": spec_with(None).worker.model_copy(update={"stall_restart_seconds": seconds})}
+    )
+    container = m.worker_deployment(OWNER, spec, "r", IMAGE)["spec"]["template"]["spec"]["containers"][0]
+    liveness = container["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] == 10 * failures
+    assert liveness["failureThreshold"] == failures
+
+
 @pytest.mark.parametrize("bad", [{"name": ""}, {"key": "token"}], ids=["empty-name", "no-name"])
 def test_a_reference_without_a_secret_name_is_refused(bad):
     with pytest.raises(Exception, match="name"):
