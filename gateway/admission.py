@@ -19,6 +19,14 @@ the estimate is then replaced by the count: under overload the gateway refuses a
 instead of first tokenizing what it will refuse (its CPU is then the workers' to use, or the next
 admitted request's). Work already admitted is never refused, so under a sustained 10x overload the
 admitted requests are answered within their deadline and the rest are told at once to come back.
+
+What can never finish in time is refused apart: a request whose tokens, at the rate the serving
+workers' devices have (each worker measures its own and reports it with its health), would take
+longer than the request's deadline is answered 413 naming that rate and how many tokens would fit,
+idle gateway or not (`infeasible`), rather than admitted to run into a 504 a minute later while
+every other request waits behind it. On the estimate, it is refused only when even half as many
+tokens would not fit; once tokenized, on its count. A request refused for the work ahead of it
+(429) is told, in Retry-After, when that work should have drained.
 Plain Python, mutated on the event loop only.
 """
 
@@ -83,6 +91,28 @@ class Admission:
         if is_bulk:
             ahead += sum(size * count for size, count in self._sizes[False].items())
         return ahead
+
+    @staticmethod
+    def infeasible(num_tokens: int, tokens_per_s: float, deadline_s: float) -> str | None:
+        """Why a request of `num_tokens` can never be answered within `deadline_s` by workers serving
+        `tokens_per_s` together (0: not known, no limit), or None."""
+        if tokens_per_s <= 0 or num_tokens <= tokens_per_s * deadline_s:
+            return None
+        most = int(tokens_per_s * deadline_s / 2)  # half: room for the work of others beside it
+        return (
+            f"this request holds ~{num_tokens} tokens; the serving workers embed "
+            f"{tokens_per_s:.0f} tokens/s together, so it would take ~{num_tokens / tokens_per_s:.0f} s, "
+            f"past its {deadline_s:g} s deadline: send at most ~{most} tokens per request"
+        )
+
+    def retry_after_s(self, num_tokens: int, *, is_bulk: bool = False) -> int | None:
+        """Seconds until the work ahead of a refused request should have drained enough for it to be
+        admitted (at the recent drain rate), at least 1, at most 60; None if the rate is not known."""
+        rate = self.rate.tokens_per_s
+        if not rate > 0:
+            return None
+        held = self.ahead(num_tokens, is_bulk=is_bulk) + num_tokens
+        return max(1, min(60, math.ceil(held / rate - self.max_queue_wait_s)))
 
     def refusal(self, num_tokens: int, capacity_tokens: int, *, is_bulk: bool = False) -> str | None:
         """Why a request of `num_tokens` must be refused now, or None to admit it. `capacity_tokens`:

@@ -62,7 +62,12 @@ class MethodNotAllowed(GatewayError):
 
 
 class Overloaded(GatewayError):
-    """Every replica tried refused the work because its queue is full (429, retry later)."""
+    """The workers cannot take the work now (429, retry later). `retry_after_s`: when to come back,
+    if known (when the work ahead should have drained); else the configured Retry-After."""
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(GatewayError):
@@ -161,7 +166,11 @@ def render(error: GatewayError, flavour: Flavour, *, retry_after_s: int) -> Resp
         body = {"message": error.message}
     else:
         body = {"error": error.message, "error_type": mapping.tei_type}
-    headers = {"Retry-After": str(retry_after_s)} if isinstance(error, Overloaded) else None
+    headers = None
+    if isinstance(error, Overloaded):
+        headers = {
+            "Retry-After": str(error.retry_after_s if error.retry_after_s is not None else retry_after_s)
+        }
     if isinstance(error, MethodNotAllowed) and error.allow:
         headers = {"Allow": error.allow}
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")

@@ -91,6 +91,7 @@ class Admitted:
         self.priority = self._service.classify(self._said, self._num_inputs, num_tokens)
         self._service.admission.resize(self.num_tokens, num_tokens, was_bulk=was_bulk, is_bulk=self.is_bulk)
         self.num_tokens = num_tokens
+        self._service.check_feasible(num_tokens)  # released by the caller, at its count
         label = "bulk" if self.is_bulk else "interactive"
         self._service.metrics.class_requests_of[label].inc(1)
         self._service.metrics.class_tokens_of[label].inc(num_tokens)
@@ -182,11 +183,24 @@ class EmbeddingService:
         (429) at once, before any tokenizing, if the workers cannot take it in time (admission.py).
         Its class (`said`, else by size) decides what it waits behind, and bulk is refused first."""
         admitted = Admitted(self, said, num_inputs, estimate)
+        self.check_feasible(estimate // 2)  # an estimate may be off: refused only if half cannot fit
         reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
         if reason is not None:
-            raise Overloaded(f"the workers are at capacity: {reason}; retry later")
+            retry_after_s = self.admission.retry_after_s(estimate, is_bulk=admitted.is_bulk)
+            raise Overloaded(
+                f"the workers are at capacity: {reason}; retry later", retry_after_s=retry_after_s
+            )
         self.admission.admit(estimate, is_bulk=admitted.is_bulk)
         return admitted
+
+    def check_feasible(self, num_tokens: int) -> None:
+        """PayloadTooLarge (413) if `num_tokens` can never be served within the request's deadline at
+        the serving workers' rate (admission.py)."""
+        drained = self.admission.rate.tokens_per_s  # this process's recent rate; NaN until known
+        rate = max(self.pool.tokens_per_s, drained if drained > 0 else 0.0)
+        reason = self.admission.infeasible(num_tokens, rate, self.config.request_timeout_s)
+        if reason is not None:
+            raise PayloadTooLarge(reason)
 
     def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
         texts = [len(item) for item in inputs if isinstance(item, str)]

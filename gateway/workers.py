@@ -301,6 +301,13 @@ class WorkerPool:
         )
 
     @property
+    def tokens_per_s(self) -> float:
+        """Tokens a second the serving replicas' devices embed together (their Health's measure);
+        0 while none has said."""
+        now = asyncio.get_running_loop().time()
+        return sum(r.tokens_per_s for r in self.replicas if self._is_available(r, now))
+
+    @property
     def info(self) -> pb.InfoResponse | None:
         """What the replicas serve (from the first that answered Info), None before any did."""
         return next((r.info for r in self.replicas if r.info is not None), None)

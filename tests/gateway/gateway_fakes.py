@@ -74,6 +74,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     num_received: int = 0  # Embed requests received (counted before any delay)
     bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
     health_delays: list[float] = field(default_factory=list)  # each Health call sleeps the next one
+    tokens_per_s: float = 0.0  # the device rate its Health reports (0: not known)
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         self.num_received += 1
@@ -130,7 +131,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         if self.health_delays:
             await asyncio.sleep(self.health_delays.pop(0))
-        return pb.HealthResponse(status=self.status, queued_tokens=0)
+        return pb.HealthResponse(status=self.status, queued_tokens=0, tokens_per_s=self.tokens_per_s)
 
 
 class _Aborted(Exception):

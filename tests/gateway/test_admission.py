@@ -139,3 +139,37 @@ async def test_a_refused_request_is_never_tokenized(gateway_with, monkeypatch):
     codes = [response.status_code for response in statuses]
     assert codes.count(429) > 0 and codes.count(200) > 0
     assert len(tokenized) == codes.count(200)
+
+
+def test_work_that_can_never_fit_its_deadline_is_named_with_the_rate_and_what_fits():
+    assert Admission.infeasible(10**9, tokens_per_s=0.0, deadline_s=60) is None  # rate not known
+    assert Admission.infeasible(60_000, tokens_per_s=1000.0, deadline_s=60) is None
+    reason = Admission.infeasible(60_001, tokens_per_s=1000.0, deadline_s=60)
+    assert reason is not None and "1000 tokens/s" in reason and "at most ~30000 tokens" in reason
+
+
+def test_a_refusal_says_when_the_work_ahead_should_have_drained():
+    admission = Admission(max_queue_wait_s=2.0, quantum_tokens=4096)
+    assert admission.retry_after_s(100) is None  # no rate yet: the configured Retry-After
+    admission.rate.tokens_per_s = 1000.0
+    admission.admit(5000)
+    assert admission.retry_after_s(1000) == 4  # 6 s of work, 2 of which it may wait
+    assert admission.retry_after_s(10**9) == 60
+
+
+async def test_a_request_the_workers_cannot_finish_in_time_is_refused_413_at_once(gateway_with):
+    """An idle gateway too: at 1000 tokens/s a 1 s deadline fits ~1000 tokens. Refused on the
+    estimate when even half of it cannot fit (not tokenized), else once counted; never run."""
+    fake = FakeEmbedder(tokens_per_s=1000.0)
+    async with gateway_with(fake, request_timeout_s=1.0, health_interval_s=0.05) as client:
+        long_text = "word " * 400  # 256 tokens once truncated, ~256 estimated
+        loop = asyncio.get_running_loop()
+        for count in (10, 4):  # ~2570 estimated (half past 1000), then ~1030 (counted 1024 + ...)
+            started = loop.time()
+            response = await client.post("/embed", json={"inputs": [long_text] * count})
+            assert response.status_code == 413, response.text
+            assert loop.time() - started < 0.5
+            assert "1000 tokens/s" in response.json()["error"]
+        assert fake.num_received == 0  # nothing was sent to the worker
+        response = await client.post("/embed", json={"inputs": [long_text] * 3})  # 768 tokens: fits
+        assert response.status_code == 200
