@@ -135,24 +135,27 @@ class RequestGroup:
             return len(seqs)
         return int((self.row_offsets[seqs + 1] - self.row_offsets[seqs]).sum())
 
+    def _store(self, seqs: np.ndarray, rows: np.ndarray) -> None:
+        """Copy the rows of `seqs` into the group's own rows (allocated on the first batch)."""
+        if self.rows is None:
+            num_rows = self.num_seqs if self.row_offsets is None else int(self.row_offsets[-1])
+            self.rows = np.empty((num_rows, rows.shape[1]), dtype=np.float32)
+        if self.row_offsets is None:
+            self.rows[seqs] = rows
+            return
+        at = 0
+        for s in seqs.tolist():
+            start, stop = int(self.row_offsets[s]), int(self.row_offsets[s + 1])
+            self.rows[start:stop] = rows[at : at + stop - start]
+            at += stop - start
+
     def deliver(self, seqs: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Store the rows of `seqs` (a batch's, in their order); returns the requests that now have
         every row (newly answered) and the tokens handed back to the queue cap."""
         if self.rows is None and self.row_offsets is None and len(seqs) == self.num_seqs:
             self.rows = rows  # the whole group in one batch, in order: its rows as they came, uncopied
-        elif self.rows is None:
-            num_rows = self.num_seqs if self.row_offsets is None else int(self.row_offsets[-1])
-            self.rows = np.empty((num_rows, rows.shape[1]), dtype=np.float32)
-        if self.rows is rows:
-            pass
-        elif self.row_offsets is None:
-            self.rows[seqs] = rows
         else:
-            at = 0
-            for s in seqs.tolist():
-                start, stop = int(self.row_offsets[s]), int(self.row_offsets[s + 1])
-                self.rows[start:stop] = rows[at : at + stop - start]
-                at += stop - start
+            self._store(seqs, rows)
         owners = seqs if self.request_of_seq is None else self.request_of_seq[seqs]
         live = ~self.is_settled[owners]
         if not live.all():  # rows of requests settled meanwhile (cancelled, expired) count for nothing

@@ -219,26 +219,26 @@ class Scheduler:
         """The live requests the queue has no room for, and why: from the first that would pass the
         cap (for bulk, its share of it) on, in order."""
         is_bulk = group.priority == Priority.BULK and self.policy.is_enabled and self._queued_tokens > 0
-        share = self.policy.bulk_queue_share if is_bulk else 1.0
-        if self._queued_tokens + group.num_queued_tokens <= int(self.max_queued_tokens * share):
+        cap = (
+            int(self.max_queued_tokens * self.policy.bulk_queue_share) if is_bulk else self.max_queued_tokens
+        )
+        if self._queued_tokens + group.num_queued_tokens <= cap:
             return _NONE, ""  # all of it fits: nearly every group
         live = ~group.is_settled
         tokens = np.where(live, group.tokens_per_request, 0)
-        cap, what = self.max_queued_tokens, "max_queued_tokens={}"
-        if group.priority == Priority.BULK and self.policy.is_enabled and self._queued_tokens > 0:
-            cap = int(self.max_queued_tokens * self.policy.bulk_queue_share)
-            what = (
-                f"{{}} ({self.policy.bulk_queue_share:g} of max_queued_tokens, the rest kept for "
-                "interactive requests)"
-            )
         over = np.flatnonzero(live & (self._queued_tokens + np.cumsum(tokens) > cap))
         if len(over) == 0:
             return over, ""
         first = int(over[0])
+        limit = (
+            f"{cap} ({self.policy.bulk_queue_share:g} of max_queued_tokens, the rest kept for interactive "
+            "requests)"
+            if is_bulk
+            else f"max_queued_tokens={cap}"
+        )
         return np.flatnonzero(live[first:]) + first, (
-            f"queue full{' for bulk work' if cap < self.max_queued_tokens else ''}: "
-            f"{self._queued_tokens} tokens queued, {int(tokens[first:].sum())} more would pass "
-            + what.format(cap)
+            f"queue full{' for bulk work' if is_bulk else ''}: {self._queued_tokens} tokens queued, "
+            f"{int(tokens[first:].sum())} more would pass {limit}"
         )
 
     def cancel(self, group: RequestGroup, requests: np.ndarray) -> None:
