@@ -41,6 +41,7 @@ class ModelCheck:
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
     normalize: bool = False
+    dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
     max_positions: int | None = None  # the position table: the longest sequence the network takes
@@ -106,7 +107,12 @@ def _inspect(path: Path, result: ModelCheck) -> None:
             else f"no modules.json: the {result.family} default"
         )
         result.normalize = model_dir.normalize
-        result.dimensions = shape.hidden_size
+        result.dense = [
+            f"{spec.path.name}: {spec.in_features} -> {spec.out_features}, {spec.activation_name}"
+            + (", residual" if spec.use_residual else "")
+            for spec in model_dir.dense
+        ]
+        result.dimensions = model_dir.dense[-1].out_features if model_dir.dense else shape.hidden_size
     files = weight_files(path)
     result.weight_files = [f.name for f in files]
     result.weight_dtypes = _checkpoint_dtypes(files)
@@ -198,6 +204,8 @@ def render(result: ModelCheck) -> str:
         lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
     if result.pooling:
         lines.append(("pooling", f"{result.pooling} ({result.pooling_source})"))
+        if result.dense:
+            lines.append(("dense", "; ".join(result.dense) + " (after pooling, in modules.json)"))
         lines.append(("normalised", "yes (Normalize in modules.json)" if result.normalize else "no"))
     if result.dimensions is not None:
         lines.append(("dimensions", str(result.dimensions)))

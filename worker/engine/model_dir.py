@@ -1,8 +1,9 @@
 """Reading a local Hugging Face-format model directory: config, sentence-transformers pipeline, weights.
 
-Pooling and normalisation follow the directory's sentence-transformers files (`modules.json`, the
-Pooling module's `config.json`) exactly as `SentenceTransformer(dir)` would build its pipeline.
-Nothing here downloads anything.
+Pooling, Dense layers and normalisation follow the directory's sentence-transformers files
+(`modules.json`, each module's `config.json`) exactly as `SentenceTransformer(dir)` would build its
+pipeline; a module kembed does not apply refuses the directory, naming it, rather than serve
+vectors that differ from sentence-transformers'. Nothing here downloads anything.
 """
 
 import json
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from kembed.worker.engine.dense import DenseSpec, read_dense
 from kembed.worker.errors import InvalidInput
 
 # Prefixes under which task heads (BertForSequenceClassification, ...) store the encoder.
@@ -33,6 +35,7 @@ class ModelDir:
     config: dict[str, Any]  # config.json as written
     pooling: str | None  # "cls" | "mean" | "last"; None: no sentence-transformers pipeline, family default
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
+    dense: tuple[DenseSpec, ...] = ()  # Dense modules after pooling, in order (applied by the model)
 
     @property
     def model_type(self) -> str:
@@ -46,26 +49,42 @@ def read_model_dir(path: Path) -> ModelDir:
     if not config_file.is_file():
         raise InvalidInput(f"{path} is not a model directory: config.json is missing")
     config = json.loads(config_file.read_text())
-    pooling, normalize = _read_pipeline(path)
-    return ModelDir(path=path, config=config, pooling=pooling, normalize=normalize)
+    pooling, dense, normalize = _read_pipeline(path)
+    return ModelDir(path=path, config=config, pooling=pooling, normalize=normalize, dense=dense)
 
 
-def _read_pipeline(path: Path) -> tuple[str | None, bool]:
-    """(pooling, normalize) from modules.json; a bare transformers directory: the family's
-    default pooling (None), no normalise."""
+def _read_pipeline(path: Path) -> tuple[str | None, tuple[DenseSpec, ...], bool]:
+    """(pooling, Dense modules, normalize) from modules.json; a bare transformers directory: the
+    family's default pooling (None), no normalise. The pipeline must read Transformer, Pooling, any
+    Dense modules, [Normalize]: InvalidInput names a module that is not one of them or out of order
+    (a Dense module before pooling works on token vectors; after Normalize, on normalised ones)."""
     modules_file = path / "modules.json"
     if not modules_file.is_file():
-        return None, False
+        return None, (), False
     modules = json.loads(modules_file.read_text())
     pooling = "mean"
+    dense: list[DenseSpec] = []
     normalize = False
+    stage = 0  # 0: before Pooling, 1: after it, 2: after Normalize
     for module in modules:
         kind = str(module.get("type", ""))
-        if kind.endswith("Pooling"):
-            pooling = _read_pooling(path / module.get("path", ""))
-        elif kind.endswith("Normalize"):
-            normalize = True
-    return pooling, normalize
+        name = kind.rsplit(".", 1)[-1]
+        where = path / module.get("path", "")
+        if name == "Transformer" and stage == 0:
+            continue
+        if name == "Pooling" and stage == 0:
+            pooling, stage = _read_pooling(where), 1
+        elif name == "Dense" and stage == 1:
+            dense.append(read_dense(where))
+        elif name == "Normalize" and stage == 1:
+            normalize, stage = True, 2
+        else:
+            raise InvalidInput(
+                f"{modules_file}: module {module.get('name', '?')} ({kind}) is not one kembed applies "
+                "where it stands: it serves Transformer, Pooling, Dense modules and Normalize, in that "
+                "order, and refuses anything else rather than serve vectors sentence-transformers would not"
+            )
+    return pooling, tuple(dense), normalize
 
 
 def _read_pooling(pooling_dir: Path) -> str:

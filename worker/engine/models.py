@@ -8,7 +8,7 @@ from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
-from kembed.worker.engine.served import ServedModel
+from kembed.worker.engine.served import PooledEmbedder, ServedModel
 from kembed.worker.errors import InvalidInput
 
 
@@ -50,12 +50,17 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
     family = family_of(model_dir)
     if family == "cross-encoder":
+        if model_dir.dense:
+            raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
         return BertCrossEncoder.load(model_dir, attend)
+    embedder: PooledEmbedder
     if family == "bert":
-        model = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))
-        model.encoder.load_hf_weights(load_weights(model_dir.path))
-        return model
-    return build_qwen3(model_dir, attend)
+        embedder = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))
+        embedder.encoder.load_hf_weights(load_weights(model_dir.path))
+    else:
+        embedder = build_qwen3(model_dir, attend)
+    embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
+    return embedder
 
 
 def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape:

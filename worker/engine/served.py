@@ -4,12 +4,15 @@ A served model maps a packed ragged batch to one float32 row per sequence: poole
 embedders, logits for cross-encoders. The engine (eager or CUDA-graph replay) calls nothing else.
 """
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kembed.worker.engine.attention import AttentionMetadata
+from kembed.worker.engine.dense import Dense, DenseSpec
 from kembed.worker.engine.pooling import pool
 
 
@@ -50,15 +53,34 @@ class ServedModel(nn.Module):
         implement it; a scorer has no use for it."""
         raise NotImplementedError(f"{type(self).__name__} does not give hidden states")
 
+    def project(self, rows: torch.Tensor) -> torch.Tensor:  # [num_rows, pooled] float32
+        """What the pipeline does to pooled rows before normalising (span pooling's rows too)."""
+        return rows
+
 
 class PooledEmbedder(ServedModel):
     """Base of the embedder families: each gives `hidden_states`, pooled here as its
-    sentence-transformers pipeline pools them (`pooling`: cls, mean or last token)."""
+    sentence-transformers pipeline pools them (`pooling`: cls, mean or last token), then through the
+    pipeline's Dense modules, if any."""
 
     def __init__(self, pooling: str, hidden_size: int, max_sequence_length: int, vocab_size: int) -> None:
         super().__init__()
         self.pooling = pooling
         self.facts = ModelFacts("embed", hidden_size, max_sequence_length, vocab_size, pooling)
+        self.dense = nn.ModuleList()
+
+    def load_dense(self, specs: Sequence[DenseSpec]) -> None:
+        """The pipeline's Dense modules, weights loaded; the rows served are the last one's size."""
+        size = self.facts.output_size
+        for spec in specs:
+            self.dense.append(Dense.load(spec, size))
+            size = spec.out_features
+        self.facts = dataclasses.replace(self.facts, output_size=size)
+
+    def project(self, rows: torch.Tensor) -> torch.Tensor:
+        for dense in self.dense:
+            rows = dense(rows)
+        return rows
 
     def forward(
         self,
@@ -68,4 +90,4 @@ class PooledEmbedder(ServedModel):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        return pool(hidden, meta, self.pooling).float()
+        return self.project(pool(hidden, meta, self.pooling).float())

@@ -88,6 +88,7 @@ def forward_spans(
     meta: AttentionMetadata,
     index: SpanIndex,
 ) -> torch.Tensor:
-    """The model's forward up to its last hidden states, then `pool_spans` (eager only)."""
+    """The model's forward up to its last hidden states, then `pool_spans`, then what the pipeline
+    does to pooled rows (its Dense modules) (eager only)."""
     hidden = model.hidden_states(input_ids, position_ids, token_type_ids, meta)
-    return pool_spans(hidden, meta, model.facts.pooling, index)
+    return model.project(pool_spans(hidden, meta, model.facts.pooling, index))
