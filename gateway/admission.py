@@ -24,8 +24,9 @@ What can never finish in time is refused apart: a request whose tokens, at the r
 workers' devices have (each worker measures its own and reports it with its health), would take
 longer than the request's deadline is answered 413 naming that rate and how many tokens would fit,
 idle gateway or not (`infeasible`), rather than admitted to run into a 504 a minute later while
-every other request waits behind it. On the estimate, it is refused only when even half as many
-tokens would not fit; once tokenized, on its count. A request refused for the work ahead of it
+every other request waits behind it. On the estimate, it is refused only when three quarters of
+it would not fit (prose runs 4-5 characters a token, so the estimate may be a quarter high); once
+tokenized, on its count. A request refused for the work ahead of it
 (429) is told, in Retry-After, when that work should have drained.
 Plain Python, mutated on the event loop only.
 """

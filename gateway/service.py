@@ -183,7 +183,9 @@ class EmbeddingService:
         (429) at once, before any tokenizing, if the workers cannot take it in time (admission.py).
         Its class (`said`, else by size) decides what it waits behind, and bulk is refused first."""
         admitted = Admitted(self, said, num_inputs, estimate)
-        self.check_feasible(estimate // 2)  # an estimate may be off: refused only if half cannot fit
+        # An estimate may be high (5 characters a token where it takes 4): refused on it only if
+        # three quarters of it cannot fit; what it let through is checked again once counted.
+        self.check_feasible(estimate * 3 // 4)
         reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
         if reason is not None:
             retry_after_s = self.admission.retry_after_s(estimate, is_bulk=admitted.is_bulk)

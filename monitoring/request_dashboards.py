@@ -164,10 +164,22 @@ def throughput_errors() -> Dashboard:
                         [Query(q.ratio(failed, gateway_rate(requests, (), work)), "errors")],
                     ),
                     graph(
-                        "Upstream retries per second",
-                        "Chunks sent again to another replica after one refused (full queue) or was down.",
+                        "Upstream retries and hedges per second",
+                        "Chunks sent again to another replica after one refused (full queue), was down or "
+                        "stalled (retries); chunks also sent to a second replica because the first ran past "
+                        "its hedge budget (hedges), and those the second answered first (wins).",
                         "ops",
-                        [Query(gateway_rate("kembed_gateway_upstream_retries_total", ("pod",)), "{{pod}}")],
+                        [
+                            Query(
+                                gateway_rate("kembed_gateway_upstream_retries_total", ("pod",)),
+                                "retries {{pod}}",
+                            ),
+                            Query(gateway_rate("kembed_gateway_hedges_total", ("pod",)), "hedges {{pod}}"),
+                            Query(
+                                gateway_rate("kembed_gateway_hedge_wins_total", ("pod",)),
+                                "hedge wins {{pod}}",
+                            ),
+                        ],
                     ),
                 ],
             ),

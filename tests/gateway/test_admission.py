@@ -159,12 +159,12 @@ def test_a_refusal_says_when_the_work_ahead_should_have_drained():
 
 async def test_a_request_the_workers_cannot_finish_in_time_is_refused_413_at_once(gateway_with):
     """An idle gateway too: at 1000 tokens/s a 1 s deadline fits ~1000 tokens. Refused on the
-    estimate when even half of it cannot fit (not tokenized), else once counted; never run."""
+    estimate when even three quarters of it cannot fit (not tokenized), else once counted; never run."""
     fake = FakeEmbedder(tokens_per_s=1000.0)
     async with gateway_with(fake, request_timeout_s=1.0, health_interval_s=0.05) as client:
         long_text = "word " * 400  # 256 tokens once truncated, ~256 estimated
         loop = asyncio.get_running_loop()
-        for count in (10, 4):  # ~2570 estimated (half past 1000), then ~1030 (counted 1024 + ...)
+        for count in (10, 4):  # ~2570 estimated (3/4 past 1000), then ~1030 (3/4 fits; counted: not)
             started = loop.time()
             response = await client.post("/embed", json={"inputs": [long_text] * count})
             assert response.status_code == 413, response.text

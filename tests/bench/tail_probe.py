@@ -1,0 +1,194 @@
+"""Tail probes on the CPU stack: what a hung worker, an infeasible request and hedging cost clients.
+
+Starts two real CPU workers (the bundled MiniLM) and a gateway, as `WORKERS=2 make run` does, and
+drives them with `--clients` closed-loop clients of one short query each, timed per request:
+- `steady`: `--seconds` of load with the gateway's defaults, then again with hedging off
+  (`--hedge-after-s 0`): the hedged share and whether p50/p99 differ;
+- `stop-N`: one worker SIGSTOPped for N s (each of `--stop-s`) mid-load, then SIGCONT: requests over
+  2 s, failures, worst; when the gateway first showed it not serving, when it rejoined;
+- `infeasible`: 2048 texts of 3,900 characters (8 MB) at the default 60 s deadline, alone: the
+  status and how long the answer took.
+Not part of `make test` (minutes); prints a table for docs/reliability.md.
+
+    .venv/bin/python -P tests/bench/tail_probe.py --stop-s 20 75
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(name: str, args: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
+    log = (log_dir / f"{name}.log").open("wb")
+    return subprocess.Popen([sys.executable, "-P", "-m", *args], stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_serving(url: str, num_workers: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            workers = httpx.get(f"{url}/info", timeout=2).json()["workers"]
+            if sum(w["serving"] for w in workers) == num_workers:
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(0.25)
+    raise SystemExit("the stack did not start: see the logs")
+
+
+class Stack:
+    def __init__(self, log_dir: Path, gateway_flags: list[str]) -> None:
+        self.workers = []
+        addresses = []
+        for i in range(2):
+            port = free_port()
+            args = ["kembed.worker", "--device", "cpu", "--port", str(port), "--metrics-port", "0"]
+            self.workers.append(start(f"worker{i}", args, log_dir))
+            addresses += ["--worker", f"127.0.0.1:{port}"]
+        port = free_port()
+        self.gateway = start(
+            "gateway", ["kembed.gateway", "--port", str(port), *addresses, *gateway_flags], log_dir
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        wait_serving(self.url, 2)
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.gateway]:
+            with_signal(proc, signal.SIGCONT)
+            proc.terminate()
+        for proc in [*self.workers, self.gateway]:
+            proc.wait(30)
+
+
+def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+
+
+async def load(
+    url: str, num_clients: int, seconds: float, during=None
+) -> tuple[list[tuple[int, float]], dict]:
+    """(status, seconds) of every request of `num_clients` clients for `seconds`; `during(http)`
+    runs beside them and returns what it observed."""
+    limits = httpx.Limits(max_connections=num_clients + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        end = time.monotonic() + seconds
+
+        async def client(index: int) -> list[tuple[int, float]]:
+            done, i = [], 0
+            while time.monotonic() < end:
+                started = time.monotonic()
+                try:
+                    response = await http.post("/v1/embeddings", json={"input": f"client {index} query {i}"})
+                    status = response.status_code
+                except httpx.HTTPError:
+                    status = -1
+                done.append((status, time.monotonic() - started))
+                i += 1
+            return done
+
+        tasks = [client(c) for c in range(num_clients)]
+        results = await asyncio.gather(*tasks, *([during(http)] if during else []))
+        seen = results[-1] if during else {}
+        return [r for rs in results[:num_clients] for r in rs], seen
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def summary(answers: list[tuple[int, float]]) -> str:
+    times = np.array([t for _, t in answers])
+    failed = sum(status != 200 for status, _ in answers)
+    return (
+        f"{len(answers)} requests, {failed} failed, {int((times > 2).sum())} over 2 s; p50 "
+        f"{np.percentile(times, 50) * 1000:.1f} ms, p99 {np.percentile(times, 99) * 1000:.1f} ms, "
+        f"worst {times.max() * 1000:.0f} ms"
+    )
+
+
+def stop_probe(stack: Stack, clients: int, stop_s: float) -> str:
+    victim = stack.workers[0]
+
+    async def during(http: httpx.AsyncClient) -> dict:
+        await asyncio.sleep(2.0)
+        with_signal(victim, signal.SIGSTOP)
+        stopped, seen = time.monotonic(), {}
+        while time.monotonic() - stopped < stop_s:
+            if "down" not in seen and not (await http.get("/info")).json()["workers"][0]["serving"]:
+                seen["down"] = time.monotonic() - stopped
+            await asyncio.sleep(0.05)
+        with_signal(victim, signal.SIGCONT)
+        resumed = time.monotonic()
+        while time.monotonic() - resumed < 10:
+            if (await http.get("/info")).json()["workers"][0]["serving"]:
+                seen["back"] = time.monotonic() - resumed
+                break
+            await asyncio.sleep(0.05)
+        return seen
+
+    answers, seen = asyncio.run(load(stack.url, clients, 2.0 + stop_s + 5.0, during))
+    return (
+        f"stop {stop_s:g} s: {summary(answers)}; not serving after {seen.get('down', float('nan')):.2f} s, "
+        f"serving again {seen.get('back', float('nan')):.2f} s after SIGCONT"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30, help="each steady run")
+    parser.add_argument("--stop-s", type=float, nargs="*", default=[20.0, 75.0])
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/kembed-tail-probe"))
+    args = parser.parse_args()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for label, flags in (("hedging on (defaults)", []), ("hedging off", ["--hedge-after-s", "0"])):
+        stack = Stack(args.log_dir, flags)
+        try:
+            asyncio.run(load(stack.url, args.clients, 3.0))  # warm
+            before = metric(stack.url, "kembed_gateway_hedges_total")
+            answers, _ = asyncio.run(load(stack.url, args.clients, args.seconds))
+            hedges = metric(stack.url, "kembed_gateway_hedges_total") - before
+            lines.append(
+                f"steady, {label}: {summary(answers)}; hedged {hedges:.0f} ({hedges / len(answers):.2%})"
+            )
+            print(lines[-1], flush=True)
+            if not flags:
+                for stop_s in args.stop_s:
+                    lines.append(stop_probe(stack, args.clients, stop_s))
+                    print(lines[-1], flush=True)
+                texts = ["lorem ipsum dolor sit amet " * 144] * 2048
+                started = time.monotonic()
+                response = httpx.post(f"{stack.url}/v1/embeddings", json={"input": texts}, timeout=120)
+                took = time.monotonic() - started
+                lines.append(
+                    f"infeasible 2048 x 3,900 characters: {response.status_code} in {took:.2f} s: "
+                    f"{response.text[:240]}"
+                )
+                print(lines[-1], flush=True)
+        finally:
+            stack.stop()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
