@@ -94,10 +94,13 @@ class Admission:
         return ahead
 
     @staticmethod
-    def infeasible(num_tokens: int, tokens_per_s: float, deadline_s: float) -> str | None:
+    def infeasible(
+        num_tokens: int, tokens_per_s: float, deadline_s: float, *, share: float = 1.0
+    ) -> str | None:
         """Why a request of `num_tokens` can never be answered within `deadline_s` by workers serving
-        `tokens_per_s` together (0: not known, no limit), or None."""
-        if tokens_per_s <= 0 or num_tokens <= tokens_per_s * deadline_s:
+        `tokens_per_s` together (0: not known, no limit), or None; with `share`, only if that share
+        of its tokens could not be either (an estimate's margin)."""
+        if tokens_per_s <= 0 or num_tokens * share <= tokens_per_s * deadline_s:
             return None
         most = int(tokens_per_s * deadline_s / 2)  # half: room for the work of others beside it
         return (

@@ -185,7 +185,7 @@ class EmbeddingService:
         admitted = Admitted(self, said, num_inputs, estimate)
         # An estimate may be high (5 characters a token where it takes 4): refused on it only if
         # three quarters of it cannot fit; what it let through is checked again once counted.
-        self.check_feasible(estimate * 3 // 4)
+        self.check_feasible(estimate, share=0.75)
         reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
         if reason is not None:
             retry_after_s = self.admission.retry_after_s(estimate, is_bulk=admitted.is_bulk)
@@ -195,12 +195,12 @@ class EmbeddingService:
         self.admission.admit(estimate, is_bulk=admitted.is_bulk)
         return admitted
 
-    def check_feasible(self, num_tokens: int) -> None:
-        """PayloadTooLarge (413) if `num_tokens` can never be served within the request's deadline at
-        the serving workers' rate (admission.py)."""
+    def check_feasible(self, num_tokens: int, *, share: float = 1.0) -> None:
+        """PayloadTooLarge (413) if `num_tokens` (`share` of them) can never be served within the
+        request's deadline at the serving workers' rate (admission.py)."""
         drained = self.admission.rate.tokens_per_s  # this process's recent rate; NaN until known
         rate = max(self.pool.tokens_per_s, drained if drained > 0 else 0.0)
-        reason = self.admission.infeasible(num_tokens, rate, self.config.request_timeout_s)
+        reason = self.admission.infeasible(num_tokens, rate, self.config.request_timeout_s, share=share)
         if reason is not None:
             raise PayloadTooLarge(reason)
 

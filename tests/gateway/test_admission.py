@@ -146,6 +146,9 @@ def test_work_that_can_never_fit_its_deadline_is_named_with_the_rate_and_what_fi
     assert Admission.infeasible(60_000, tokens_per_s=1000.0, deadline_s=60) is None
     reason = Admission.infeasible(60_001, tokens_per_s=1000.0, deadline_s=60)
     assert reason is not None and "1000 tokens/s" in reason and "at most ~30000 tokens" in reason
+    assert Admission.infeasible(80_000, tokens_per_s=1000.0, deadline_s=60, share=0.75) is None
+    reason = Admission.infeasible(80_001, tokens_per_s=1000.0, deadline_s=60, share=0.75)
+    assert reason is not None and "holds ~80001 tokens" in reason
 
 
 def test_a_refusal_says_when_the_work_ahead_should_have_drained():
