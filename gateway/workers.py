@@ -24,6 +24,7 @@ import math
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -40,6 +41,7 @@ from kembed.gateway.errors import (
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
+from kembed.gateway.pacing import Window, paced
 from kembed.gateway.transports import FrameTransport, Transport, UnaryTransport, close_quietly, data_port_host
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
@@ -300,6 +302,14 @@ class WorkerPool:
             if r.info is not None and self._is_available(r, now)
         )
 
+    def _window(self) -> Window | None:
+        """One request's tokens in flight at most: half of what the serving workers' queues take for
+        bulk work, at least a chunk (pacing.py); None while no worker has said what its queue holds."""
+        capacity = self.capacity_tokens
+        if not capacity:
+            return None
+        return Window(max(self._config.chunk_tokens, int(capacity * self._config.bulk_queue_share / 2)))
+
     @property
     def tokens_per_s(self) -> float:
         """Tokens a second the serving replicas' devices embed together (their Health's measure);
@@ -534,7 +544,16 @@ class WorkerPool:
                 made.num_rows = num_rows(made.spans)
             return made
 
-        rows = await gather_all([self._send(kind, part(i)) for i in range(len(chunks))])
+        # A request of one chunk is refused at once if every queue is full (its client backs off); one
+        # of several is paced, and its chunks wait for room a while (pacing.py).
+        window = self._window() if len(chunks) > 1 else None
+        wait_s = self._config.max_queue_wait_s if len(chunks) > 1 else 0.0
+        rows = await gather_all(
+            [
+                paced(partial(self._send, kind, part(i)), chunks[i].num_tokens, window, wait_s)
+                for i in range(len(chunks))
+            ]
+        )
         if len({own.shape[1] for own in rows}) > 1:
             what = "embedding dimensions" if kind == "embed" else "number of labels"
             raise WorkerFailed(f"worker replicas disagree on the {what}")

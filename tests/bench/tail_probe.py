@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -54,12 +55,12 @@ def wait_serving(url: str, num_workers: int, timeout_s: float = 120) -> None:
 
 
 class Stack:
-    def __init__(self, log_dir: Path, gateway_flags: list[str]) -> None:
+    def __init__(self, log_dir: Path, gateway_flags: list[str], worker_flags: list[str]) -> None:
         self.workers = []
         addresses = []
         for i in range(2):
             port = free_port()
-            args = ["kembed.worker", "--device", "cpu", "--port", str(port), "--metrics-port", "0"]
+            args = ["kembed.worker", "--port", str(port), "--metrics-port", "0", *worker_flags]
             self.workers.append(start(f"worker{i}", args, log_dir))
             addresses += ["--worker", f"127.0.0.1:{port}"]
         port = free_port()
@@ -158,11 +159,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30, help="each steady run")
     parser.add_argument("--stop-s", type=float, nargs="*", default=[20.0, 75.0])
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/kembed-tail-probe"))
+    parser.add_argument("--device", default="cpu", help="the workers' --device")
+    parser.add_argument("--model", default="", help="model directory (default: the bundled MiniLM)")
+    parser.add_argument("--no-infeasible", action="store_true", help="skip the infeasible request")
+    parser.add_argument("--worker-flags", default="", help="more worker flags, e.g. '--prewarm none'")
     args = parser.parse_args()
+    worker_flags = ["--device", args.device] + (["--model", args.model] if args.model else [])
+    worker_flags += shlex.split(args.worker_flags)
+    gateway_model = ["--model", args.model] if args.model else []
     args.log_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for label, flags in (("hedging on (defaults)", []), ("hedging off", ["--hedge-after-s", "0"])):
-        stack = Stack(args.log_dir, flags)
+        stack = Stack(args.log_dir, [*flags, *gateway_model], worker_flags)
         try:
             asyncio.run(load(stack.url, args.clients, 3.0))  # warm
             before = metric(stack.url, "kembed_gateway_hedges_total")
@@ -176,6 +184,7 @@ def main() -> None:
                 for stop_s in args.stop_s:
                     lines.append(stop_probe(stack, args.clients, stop_s))
                     print(lines[-1], flush=True)
+            if not flags and not args.no_infeasible:
                 texts = ["lorem ipsum dolor sit amet " * 144] * 2048
                 started = time.monotonic()
                 response = httpx.post(f"{stack.url}/v1/embeddings", json={"input": texts}, timeout=120)

@@ -75,9 +75,23 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
     health_delays: list[float] = field(default_factory=list)  # each Health call sleeps the next one
     tokens_per_s: float = 0.0  # the device rate its Health reports (0: not known)
+    enforce_queue: bool = False  # refuse RESOURCE_EXHAUSTED past max_queued_tokens held, as a worker
+    queued_tokens: int = 0  # tokens of Embed requests held now
+    max_held_tokens: int = 0  # the most it held at once
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         self.num_received += 1
+        num_tokens = sum(request.batch.lengths)
+        if self.enforce_queue and self.queued_tokens + num_tokens > self.max_queued_tokens:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake queue full")
+        self.queued_tokens += num_tokens
+        self.max_held_tokens = max(self.max_held_tokens, self.queued_tokens)
+        try:
+            return await self._embed(request, context)
+        finally:
+            self.queued_tokens -= num_tokens
+
+    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> pb.EmbedResponse:
         if self.delay_s:
             try:
                 await asyncio.sleep(self.delay_s)
