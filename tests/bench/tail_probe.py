@@ -1,7 +1,8 @@
 """Tail probes on the CPU stack: what a hung worker, an infeasible request and hedging cost clients.
 
 Starts two real CPU workers (the bundled MiniLM) and a gateway, as `WORKERS=2 make run` does, and
-drives them with `--clients` closed-loop clients of one short query each, timed per request:
+drives them with `--clients` closed-loop clients of one short query each (loadgen.py: keep-alive
+connections in processes of their own, exact per-request timestamps):
 - `steady`: `--seconds` of load with the gateway's defaults, then again with hedging off
   (`--hedge-after-s 0`): the hedged share and whether p50/p99 differ;
 - `stop-N`: one worker SIGSTOPped for N s (each of `--stop-s`) mid-load, then SIGCONT: requests over
@@ -16,18 +17,21 @@ Not part of `make test` (minutes); prints a table for docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
-import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loadgen
 
 
 def free_port() -> int:
@@ -67,7 +71,7 @@ class Stack:
         self.gateway = start(
             "gateway", ["kembed.gateway", "--port", str(port), *addresses, *gateway_flags], log_dir
         )
-        self.url = f"http://127.0.0.1:{port}"
+        self.url, self.port = f"http://127.0.0.1:{port}", port
         wait_serving(self.url, 2)
 
     def stop(self) -> None:
@@ -83,32 +87,8 @@ def with_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.kill(proc.pid, sig)
 
 
-async def load(
-    url: str, num_clients: int, seconds: float, during=None
-) -> tuple[list[tuple[int, float]], dict]:
-    """(status, seconds) of every request of `num_clients` clients for `seconds`; `during(http)`
-    runs beside them and returns what it observed."""
-    limits = httpx.Limits(max_connections=num_clients + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
-        end = time.monotonic() + seconds
-
-        async def client(index: int) -> list[tuple[int, float]]:
-            done, i = [], 0
-            while time.monotonic() < end:
-                started = time.monotonic()
-                try:
-                    response = await http.post("/v1/embeddings", json={"input": f"client {index} query {i}"})
-                    status = response.status_code
-                except httpx.HTTPError:
-                    status = -1
-                done.append((status, time.monotonic() - started))
-                i += 1
-            return done
-
-        tasks = [client(c) for c in range(num_clients)]
-        results = await asyncio.gather(*tasks, *([during(http)] if during else []))
-        seen = results[-1] if during else {}
-        return [r for rs in results[:num_clients] for r in rs], seen
+def bodies(num: int = 512) -> list[bytes]:
+    return [json.dumps({"input": f"a short query about topic {i}"}).encode() for i in range(num)]
 
 
 def metric(url: str, name: str) -> float:
@@ -116,39 +96,46 @@ def metric(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
-def summary(answers: list[tuple[int, float]]) -> str:
-    times = np.array([t for _, t in answers])
-    failed = sum(status != 200 for status, _ in answers)
+def summary(result: loadgen.LoadResult) -> str:
+    times = result.latencies_ns / 1e9
     return (
-        f"{len(answers)} requests, {failed} failed, {int((times > 2).sum())} over 2 s; p50 "
-        f"{np.percentile(times, 50) * 1000:.1f} ms, p99 {np.percentile(times, 99) * 1000:.1f} ms, "
-        f"worst {times.max() * 1000:.0f} ms"
+        f"{result.num_requests} requests, {result.num_errors} failed, {int((times > 2).sum())} over 2 s; "
+        f"p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, worst {result.max_ms:.0f} ms"
     )
 
 
 def stop_probe(stack: Stack, clients: int, stop_s: float) -> str:
-    victim = stack.workers[0]
+    """One worker SIGSTOPped 2 s into the measured phase for `stop_s`, then SIGCONT; the gateway's
+    /info read every 50 ms on a thread meanwhile."""
+    victim, seen = stack.workers[0], {}
 
-    async def during(http: httpx.AsyncClient) -> dict:
-        await asyncio.sleep(2.0)
+    def stop_and_resume() -> None:
+        time.sleep(1.0 + 2.0)  # loadgen's warm-up, then 2 s of the measured phase
         with_signal(victim, signal.SIGSTOP)
-        stopped, seen = time.monotonic(), {}
+        stopped = time.monotonic()
         while time.monotonic() - stopped < stop_s:
-            if "down" not in seen and not (await http.get("/info")).json()["workers"][0]["serving"]:
+            if (
+                "down" not in seen
+                and not httpx.get(f"{stack.url}/info", timeout=5).json()["workers"][0]["serving"]
+            ):
                 seen["down"] = time.monotonic() - stopped
-            await asyncio.sleep(0.05)
+            time.sleep(0.05)
         with_signal(victim, signal.SIGCONT)
         resumed = time.monotonic()
         while time.monotonic() - resumed < 10:
-            if (await http.get("/info")).json()["workers"][0]["serving"]:
+            if httpx.get(f"{stack.url}/info", timeout=5).json()["workers"][0]["serving"]:
                 seen["back"] = time.monotonic() - resumed
                 break
-            await asyncio.sleep(0.05)
-        return seen
+            time.sleep(0.05)
 
-    answers, seen = asyncio.run(load(stack.url, clients, 2.0 + stop_s + 5.0, during))
+    thread = threading.Thread(target=stop_and_resume)
+    thread.start()
+    result = loadgen.run(
+        stack.port, bodies(), connections=clients, warmup_s=1.0, duration_s=2.0 + stop_s + 5.0
+    )
+    thread.join()
     return (
-        f"stop {stop_s:g} s: {summary(answers)}; not serving after {seen.get('down', float('nan')):.2f} s, "
+        f"stop {stop_s:g} s: {summary(result)}; not serving after {seen.get('down', float('nan')):.2f} s, "
         f"serving again {seen.get('back', float('nan')):.2f} s after SIGCONT"
     )
 
@@ -172,13 +159,14 @@ def main() -> None:
     for label, flags in (("hedging on (defaults)", []), ("hedging off", ["--hedge-after-s", "0"])):
         stack = Stack(args.log_dir, [*flags, *gateway_model], worker_flags)
         try:
-            asyncio.run(load(stack.url, args.clients, 3.0))  # warm
+            loadgen.run(stack.port, bodies(), connections=args.clients, warmup_s=1.0, duration_s=3.0)  # warm
             before = metric(stack.url, "kembed_gateway_hedges_total")
-            answers, _ = asyncio.run(load(stack.url, args.clients, args.seconds))
-            hedges = metric(stack.url, "kembed_gateway_hedges_total") - before
-            lines.append(
-                f"steady, {label}: {summary(answers)}; hedged {hedges:.0f} ({hedges / len(answers):.2%})"
+            result = loadgen.run(
+                stack.port, bodies(), connections=args.clients, warmup_s=1.0, duration_s=args.seconds
             )
+            hedges = metric(stack.url, "kembed_gateway_hedges_total") - before
+            share = hedges / max(1, result.num_requests)
+            lines.append(f"steady, {label}: {summary(result)}; hedged {hedges:.0f} ({share:.2%})")
             print(lines[-1], flush=True)
             if not flags:
                 for stop_s in args.stop_s:
