@@ -46,11 +46,12 @@ from kembed.gateway.errors import (
     reason_of,
     render,
 )
+from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.perplexity import PerplexityRoutes
-from kembed.gateway.responses import json_response
+from kembed.gateway.responses import JsonResponse, json_response
 from kembed.gateway.schemas import (
     EmbeddingRequest,
     TokenizeRequest,
@@ -121,16 +122,22 @@ async def _read_body(request: Request | HotRequest, max_bytes: int) -> bytes:
 class Routes:
     """The route handlers, bound to one service and config."""
 
-    def __init__(self, config: GatewayConfig, service: EmbeddingService) -> None:
+    def __init__(
+        self, config: GatewayConfig, service: EmbeddingService, heap: HeapTrim | None = None
+    ) -> None:
         self.config = config
         self.service = service
+        self._heap = heap or HeapTrim()
         self.version = _version()
         self._openapi: bytes | None = None
         self.created = int(time.time())
 
     async def _body(self, request: Request | HotRequest) -> bytes:
         _check_json(request)
-        return await _read_body(request, self.config.max_request_bytes)
+        body = await _read_body(request, self.config.max_request_bytes)
+        if len(body) >= LARGE_BODY_BYTES:  # what parsing it frees is given back at its end (heap.py)
+            self._heap.hold()
+        return body
 
     async def openai_embeddings(self, request: Request) -> Response:
         body = parse(EmbeddingRequest, await self._body(request))
@@ -159,7 +166,7 @@ class Routes:
         tokens = await self.service.tokenize(
             texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
         )
-        return json_response(tokens)
+        return JsonResponse(tokens)
 
     async def v1_rerank(self, request: Request) -> Response:
         body = parse(V1RerankRequest, await self._body(request))
@@ -282,15 +289,17 @@ def create_app(
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
     `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py).
     `resolve`: how worker_service's name is resolved (DNS; tests pass a fake)."""
+    heap = HeapTrim()  # freed memory given back after large requests (heap.py)
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config),
         config.tokenization_workers,
         config.max_inline_tokenize_chars,
         config.bulk_tokenization_processes if config.priority_classes else 0,
+        heap,
     )
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics, resolve)
-    routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics))
+    routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics), heap)
     tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)
     perplexity = PerplexityRoutes(routes.service, routes._body)  # late chunking (perplexity.py)

@@ -58,9 +58,15 @@ class GatewayConfig:
     """Most inputs in one request (413 above). 2048 is OpenAI's own limit for /v1/embeddings."""
 
     max_tokenize_chars: int = 256 * 1024
-    """Most characters one /tokenize request may hold, all inputs together; 413 above. It answers
-    with every token (no truncation), ~70 B of JSON and ~1 KB of memory each while it is built:
-    262,144 characters are ~67,000 tokens, ~0.2 s, ~70 MB and a 4.5 MB answer."""
+    """Most characters one /tokenize request may hold, all inputs together; 413 above, before it is
+    tokenized. It bounds the time a refused request costs; what an answer costs is bounded by
+    max_tokenize_tokens (CJK text has about a token a character, English ~4 characters a token)."""
+
+    max_tokenize_tokens: int = 64 * 1024
+    """Most tokens one /tokenize request is answered, all inputs together; 413 as soon as they are
+    counted past it (the rest is never tokenized). It answers every token, untruncated, ~60-100 B
+    of JSON each: 65,536 tokens are a ~4-6 MB answer, built a piece at a time (tokenize_answer.py);
+    that many are ~260,000 characters of English, ~65,000 of CJK."""
 
     max_context_documents: int = 512
     """Most documents in one `/v1/contextualizedembeddings` request (413 above). 512 is Perplexity's
@@ -269,6 +275,7 @@ class GatewayConfig:
             "max_request_bytes": self.max_request_bytes,
             "max_client_batch_size": self.max_client_batch_size,
             "max_tokenize_chars": self.max_tokenize_chars,
+            "max_tokenize_tokens": self.max_tokenize_tokens,
             "max_context_documents": self.max_context_documents,
             "max_context_chunks": self.max_context_chunks,
             "max_concurrent_requests": self.max_concurrent_requests,

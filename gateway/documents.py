@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-SERIAL_MAX_CHARS = 2048  # as tokenization.py: smaller batches are encoded on the calling thread
+from kembed.gateway.encode_groups import encode_each, ids_of
 
 
 @dataclass(frozen=True)
@@ -74,25 +74,24 @@ def encode_documents(
         if sum(len(chunk) for chunk in chunks) > max_chars:
             raise OverLongDocument(i, None)
     prompt_ids = untruncated.encode(prompt, add_special_tokens=False).ids if prompt else []
+    head = np.asarray([*template.prefix, *prompt_ids], dtype=np.int32)
+    suffix = np.asarray(template.suffix, dtype=np.int32)
     flat = [chunk for chunks in documents for chunk in chunks]
-    if sum(len(chunk) for chunk in flat) > SERIAL_MAX_CHARS:  # worth the library's thread pool
-        encoded = untruncated.encode_batch_fast(flat, add_special_tokens=False)
-    else:
-        encoded = [untruncated.encode(chunk, add_special_tokens=False) for chunk in flat]
+    # a group of chunks at a time, each kept as int32 (encode_groups.py): 8 MiB of CJK chunks would
+    # otherwise be ~2.8 million tokens in Encodings at once (~1 GB while encoded)
+    encoded = encode_each(untruncated, flat, ids_of, add_special_tokens=False)
     ids_out: list[np.ndarray] = []
     bounds_out: list[np.ndarray] = []
     position = 0
     for i, chunks in enumerate(documents):
-        pieces = [encoded[position + j].ids for j in range(len(chunks))]
+        pieces = encoded[position : position + len(chunks)]
         position += len(chunks)
         for j, piece in enumerate(pieces):
-            if not piece:
+            if not len(piece):
                 raise EmptyChunk(i, j)
-        head = [*template.prefix, *prompt_ids]
-        num_tokens = len(head) + sum(len(piece) for piece in pieces) + len(template.suffix)
+        num_tokens = len(head) + sum(len(piece) for piece in pieces) + len(suffix)
         if num_tokens > max_tokens:
             raise OverLongDocument(i, num_tokens)
-        ids = [*head, *(token for piece in pieces for token in piece), *template.suffix]
-        ids_out.append(np.asarray(ids, dtype=np.int32))
+        ids_out.append(np.concatenate([head, *pieces, suffix]))
         bounds_out.append(np.cumsum([len(head), *(len(piece) for piece in pieces)], dtype=np.int64))
     return ids_out, bounds_out

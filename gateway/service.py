@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -325,7 +325,8 @@ class EmbeddingService:
 
     async def tokenize(
         self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
-    ) -> list[list[dict[str, Any]]]:
+    ) -> bytes:
+        """TEI's /tokenize answer, as JSON (Tokenization.tokenize)."""
         self._check_count(len(texts), "inputs")
         num_chars = sum(len(text) for text in texts)
         if num_chars > self.config.max_tokenize_chars:
@@ -335,10 +336,13 @@ class EmbeddingService:
                 param="inputs",
             )
 
-        async def run() -> list[list[dict[str, Any]]]:
+        async def run() -> bytes:
             started = time.perf_counter()
             tokens = await self.tokenization.tokenize(
-                texts, add_special_tokens=add_special_tokens, prompt_name=prompt_name
+                texts,
+                add_special_tokens=add_special_tokens,
+                prompt_name=prompt_name,
+                max_tokens=self.config.max_tokenize_tokens,
             )
             self.metrics.tokenize.observe(time.perf_counter() - started)
             return tokens

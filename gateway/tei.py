@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kembed.gateway.errors import InvalidInput
+from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import (
     _STRICT,
@@ -147,10 +147,20 @@ class TeiRoutes:
         sequences: list[list[int]] = (
             [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids  # type: ignore[list-item]
         )
+        num_ids = sum(len(ids) for ids in sequences)
+        max_ids = self.service.config.max_tokenize_tokens  # /tokenize's inverse, bounded alike
+        if num_ids > max_ids:
+            raise PayloadTooLarge(
+                f"/decode takes at most {max_ids} ids per request, all sequences together, got "
+                f"{num_ids}; send them in parts",
+                param="ids",
+            )
         vocab_size = self.service.tokenization.vocab_size
         for i, ids in enumerate(sequences):
             bad = next((t for t in ids if not 0 <= t < vocab_size), None)
             if bad is not None:
                 raise InvalidInput(f"ids {i} has token id {bad} outside [0, {vocab_size})", param="ids")
-        texts = self.service.tokenization.decode(sequences, skip_special_tokens=body.skip_special_tokens)
+        texts = await self.service.tokenization.decode(
+            sequences, skip_special_tokens=body.skip_special_tokens
+        )
         return json_response(texts)

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Encoding, Tokenizer, normalizers
 
 from kembed.gateway.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
+from kembed.gateway.encode_groups import SERIAL_MAX_CHARS, encode_each, ids_of, num_ids
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
+from kembed.gateway.heap import LARGE_CHARS, HeapTrim
 from kembed.gateway.model_files import Direction, ModelSpec
+from kembed.gateway.tokenize_answer import SpecialRows, TooManyTokens, describe_tokens
 from kembed.gateway.tokenizer_processes import TokenizerProcesses
 from kembed.gateway.windows import (
     MARGIN_TOKENS,
@@ -72,8 +75,10 @@ class Tokenization:
         num_threads: int,
         max_inline_chars: int = 0,
         num_bulk_processes: int = 0,
+        heap: HeapTrim | None = None,
     ) -> None:
         self.spec = spec
+        self._heap = heap or HeapTrim()  # a large request's end gives its freed memory back (heap.py)
         # Tokenizing a short query takes less time than handing it to a thread and waking the loop
         # when it is done; past `max_inline_chars` the threads keep the loop free (the Rust calls
         # release the GIL, so they also use other cores).
@@ -85,9 +90,11 @@ class Tokenization:
                 self._truncated[direction] = _truncating(self._untruncated, spec.max_seq_length, direction)
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kembed-tokenize")
         self._single = SingleTemplate.of(self._untruncated)
+        self._special_rows = SpecialRows.of(self._untruncated)
         self._processes = TokenizerProcesses(spec, num_bulk_processes) if num_bulk_processes else None
 
     def close(self) -> None:
+        self._heap.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.close()
@@ -119,6 +126,8 @@ class Tokenization:
         """`fn(*args)`: at once if it tokenizes at most `max_inline_chars` characters, else on a thread."""
         if num_chars <= self._max_inline_chars:
             return fn(*args)
+        if num_chars >= LARGE_CHARS:
+            self._heap.hold()
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def encode(
@@ -211,7 +220,7 @@ class Tokenization:
             for position, text in zip(positions, texts, strict=True)
         ]
         shortened = [(position, window) for position, window, text in cut if len(window) < len(text)]
-        counts = [len(e.ids) for e in _encode(self._untruncated, [window for _, window in shortened])]
+        counts = encode_each(self._untruncated, [window for _, window in shortened], num_ids)
         for (position, _), count in zip(shortened, counts, strict=True):
             if count > limit + MARGIN_TOKENS:
                 raise PayloadTooLarge(
@@ -330,55 +339,46 @@ class Tokenization:
         return await self._run(num_chars, _cut, self._untruncated, list(texts), max_tokens, direction)
 
     async def tokenize(
-        self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None
-    ) -> list[list[dict[str, Any]]]:
-        """TEI's /tokenize answer: per text, its tokens with UTF-8 byte offsets into the prompted
-        text, as TEI gives them (`text` is the span itself)."""
+        self, texts: Sequence[str], *, add_special_tokens: bool, prompt_name: str | None, max_tokens: int
+    ) -> bytes:
+        """TEI's /tokenize answer as JSON: per text, its tokens with UTF-8 byte offsets into the
+        prompted text, as TEI gives them (`text` is the span itself); 413 past `max_tokens` tokens,
+        all texts together, refused as soon as they are counted (tokenize_answer.py)."""
         prompt = self.prompt(prompt_name)
         prompted = [prompt + text for text in texts]
         num_chars = sum(len(text) for text in prompted)
-        return await self._run(num_chars, _describe_tokens, self._untruncated, prompted, add_special_tokens)
+        args = (self._untruncated, self._special_rows, prompted, add_special_tokens, max_tokens)
+        try:
+            return await self._run(num_chars, describe_tokens, *args)
+        except TooManyTokens as error:
+            raise PayloadTooLarge(
+                f"/tokenize answers at most {max_tokens} tokens per request, all inputs together; "
+                f"inputs[{error.index}] brings it past that ({error.num_tokens} counted so far); "
+                "send the text in parts",
+                param="inputs",
+            ) from None
 
     @property
     def vocab_size(self) -> int:
         """Ids the tokenizer knows, added tokens included."""
         return int(self._untruncated.get_vocab_size(with_added_tokens=True))
 
-    def decode(self, sequences: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
-        """TEI's /decode: the text of each id sequence (ids checked by the caller)."""
-        return list(self._untruncated.decode_batch(sequences, skip_special_tokens=skip_special_tokens))
+    async def decode(self, sequences: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: the text of each id sequence (ids checked and counted by the caller); off
+        the event loop but for a few ids (taken as ~4 characters each)."""
+        num_chars = 4 * sum(len(ids) for ids in sequences)
+        decode = self._untruncated.decode_batch
+        return list(await self._run(num_chars, decode, sequences, skip_special_tokens))
 
 
 # The functions below run on the tokenization threads (or inline for small requests); the Rust calls
 # release the GIL.
 
-# `encode_batch` hands its texts to the library's rayon thread pool (a thread per core), whose threads
-# spin after each job before they sleep: on a 16-core host a batch of 4 short queries cost 1.1 ms of
-# CPU that way against 0.13 ms encoded one by one on the calling thread (same ids). A batch up to
-# this many characters is encoded on the calling thread; a larger one is worth the pool's cores.
-SERIAL_MAX_CHARS = 2048
 SHORT_MAX_TEXTS = 8  # a request of at most this many short texts takes `_encode_short`
 
 
-def _encode(
-    tokenizer: Tokenizer, items: Sequence[Any], *, add_special_tokens: bool = True, offsets: bool = False
-) -> list[Any]:
-    """tokenizer's Encodings of `items` (texts, or (text, pair) tuples), in order; char offsets
-    only where `offsets` asks (a large batch skips computing them otherwise)."""
-    num_chars = sum(len(item) if isinstance(item, str) else len(item[0]) + len(item[1]) for item in items)
-    if num_chars > SERIAL_MAX_CHARS:
-        batch = tokenizer.encode_batch if offsets else tokenizer.encode_batch_fast
-        return batch(items, add_special_tokens=add_special_tokens)
-    return [
-        tokenizer.encode(item, add_special_tokens=add_special_tokens)
-        if isinstance(item, str)
-        else tokenizer.encode(item[0], item[1], add_special_tokens=add_special_tokens)
-        for item in items
-    ]
-
-
 def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    return [np.asarray(e.ids, dtype=np.int32) for e in _encode(tokenizer, texts)]
+    return encode_each(tokenizer, texts, ids_of)
 
 
 def _encode_ids_truncated(
@@ -390,20 +390,22 @@ def _encode_ids_truncated(
 
 def _cut(untruncated: Tokenizer, texts: list[str], max_tokens: int, side: Direction) -> list[str]:
     windows = cut_windows(untruncated, texts, max_tokens, side)
-    encodings = _encode(untruncated, windows, add_special_tokens=False, offsets=True)
-    cut = []
-    for window, encoding in zip(windows, encodings, strict=True):
+
+    def bound(encoding: Encoding) -> int | None:
+        """Where the kept tokens end (`right`) or start (`left`) in the window; None: all kept."""
         offsets = encoding.offsets
         if len(offsets) <= max_tokens:
-            cut.append(window)
-        elif side == "right":
-            cut.append(window[: offsets[max_tokens - 1][1]])
-        else:
-            cut.append(window[offsets[len(offsets) - max_tokens][0] :])
-    return cut
+            return None
+        return offsets[max_tokens - 1][1] if side == "right" else offsets[len(offsets) - max_tokens][0]
+
+    bounds = encode_each(untruncated, windows, bound, add_special_tokens=False, offsets=True)
+    return [
+        window if at is None else window[:at] if side == "right" else window[at:]
+        for window, at in zip(windows, bounds, strict=True)
+    ]
 
 
-def _kept(ids: list[int], num_tokens: int, side: Direction) -> list[int]:
+def _kept(ids: np.ndarray, num_tokens: int, side: Direction) -> np.ndarray:
     return ids[:num_tokens] if side == "right" else ids[len(ids) - num_tokens :]
 
 
@@ -440,16 +442,18 @@ class _PairTemplate:
                 num_plain += 1
         return _PairTemplate(parts[0], parts[1], parts[2], types[0], types[1])
 
-    def apply(self, ids_a: list[int], ids_b: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        ids = [*self.prefix[0], *ids_a, *self.middle[0], *ids_b, *self.suffix[0]]
-        types = [
-            *self.prefix[1],
-            *[self.type_a] * len(ids_a),
-            *self.middle[1],
-            *[self.type_b] * len(ids_b),
-            *self.suffix[1],
-        ]
-        return np.asarray(ids, dtype=np.int32), np.asarray(types, dtype=np.int32)
+    def apply(self, ids_a: np.ndarray, ids_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.concatenate([self.prefix[0], ids_a, self.middle[0], ids_b, self.suffix[0]]).astype(np.int32)
+        types = np.concatenate(
+            [
+                self.prefix[1],
+                np.full(len(ids_a), self.type_a),
+                self.middle[1],
+                np.full(len(ids_b), self.type_b),
+                self.suffix[1],
+            ]
+        ).astype(np.int32)
+        return ids, types
 
 
 class _OverLongPair(Exception):
@@ -502,8 +506,8 @@ def _encode_pairs(
         is_cut = [len(w) < len(t) for w, t in zip(windows, items, strict=True)]
         if not truncate and any(is_cut):  # that side alone holds more than max_length tokens
             raise _OverLongPair(max(is_cut.index(True) - 1, 0))
-    parts = _encode(untruncated, windows, add_special_tokens=False)
-    lengths = [len(e.ids) for e in parts]
+    parts = encode_each(untruncated, windows, ids_of, add_special_tokens=False)
+    lengths = [len(ids) for ids in parts]
     budget = (max_length or 0) - tokenizer.num_special_tokens_to_add(True)
     whole: dict[int, int] = {}
 
@@ -522,51 +526,7 @@ def _encode_pairs(
         keep_query, keep_text = lengths[0], lengths[j]
         if truncate and max_length is not None and lengths[0] + lengths[j] > budget:
             keep_query, keep_text = _pair_lengths(length(0, j), length(j, 0), budget)
-        row, types = template.apply(
-            _kept(parts[0].ids, keep_query, side), _kept(parts[j].ids, keep_text, side)
-        )
+        row, types = template.apply(_kept(parts[0], keep_query, side), _kept(parts[j], keep_text, side))
         ids.append(row)
         type_ids.append(types)
     return ids, type_ids
-
-
-def _describe_tokens(
-    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool
-) -> list[list[dict[str, Any]]]:
-    described: list[list[dict[str, Any]]] = []
-    for text, encoding in zip(
-        texts, _encode(tokenizer, texts, add_special_tokens=add_special_tokens, offsets=True), strict=True
-    ):
-        tokens: list[dict[str, Any]] = []
-        at_byte = _byte_offsets(text)
-        for token_id, token, (start, stop), special in zip(
-            encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
-        ):
-            if special:
-                # Like TEI: a special token has no span in the input.
-                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
-            else:
-                byte_start, byte_stop = (start, stop) if at_byte is None else (at_byte[start], at_byte[stop])
-                tokens.append(
-                    {
-                        "id": token_id,
-                        "text": text[start:stop],
-                        "special": False,
-                        "start": int(byte_start),
-                        "stop": int(byte_stop),
-                    }
-                )
-        described.append(tokens)
-    return described
-
-
-def _byte_offsets(text: str) -> np.ndarray | None:
-    """Where each character of `text` starts in its UTF-8 encoding (one more entry: the end); None
-    for ASCII, whose character and byte offsets agree."""
-    if text.isascii():
-        return None
-    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    widths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
-    offsets = np.zeros(len(code_points) + 1, dtype=np.int64)
-    np.cumsum(widths, out=offsets[1:])
-    return offsets

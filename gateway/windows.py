@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from kembed.gateway.encode_groups import encode_each, num_ids
 from kembed.gateway.model_files import Direction
 
 # Truncation keeps at most max_length tokens, so a text is first cut to a window of its first (or,
@@ -118,7 +119,7 @@ def cut_windows(untruncated: Tokenizer, texts: Sequence[str], max_length: int, s
     windows = [cut_window(untruncated, text, num_chars, side) for text in texts]
     unsure = [i for i, text in enumerate(texts) if len(windows[i]) < len(text)]
     while unsure:  # is each cut window long enough?
-        counts = [len(e.ids) for e in untruncated.encode_batch_fast([windows[i] for i in unsure])]
+        counts = encode_each(untruncated, [windows[i] for i in unsure], num_ids)
         unsure = [i for i, count in zip(unsure, counts, strict=True) if count < max_length + MARGIN_TOKENS]
         if num_chars == most:
             for i in unsure:

@@ -68,6 +68,13 @@ CASES = [
         413,
         "/tokenize takes at most 262144 characters per request, got 280003",
     ),
+    (  # within the character cap, past the token cap: CJK is about a token a character
+        "/tokenize",
+        orjson.dumps({"inputs": ["a b", "東京大学语义检索" * 9_000]}),
+        413,
+        "/tokenize answers at most 65536 tokens per request, all inputs together; inputs[1]",
+    ),
+    ("/decode", orjson.dumps({"ids": [[1000] * 40_000, [1000] * 30_000]}), 413, "at most 65536 ids"),
     ("/rerank", b'{"query": "q", "texts": []}', 422, "`texts` must not be empty"),
     ("/rerank", b'{"query": "q", "texts": ["a"]}', 501, "does not support reranking"),
 ]
@@ -107,6 +114,8 @@ CASES = [
         "tokenize-ids",
         "tokenize-unknown-prompt",
         "tokenize-too-long",
+        "tokenize-too-many-tokens",
+        "decode-too-many-ids",
         "rerank-no-texts",
         "rerank-embedding-model",
     ],
