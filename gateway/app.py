@@ -23,7 +23,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -387,6 +387,8 @@ class HotRoutes:
         request = Request(scope, receive)
         try:
             response = await self._handlers[scope["path"]](request)
+        except ClientDisconnect:  # the client left mid-body: CancelOnDisconnect records its 499
+            raise
         except Exception as error:
             if not isinstance(error, GatewayError):  # a bug: logged, answered as JSON (on_error)
                 log.exception("%s %s failed", scope["method"], scope["path"])

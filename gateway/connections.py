@@ -41,6 +41,7 @@ import itertools
 import logging
 import re
 import resource
+import time
 from asyncio import TimerHandle
 from typing import Any
 
@@ -69,6 +70,7 @@ RESERVED_FDS = 64
 _IDLE, _HEAD, _BODY, _SERVING = "idle", "head", "body", "serving"
 _HEAD_END = b"\r\n\r\n"
 _UPGRADE_FIELD = re.compile(rb"\r\nupgrade[ \t]*:[^\r]*", re.IGNORECASE)
+_BARE_LF = re.compile(rb"(?<!\r)\n")
 
 
 def without_upgrade(head: bytes) -> bytes:
@@ -148,6 +150,7 @@ class HotCycle:
         self.response_complete = False
         self.disconnected = False
         self.task: asyncio.Task[None] | None = None
+        self.started = time.perf_counter()
 
 
 class _Refusal(Exception):
@@ -213,6 +216,8 @@ def guarded_protocol(
             super().connection_lost(exc)
             if cycle is not None and cycle.task is not None and not cycle.task.done():
                 cycle.task.cancel()  # the client left: its request is dropped (recorded as 499)
+            elif cycle is not None and cycle.more_body and not self._is_refused and hot is not None:
+                hot.record_left(cycle.url, cycle.started)  # it left while sending its body: 499 too
 
         def _is_evictable(self) -> bool:
             """Not being served: idle between requests, or still sending a head."""
@@ -307,9 +312,15 @@ def guarded_protocol(
 
         def _whole_head(self, data: bytes) -> bytes:
             """`data` with the held part of the head before it, its Upgrade fields dropped, once the
-            head's blank line has come; b"" while it has not (the bytes are held)."""
+            head's blank line has come; b"" while it has not (the bytes are held). A head with a
+            line ended by LF alone is passed on as it is, for the parser to refuse."""
             held = self._held + data
             end = held.find(_HEAD_END)
+            if end < 0 and _BARE_LF.search(held, len(self._held)) is not None:
+                # A line ended by LF alone: held, this head would wait for a CRLF CRLF that never
+                # comes (408 after header_timeout_s); the parser refuses it at once (400).
+                self._held = b""
+                return held
             if end < 0:
                 self._held = held
                 target = held.split(b"\r\n", 1)[0].split(b" ")  # the URL, for a refusal's body shape

@@ -6,7 +6,9 @@ An ASGI server learns of a disconnect only when the app awaits `receive()` again
 a watcher task does that. It is started only for a request still running `watch_after_s` after its
 body arrived: a one-query request is answered in a few milliseconds, before a watcher would pay for
 itself (a task per request is ~5 % of the gateway's CPU at load). The cancelled request is recorded
-with status 499 (the convention for "client closed request"); nothing is sent, nobody listens.
+with status 499 (the convention for "client closed request"); nothing is sent, nobody listens. A
+client that leaves while its body is read (Starlette's `ClientDisconnect`) is recorded as 499 too,
+never as the gateway's failure (a 500 and its traceback would let anyone fire the 5xx alerts).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CLIENT_CLOSED = 499
@@ -63,6 +66,9 @@ class CancelOnDisconnect:
 
         try:
             await self.app(scope, receive_body, send_answer)
+        except ClientDisconnect:  # it left while its body was read: its own outcome, not a 500
+            with contextlib.suppress(Exception):  # the server drops it: the client is gone
+                await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
         except asyncio.CancelledError:
             if not has_left:
                 raise

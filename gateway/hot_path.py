@@ -13,7 +13,8 @@ what the middleware stack does around it, and the edge writes the answer in one 
 - the one error handler: a `GatewayError` rendered in the route's API shape, anything else logged and
   answered as a JSON 500;
 - a client that leaves: its connection's end cancels the request at once (recorded as 499), as
-  `CancelOnDisconnect` does, without a watcher task.
+  `CancelOnDisconnect` does, without a watcher task; one that leaves before its body is whole is
+  recorded as 499 too (`record_left`).
 
 Everything else (other routes, pipelined requests, `Expect: 100-continue`, requests through an ASGI
 server other than the gateway's own) takes the ASGI path, which answers the same (a test checks the
@@ -120,6 +121,12 @@ class HotPath:
         finally:
             inflight.dec()
             self._metrics.duration(route, code).observe(time.perf_counter() - started)
+
+    def record_left(self, url: bytes, started: float) -> None:
+        """A request on the hot route `url` whose client left before its body was whole: 499, as
+        one that leaves while it is served (nothing was started for it)."""
+        route, _ = self._handlers[url]
+        self._metrics.duration(route, CLIENT_CLOSED).observe(time.perf_counter() - started)
 
     def _is_authorized(self, raw_headers: list[tuple[bytes, bytes]]) -> bool:
         given = next((value for name, value in raw_headers if name == b"authorization"), b"")

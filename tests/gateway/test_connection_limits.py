@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import socket
 import time
 
@@ -226,6 +227,71 @@ async def test_past_the_cap_with_every_connection_busy_a_newcomer_gets_503():
         for reader, writer in busy:  # the busy ones are answered, not evicted
             assert (await asyncio.wait_for(read_response(reader), 5)).startswith(b"HTTP/1.1 200")
             writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"GET /health HTTP/1.1\n\n", b"GET /health HTTP/1.1\n", b"POST /v1/embeddings HTTP/1.1\r\nHost: g\n"],
+    ids=["whole", "request-line-only", "a-field"],
+)
+async def test_a_head_with_a_line_ended_by_lf_alone_gets_400_at_once(head):
+    """Not after the header timeout (408): the edge holds a head until its CRLF CRLF, which such a
+    client never sends; the parser refuses a bare LF as soon as it sees one."""
+    async with edge(header_timeout_s=10.0) as (port, _):
+        started = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        data, _ = await closed_after(reader, 5)
+        writer.close()
+        assert data.startswith(b"HTTP/1.1 400 ")
+        assert time.monotonic() - started < 2  # well under the 10 s header timeout
+
+
+class ErrorRecords(logging.Handler):
+    """Records ERROR and above logged by the gateway or uvicorn (whose loggers do not propagate)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_a_client_that_hangs_up_mid_body_is_counted_499_not_a_failure():
+    """A head with Content-Length and part of the body, then the connection closes: on a hot route
+    (served by the edge) and on an ASGI one, metrics count 499, no 5xx and no ERROR log (it was a
+    500 with a traceback, reason worker_failed: anyone could fire the 5xx alerts)."""
+    errors = ErrorRecords()
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "kembed")]
+    for logger in loggers:
+        logger.addHandler(errors)
+    try:
+        async with edge() as (port, _):
+            for path in ("/v1/embeddings", "/tokenize"):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(request(path, body=b'{"inputs": "x' + b"x" * 1000 + b'"}')[:-500])
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.close()
+            for _ in range(100):  # until both are counted
+                text = (await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: g\r\n\r\n")).decode()
+                counts = [
+                    line
+                    for line in text.splitlines()
+                    if line.startswith("kembed_gateway_request_duration_seconds_count")
+                ]
+                if sum('code="499"' in line for line in counts) == 2:
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)
+    assert any('code="499",route="/v1/embeddings"} 1.0' in line for line in counts), counts
+    assert any('code="499",route="/tokenize"} 1.0' in line for line in counts), counts
+    assert not [line for line in counts if 'code="5' in line], counts
+    assert "kembed_gateway_errors_total{" not in text
+    assert not errors.records, [record.getMessage() for record in errors.records]
 
 
 def test_the_cap_fits_the_open_file_limit():
