@@ -205,9 +205,11 @@ class EmbeddingService:
             raise PayloadTooLarge(reason)
 
     def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
+        limit = self.tokenization.spec.max_seq_length if truncate else None
         texts = [len(item) for item in inputs if isinstance(item, str)]
-        ids = sum(len(item) for item in inputs if not isinstance(item, str))
-        return estimate_tokens(texts, self.tokenization.spec.max_seq_length if truncate else None) + ids
+        # token ids are run truncated as texts are (Tokenization._take_ids): counted so
+        ids = sum(min(len(item), limit or len(item)) for item in inputs if not isinstance(item, str))
+        return estimate_tokens(texts, limit) + ids
 
     def _observe_tokenized(self, started: float, num_inputs: int, sequences: Sequence[np.ndarray]) -> int:
         """Records a request's tokenize time, input and token counts; returns its token count."""

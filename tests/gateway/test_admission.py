@@ -176,3 +176,21 @@ async def test_a_request_the_workers_cannot_finish_in_time_is_refused_413_at_onc
         assert fake.num_received == 0  # nothing was sent to the worker
         response = await client.post("/embed", json={"inputs": [long_text] * 3})  # 768 tokens: fits
         assert response.status_code == 200
+
+
+async def test_token_id_inputs_are_counted_as_truncated_as_texts_are(gateway_with):
+    """One input of 100,000 token ids is run as its first 256 (the model's limit) and admitted as
+    that many: counted whole it would pass the worker's 65,536-token queue beside a query in
+    flight (it was refused 429 with 6 tokens in flight)."""
+    fake = FakeEmbedder(delay_s=0.3)  # its Info: 65,536 queued tokens at most
+    async with gateway_with(fake) as client:
+        query = asyncio.create_task(client.post("/v1/embeddings", json={"input": "a query"}))
+        for _ in range(200):  # until the query is in flight
+            if fake.num_received:
+                break
+            await asyncio.sleep(0.01)
+        response = await client.post("/v1/embeddings", json={"input": [[1000] * 100_000]})
+        assert (await query).status_code == 200
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 256
+    assert len(fake.sequences[-1]) == 256
