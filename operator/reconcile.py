@@ -271,7 +271,15 @@ def read_gateway(cluster: Cluster, owner: Owner, components: Iterable[str] = ("g
     is_rolled_out = main.is_rolled_out and all(
         other is not None and other.revision == main.revision and other.is_rolled_out for other in others
     )
-    return dataclasses.replace(main, is_rolled_out=is_rolled_out)
+    in_use = {main.revision, *(other.revision for other in others if other is not None)}
+    for pod in cluster.list("Pod", owner.namespace, {n.MODEL_LABEL: owner.name}):
+        if pod["metadata"].get("labels", {}).get(n.COMPONENT_LABEL) in GATEWAY_COMPONENTS:
+            in_use.add(pod["metadata"].get("annotations", {}).get(n.REVISION_LABEL, ""))
+    in_use.discard("")
+    return dataclasses.replace(main, is_rolled_out=is_rolled_out, in_use=frozenset(in_use))
+
+
+GATEWAY_COMPONENTS = ("gateway", n.BULK_GATEWAY)  # a bulk gateway being removed still counts
 
 
 def _read_gateway(cluster: Cluster, owner: Owner, component: str) -> Gateway | None:

@@ -16,6 +16,8 @@ prewarming (a restart loses its graphs), prewarming starts over as a new attempt
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,6 +53,9 @@ class Gateway:
     revision: str  # the revision its pod template points at
     is_rolled_out: bool  # every gateway pod runs the current template and is available
     num_ready: int
+    # every revision a gateway pod (of any gateway of the model, any template) points at, and the
+    # templates' own: none of them is deleted (`decide`)
+    in_use: frozenset[str] = frozenset()
 
 
 JobKey = tuple[str, str, int]  # (kind, revision, attempt)
@@ -122,13 +127,89 @@ def set_condition(
 
 
 def decide(world: World, status: EmbeddingModelStatus) -> Plan:
-    """The plan for `world`, given the status last written. Pure: same inputs, same plan."""
+    """The plan for `world`, given the status last written. Pure: same inputs, same plan.
+
+    Level-triggered where it matters for serving: a revision whose promotion the gateway has
+    finished is promoted whatever the spec asks for now; a promotion in flight when the spec moves
+    on to another new revision is finished first (the gateway, rendered from the spec, is never
+    pointed at a revision the spec does not describe); a spec back at the serving revision renders
+    the gateway back to it; and no revision a gateway pod still points at is deleted."""
     status = status.model_copy(update={"observed_generation": world.generation})
-    if status.active_revision and status.active_revision == world.revision:
-        plan = _serve(world, status, ())
+    status, events = _promoted_by_gateway(world, status)
+    rollout, active = status.rollout, status.active_revision
+    if active and active == world.revision:
+        plan = _serve(world, status, events)
+    elif rollout is not None and rollout.stage == "Promoting" and rollout.revision != world.revision:
+        plan = _finish_promoting(world, status, rollout, events)
     else:
-        plan = _roll(world, status)
-    return dataclasses.replace(plan, status=_autoscaling(plan.status, world))
+        plan = _roll(world, status, events)
+    in_use = world.gateway.in_use if world.gateway is not None else frozenset()
+    kept = plan.revisions | (in_use & set(world.workers))
+    return dataclasses.replace(plan, revisions=kept, status=_autoscaling(plan.status, world))
+
+
+def _promoted_by_gateway(
+    world: World, status: EmbeddingModelStatus
+) -> tuple[EmbeddingModelStatus, tuple[Event, ...]]:
+    """The status with a promotion the gateway has finished recorded: its revision active, the old
+    one to be retired (once no gateway pod points at it), whatever the spec asks for now."""
+    rollout, active = status.rollout, status.active_revision
+    if rollout is None or rollout.stage != "Promoting" or not _is_gateway_on(world, rollout.revision):
+        return status, ()
+    message = f"revision {rollout.revision} serves" + (f"; {active} retired" if active else "")
+    promoted = status.model_copy(
+        update={"active_revision": rollout.revision, "rollout": None, "candidate_revision": ""}
+    )
+    return promoted, (Event("Normal", "Promoted", message),)
+
+
+def _finish_promoting(
+    world: World, status: EmbeddingModelStatus, rollout: RolloutState, events: tuple[Event, ...]
+) -> Plan:
+    """The spec moved on to a new revision while the gateway was switching to the candidate, which
+    passed its gates: let the gateway finish (neither it nor the candidate's workers are rendered
+    again, since the spec no longer describes them), then promote it and roll the new one out from
+    there. A gateway that does not finish within promoteTimeoutSeconds blocks the candidate; both
+    revisions stay while gateway pods point at them, and the next pass rolls the new one out."""
+    active, candidate = status.active_revision, rollout.revision
+    if _age_s(rollout.stage_started_at, world.now) > world.spec.rollout.promote_timeout_seconds:
+        step = _block(world, rollout, "PromoteTimedOut", _promote_timeout_message(world, rollout))
+        blocked = status.model_copy(update={"rollout": step.rollout})
+        return _roll(world, blocked, (*events, *step.events))
+    status = _counts(status, world, active) if active else status
+    status = _rollout_conditions(world, status, rollout)
+    status = set_condition(
+        status,
+        "Progressing",
+        True,
+        "Promoting",
+        f"revision {candidate}: the gateway is switching to it; revision {world.revision} (the spec's) "
+        "rolls out once it has",
+        world,
+    )
+    return Plan(
+        status=status.model_copy(update={"phase": "Progressing", "candidate_revision": candidate}),
+        revisions=frozenset(r for r in (active, candidate) if r),
+        deploy=None,
+        gateway=None,
+        events=events,
+        autoscaled=active if world.spec.autoscaling.enabled and active else None,
+    )
+
+
+def _promote_timeout_message(world: World, rollout: RolloutState) -> str:
+    gateway = world.gateway
+    seen = (
+        "no gateway Deployment"
+        if gateway is None
+        else f"gateway on {gateway.revision or 'none'}, rolled out: {gateway.is_rolled_out}, "
+        f"{gateway.num_ready} pod(s) ready"
+    )
+    return (
+        f"the gateway did not become available on revision {rollout.revision} within "
+        f"{world.spec.rollout.promote_timeout_seconds} s ({seen}); its pods still on the serving "
+        "revision keep serving (see the gateway Deployment's pods and events)"
+    )
 
 
 def _autoscaling(status: EmbeddingModelStatus, world: World) -> EmbeddingModelStatus:
@@ -220,23 +301,25 @@ def _starting_replicas(world: World, active: str) -> int:
 
 
 def _candidate_replicas(world: World, rollout: RolloutState) -> int:
-    """Pods the candidate runs through the gate: fixed at its start under autoscaling, else the spec's."""
+    """Pods the candidate runs through the gate: fixed at its start under autoscaling, else the spec's,
+    and at least one: a revision asked to run on none is gated on one pod all the same (scaled to
+    none once it serves), so that a later scale-up never serves a revision no gate has seen."""
     if world.spec.autoscaling.enabled and rollout.replicas is not None:
         return rollout.replicas
-    return world.spec.worker.replicas
+    return max(1, world.spec.worker.replicas)
 
 
 # --- rolling out a candidate ----------------------------------------------------------------------
 
 
-def _roll(world: World, status: EmbeddingModelStatus) -> Plan:
+def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...] = ()) -> Plan:
     candidate, active = world.revision, status.active_revision
     rollout = status.rollout if status.rollout and status.rollout.revision == candidate else None
-    events: list[Event] = []
+    events: list[Event] = list(earlier)
     if rollout is None:
         rollout = _start(world, attempt=1)
         events.append(Event("Normal", "RolloutStarted", f"rolling out revision {candidate}"))
-    elif rollout.stage == "Blocked" and rollout.generation != world.generation:
+    elif rollout.stage == "Blocked" and _is_changed_since_block(world, rollout):
         rollout = _start(world, attempt=rollout.attempt + 1)
         events.append(Event("Normal", "RolloutRetried", f"spec changed: retrying revision {candidate}"))
     if world.spec.autoscaling.enabled and rollout.replicas is None:  # also when turned on mid-rollout
@@ -282,6 +365,23 @@ def _start(world: World, attempt: int) -> RolloutState:
     )
 
 
+def _is_changed_since_block(world: World, rollout: RolloutState) -> bool:
+    """Whether the spec changed since the rollout blocked, scaling aside (a status written before
+    spec_hash existed: whether the generation moved on)."""
+    if not rollout.spec_hash:
+        return rollout.generation != world.generation
+    return rollout.spec_hash != gate_hash(world.spec)
+
+
+def gate_hash(spec: EmbeddingModelSpec) -> str:
+    """What a blocked rollout is retried on: the spec without what scaling moves (worker.replicas),
+    so that `kubectl scale` of a blocked model does not start its gate again."""
+    shaped = spec.model_dump(mode="json")
+    shaped["worker"].pop("replicas", None)
+    canonical = json.dumps(shaped, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 def _is_gateway_on(world: World, revision: str) -> bool:
     return world.gateway is not None and world.gateway.revision == revision and world.gateway.is_rolled_out
 
@@ -302,7 +402,15 @@ def replace_state(rollout: RolloutState, **changes: Any) -> RolloutState:
 
 
 def _block(world: World, rollout: RolloutState, reason: str, message: str) -> _Step:
-    blocked = _enter(world, rollout, "Blocked", reason=reason, message=message, generation=world.generation)
+    blocked = _enter(
+        world,
+        rollout,
+        "Blocked",
+        reason=reason,
+        message=message,
+        generation=world.generation,
+        spec_hash=gate_hash(world.spec),
+    )
     text = f"revision {rollout.revision} blocked ({reason}): {message}"
     return _Step(blocked, events=(Event("Warning", "RolloutBlocked", text),))
 
@@ -324,8 +432,6 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     if rollout.stage == "Blocked":
         return _Step(rollout)
     if rollout.stage == "Deploying":
-        if wanted == 0:  # nothing to gate: no pod would take traffic anyway
-            return _Step(_enter(world, rollout, "Promoting"))
         if is_ready:
             state = _enter(world, rollout, "Prewarming", targets=list(workers.addresses))
             return _Step(state, jobs=(prewarm(state),))
@@ -377,6 +483,8 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
             ),
         )
     assert rollout.stage == "Promoting", rollout.stage
+    if _age_s(rollout.stage_started_at, world.now) > spec.rollout.promote_timeout_seconds:
+        return _block(world, rollout, "PromoteTimedOut", _promote_timeout_message(world, rollout))
     return _Step(rollout)
 
 

@@ -390,6 +390,14 @@ class RolloutSpec(SpecModel):
     )
     prewarm_timeout_seconds: int = Field(900, ge=10, description="Deadline of the prewarm Job, in seconds.")
     smoke_timeout_seconds: int = Field(600, ge=10, description="Deadline of the smoke-test Job, in seconds.")
+    promote_timeout_seconds: int = Field(
+        600,
+        ge=10,
+        description="Seconds the gateway may take to become available on a revision that passed its gates "
+        "(its pods rolled to it) before the rollout blocks with PromoteTimedOut; the gateway's pods still "
+        "on the serving revision keep serving meanwhile, and no revision a gateway pod points at is "
+        "deleted.",
+    )
 
 
 class MetricsSpec(SpecModel):

@@ -41,13 +41,17 @@ class RolloutState(SpecModel):
     attempt: int = Field(1, description="Attempt at this revision; part of the Job names.")
     generation: int = Field(
         0,
-        description="metadata.generation the attempt started at; a blocked "
-        "rollout retries when the generation moves on.",
+        description="metadata.generation the attempt started at (or was blocked at).",
     )
     stage_started_at: str = Field(description="When the current stage began (RFC 3339), for timeouts.")
     targets: list[str] = Field(
         default_factory=list,
         description="Candidate pod addresses the prewarm Job captured on; a change means prewarming again.",
+    )
+    spec_hash: str = Field(
+        "",
+        description="Hash of the spec a blocked rollout was blocked on, worker.replicas left out: it is "
+        "retried when the spec changes otherwise, not when it is only scaled.",
     )
     reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
     message: str = Field("", description="Details of the block.")

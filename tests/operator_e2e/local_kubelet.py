@@ -433,6 +433,8 @@ class LocalKubelet:
                 "name": name,
                 "namespace": self._ns,
                 "labels": dict(template["metadata"].get("labels", {})),
+                # a ReplicaSet copies the template's annotations too (the gateway's revision is one)
+                "annotations": dict(template["metadata"].get("annotations", {})),
                 "ownerReferences": [
                     {
                         "apiVersion": owner["apiVersion"],

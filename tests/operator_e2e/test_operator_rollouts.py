@@ -8,6 +8,9 @@ the model removes everything it owns.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import httpx
@@ -192,3 +195,75 @@ def test_delete_removes_everything_owned(cluster, example):
         timeout_s=30,
     )
     print(f"deleted in {time.monotonic() - started:.1f} s")
+
+
+def gateway_rolled_to(cluster, revision: str) -> bool:
+    """The gateway Deployment's template points at `revision` and every pod runs it, available."""
+    (gateway,) = [
+        d for d in cluster.items("/apis/apps/v1", "deployments") if d["metadata"]["name"] == "minilm-gateway"
+    ]
+    status, want = gateway.get("status", {}), gateway["spec"].get("replicas", 1)
+    on = gateway["spec"]["template"]["metadata"].get("annotations", {}).get("kembed.dev/revision") == revision
+    return (
+        on
+        and status.get("updatedReplicas") == status.get("replicas") == status.get("availableReplicas") == want
+    )
+
+
+def test_a_change_while_the_gateway_switches_keeps_every_request_answered(cluster, example):
+    """The reproduction of a total outage: revision B passes its gates, the gateway rolls onto B, and
+    before the operator records it a change C arrives, one that will block (NaN weights). B's workers
+    must stay while the gateway points at them: B is promoted, C is gated from it and blocks, and B
+    serves on. The operator is paused (SIGSTOP) for the window, so the timing is the worst case every
+    time. A client posts to the gateway's ready pods all along, until well after B's old pods would
+    have drained away: every answer is a 200."""
+    old = start_ready(cluster, example)
+    answers: list[int] = []
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            pods = [p for p in cluster.kubelet.pods_of("minilm-gateway") if p.is_ready]
+            try:
+                answer = httpx.post(
+                    f"http://{pods[-1].ip}:8080/v1/embeddings", json={"input": "hello"}, timeout=10
+                )
+            except (httpx.HTTPError, IndexError):  # a pod going away as it was picked: a Service moves on
+                continue
+            answers.append(answer.status_code)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})
+        b = new_candidate(cluster, old)
+        cluster.wait(
+            "B promoting",
+            lambda: ((cluster.model()["status"].get("rollout") or {}).get("stage")) == "Promoting",
+            timeout_s=120,
+        )
+        os.kill(cluster.operator.pid, signal.SIGSTOP)
+        try:
+            cluster.wait(f"the gateway rolled onto {b}", lambda: gateway_rolled_to(cluster, b), timeout_s=60)
+            patch_spec(cluster, {"model": {"source": {"hostPath": {"path": CORRUPT_MODEL_DIR}}}})
+        finally:
+            os.kill(cluster.operator.pid, signal.SIGCONT)
+        cluster.wait(
+            "the change blocked",
+            lambda: condition(cluster.model(), "RolloutBlocked").get("status") == "True",
+            timeout_s=120,
+        )
+        time.sleep(15)  # past a retired pod's preStop and drain: had B gone, the gateway would have nothing
+    finally:
+        done.set()
+        thread.join(30)
+    assert answers and set(answers) == {200}, (
+        f"{len(answers)} answers, not 200: {sorted(set(answers) - {200})}"
+    )
+    status = cluster.model()["status"]
+    assert status["activeRevision"] == b and condition(cluster.model(), "Ready")["status"] == "True"
+    promoted = [e["message"] for e in cluster.items("/api/v1", "events") if e["reason"] == "Promoted"]
+    assert any(f"revision {b} serves" in m for m in promoted), promoted
+    assert gateway_rolled_to(cluster, b) and worker_ips(cluster, b)
+    print(f"{len(answers)} answers, all 200: {old} -> {b} promoted, then the change blocked")
