@@ -235,6 +235,14 @@ class GatewayMetrics:
         self.registry.register(collector)
         self._collectors.append(collector)
 
+    def watch_workers(self, num_serving: Callable[[], int]) -> None:
+        """Report `kembed_gateway_serving_workers` at each scrape: the worker replicas this process
+        would send a chunk to now (what /ready counts). 0 while the gateway is up is an outage even
+        when no request arrives to fail."""
+        collector = ServingCollector(num_serving)
+        self.registry.register(collector)
+        self._collectors.append(collector)
+
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         self.fold()
@@ -264,6 +272,25 @@ class InfoCollector(Collector):
         )
         info.add_metric([self._served_name()], 1)
         yield info
+
+
+class ServingCollector(Collector):
+    """`kembed_gateway_serving_workers`, read from the worker pool when Prometheus scrapes. Each
+    gateway process keeps its own pool, so the process that answers the scrape reports its own count
+    (one of several processes: not summed, unlike the multiprocess gauges)."""
+
+    def __init__(self, num_serving: Callable[[], int]) -> None:
+        self._num_serving = num_serving
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("kembed_gateway_serving_workers", "")
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "kembed_gateway_serving_workers",
+            "Worker replicas serving now: healthy, not leaving, answered a health probe recently.",
+            value=self._num_serving(),
+        )
 
 
 class RequestMetrics:

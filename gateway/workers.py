@@ -168,6 +168,7 @@ class WorkerPool:
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        metrics.watch_workers(self.num_serving)
 
     async def start(self) -> None:
         for address in self._config.static_workers:
@@ -287,6 +288,11 @@ class WorkerPool:
             and not replica.is_leaving
             and now - replica.last_serving_at < self._config.max_health_age_s
         )
+
+    def num_serving(self) -> int:
+        """Replicas a chunk could be sent to now."""
+        now = asyncio.get_running_loop().time()
+        return sum(self._is_available(r, now) for r in self.replicas)
 
     def is_ready(self) -> bool:
         now = asyncio.get_running_loop().time()

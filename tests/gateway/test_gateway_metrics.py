@@ -1,8 +1,10 @@
 """GET /metrics: Prometheus text with the contracted names and labels, moving with traffic."""
 
+import asyncio
+
 import grpc
 import pytest
-from gateway_fakes import FakeEmbedder
+from gateway_fakes import FakeEmbedder, unused_address
 from prometheus_client.parser import text_string_to_metric_families
 
 CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
@@ -14,6 +16,7 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_gateway_errors": {"reason"},
     "kembed_gateway_inflight_requests": set(),
     "kembed_gateway_info": {"model"},
+    "kembed_gateway_serving_workers": set(),
 }
 
 
@@ -77,6 +80,19 @@ async def test_info_names_the_served_model_for_the_dashboards_to_join_on(gateway
         served = (await client.get("/v1/models")).json()["data"][0]["id"]
         after = await scrape(client)
     assert after[f'kembed_gateway_info{{model="{served}"}}'] == 1
+
+
+async def test_serving_workers_counts_the_replicas_a_chunk_could_go_to(gateway_with):
+    """What the availability alert reads: 0 while the gateway is up and no worker serves, whether or
+    not a request arrives to fail."""
+    starting = FakeEmbedder(status=2)  # NOT_SERVING
+    async with gateway_with(FakeEmbedder(), starting, health_interval_s=0.05) as client:
+        assert (await scrape(client))["kembed_gateway_serving_workers{}"] == 1
+        starting.status = 1  # SERVING
+        await asyncio.sleep(0.3)
+        assert (await scrape(client))["kembed_gateway_serving_workers{}"] == 2
+    async with gateway_with(unused_address(), health_timeout_s=0.5) as client:
+        assert (await scrape(client))["kembed_gateway_serving_workers{}"] == 0
 
 
 @pytest.mark.parametrize(
