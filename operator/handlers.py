@@ -3,7 +3,8 @@
 Create, update (spec or scale), resume (operator start) and a timer all run the same idempotent
 `reconcile`; a per-model lock keeps the timer and an event handler from interleaving (sync handlers
 run in kopf's thread pool). A second, slower timer keeps each model's hot list current
-(hot_buckets.py). The API client, default images, locks and metrics live in kopf's `memo`.
+(hot_buckets.py). A watch event of a deleted model drops its phase from the metrics. The API client,
+default images, locks and metrics live in kopf's `memo`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
     raw = plain(body)
     now = datetime.now(UTC)
     metrics: OperatorMetrics = memo.metrics
+    namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
     with memo.locks.setdefault(raw["metadata"]["uid"], threading.Lock()):
         started, result = time.perf_counter(), "error"
         try:
@@ -51,7 +53,9 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
             result = "ok"
         except InvalidSpec as error:
             result = "invalid"
-            patch.status.update(invalid_status(raw, str(error), now))
+            invalid = invalid_status(raw, str(error), now)
+            metrics.phases.set(namespace, name, invalid["phase"])
+            patch.status.update(invalid)
             raise kopf.PermanentError(f"invalid spec: {error}") from None
         except ClusterError as error:
             if error.is_retryable:
@@ -61,8 +65,20 @@ def reconcile_handler(body: Mapping[str, Any], memo: kopf.Memo, patch: kopf.Patc
         finally:
             metrics.reconciles.labels(result).inc()
             metrics.reconcile_duration.observe(time.perf_counter() - started)
+    metrics.phases.set(namespace, name, status["phase"])
     if status != raw.get("status"):
         patch.status.update(status)
+
+
+def deleted_handler(event: Mapping[str, Any], body: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    """A model gone from the API: its phase series go too. A watch event, not a delete handler, so
+    that no finalizer holds the model; under its lock, so that a reconcile in flight cannot set the
+    phase again after it."""
+    if event.get("type") != "DELETED":
+        return
+    metadata = body["metadata"]
+    with memo.locks.setdefault(metadata["uid"], threading.Lock()):
+        memo.metrics.phases.forget(metadata["namespace"], metadata["name"])
 
 
 def hot_buckets_handler(body: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
@@ -104,6 +120,7 @@ def register(
     kopf.on.login(registry=registry)(kopf.login_via_client)
     for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorate(*resource, registry=registry, id="reconcile")(reconcile_handler)
+    kopf.on.event(*resource, registry=registry, id="deleted")(deleted_handler)
     kopf.timer(
         *resource,
         registry=registry,

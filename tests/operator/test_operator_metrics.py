@@ -1,5 +1,6 @@
 """The operator's metrics: contracted names, rollout gate outcomes and Job durations counted once
-each, reconciles counted by result; served over HTTP on the metrics port."""
+each, reconciles counted by result, each model's phase as the handler writes it (gone with the
+model); served over HTTP on the metrics port."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import urllib.request
 
 import kopf
 import pytest
-from operator_fakes import Driver, FakeCluster, example, model_body
+from operator_fakes import IMAGES, Driver, FakeCluster, example, model_body
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kembed.operator.cluster import ClusterError
-from kembed.operator.handlers import reconcile_handler
-from kembed.operator.metrics import OperatorMetrics, serve_metrics
-from kembed.operator.reconcile import Images
+from kembed.operator.handlers import deleted_handler, reconcile_handler
+from kembed.operator.metrics import PHASES, OperatorMetrics, serve_metrics
 from kembed.operator.settings import OperatorSettings
 
 CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
@@ -22,6 +22,7 @@ CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)
     "kembed_operator_reconcile_duration_seconds": set(),
     "kembed_operator_rollouts": {"result"},
     "kembed_operator_job_duration_seconds": {"kind", "result"},
+    "kembed_operator_model_phase": {"model_namespace", "model", "phase"},
 }
 
 
@@ -79,18 +80,84 @@ class Throttled(FakeCluster):
         raise ClusterError(429, "slow down")
 
 
+def memo_of(metrics: OperatorMetrics, cluster: FakeCluster) -> kopf.Memo:
+    return kopf.Memo(cluster=cluster, images=IMAGES, locks={}, settings=OperatorSettings(), metrics=metrics)
+
+
+def phases(metrics: OperatorMetrics) -> dict[tuple[str, str], dict[str, float]]:
+    """(namespace, model) -> phase -> value of kembed_operator_model_phase."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            if sample.name == "kembed_operator_model_phase":
+                key = (sample.labels["model_namespace"], sample.labels["model"])
+                out.setdefault(key, {})[sample.labels["phase"]] = sample.value
+    return out
+
+
+def only(phase: str) -> dict[str, float]:
+    return {p: 1.0 if p == phase else 0.0 for p in PHASES}
+
+
+def test_the_handler_records_each_models_phase_from_the_status_it_writes():
+    metrics = OperatorMetrics()
+    assert phases(metrics) == {}  # no model reconciled yet: no series
+    patch = kopf.Patch()
+    reconcile_handler(
+        body=model_body(example("minilm-cpu.yaml")["spec"]), memo=memo_of(metrics, FakeCluster()), patch=patch
+    )
+    assert patch["status"]["phase"] == "Progressing"
+    assert phases(metrics) == {("ml", "minilm"): only("Progressing")}
+    bad = model_body(
+        {"model": {"source": {"hostPath": {"path": "/m"}}}, "worker": {"replicas": -1}}, name="bad"
+    )
+    with pytest.raises(kopf.PermanentError):
+        reconcile_handler(body=bad, memo=memo_of(metrics, FakeCluster()), patch=kopf.Patch())
+    assert phases(metrics) == {("ml", "minilm"): only("Progressing"), ("ml", "bad"): only("Invalid")}
+
+
+def test_a_blocked_model_reads_blocked_on_every_pass_until_its_spec_moves_on():
+    """What KembedRolloutBlocked reads: Blocked for as long as the model is, however long."""
+    metrics = OperatorMetrics()
+    driver = driven(metrics)
+    driver.promote()
+    driver.edit("model", dtype="float16")
+    new = driver.step()["candidateRevision"]
+    driver.cluster.run_workers(new, ip_base=20)
+    driver.step()
+    driver.cluster.finish_job("prewarm", True)
+    driver.step()
+    driver.cluster.finish_job("smoke", False, report="FAILED")
+    memo = memo_of(metrics, driver.cluster)
+    for _ in range(3):  # the drift timer's passes: status unchanged, the phase kept
+        patch = kopf.Patch()
+        reconcile_handler(body=driver.body, memo=memo, patch=patch)
+        driver.body["status"] = {**driver.body.get("status", {}), **patch.get("status", {})}
+        assert phases(metrics) == {("ml", "minilm"): only("Blocked")}
+    driver.edit("model", dtype="auto")  # back to the serving revision's spec: no rollout, Ready
+    reconcile_handler(body=driver.body, memo=memo, patch=kopf.Patch())
+    assert phases(metrics)[("ml", "minilm")]["Blocked"] == 0
+
+
+def test_a_deleted_model_loses_its_phase_series():
+    metrics = OperatorMetrics()
+    memo = memo_of(metrics, FakeCluster())
+    spec = example("minilm-cpu.yaml")["spec"]
+    for name in ("minilm", "other"):
+        reconcile_handler(body=model_body(spec, name=name), memo=memo, patch=kopf.Patch())
+    body = model_body(spec)
+    for kind in (None, "ADDED", "MODIFIED"):  # the watch's other events change nothing
+        deleted_handler(event={"type": kind, "object": body}, body=body, memo=memo)
+    assert set(phases(metrics)) == {("ml", "minilm"), ("ml", "other")}
+    deleted_handler(event={"type": "DELETED", "object": body}, body=body, memo=memo)
+    assert set(phases(metrics)) == {("ml", "other")}
+
+
 def test_the_handler_counts_reconciles_by_result_with_the_contracted_names():
     metrics = OperatorMetrics()
 
     def handle(cluster, spec):
-        memo = kopf.Memo(
-            cluster=cluster,
-            images=Images("w:1", "g:1"),
-            locks={},
-            settings=OperatorSettings(),
-            metrics=metrics,
-        )
-        reconcile_handler(body=model_body(spec), memo=memo, patch=kopf.Patch())
+        reconcile_handler(body=model_body(spec), memo=memo_of(metrics, cluster), patch=kopf.Patch())
 
     good = example("minilm-cpu.yaml")["spec"]
     handle(FakeCluster(), good)

@@ -34,10 +34,12 @@ class Cluster:
     kubelet: LocalKubelet
     log_dir: Path
     operator: subprocess.Popen | None = None
+    metrics_port: int = 0  # the running operator's, once started
 
     def start_operator(self, **settings: str) -> None:
         """`python -P -m kembed.operator` against the emulator, in the test namespace, fast timers;
         `settings` are more KEMBED_OPERATOR_* variables (hot_buckets_interval_s="1")."""
+        self.metrics_port = _free_port()  # 9090 may be taken by a Prometheus
         env = dict(
             os.environ,
             KUBECONFIG=str(self.kubeconfig),
@@ -45,7 +47,7 @@ class Cluster:
             KEMBED_OPERATOR_RECONCILE_INTERVAL_S="1",
             KEMBED_OPERATOR_RETRY_DELAY_S="1",
             KEMBED_OPERATOR_HEALTH_PORT=str(_free_port()),  # 8081 may be taken on a shared host
-            KEMBED_OPERATOR_METRICS_PORT=str(_free_port()),  # and 9090 by a Prometheus
+            KEMBED_OPERATOR_METRICS_PORT=str(self.metrics_port),
             **{f"KEMBED_OPERATOR_{name.upper()}": value for name, value in settings.items()},
         )
         log = (self.log_dir / "operator.log").open("a")

@@ -170,6 +170,9 @@ def test_delete_removes_everything_owned(cluster, example):
     }
     for kind, expected in guards.items():
         assert sorted(o["metadata"]["name"] for o in cluster.items(*kind)) == expected
+    assert 'model_phase{model="minilm",model_namespace="default",phase="Ready"} 1.0' in operator_metrics(
+        cluster
+    )
     started = time.monotonic()
     cluster.api.delete(f"{MODELS}/minilm").raise_for_status()
     kinds = [
@@ -195,6 +198,12 @@ def test_delete_removes_everything_owned(cluster, example):
         timeout_s=30,
     )
     print(f"deleted in {time.monotonic() - started:.1f} s")
+    # the watch's DELETED event took the model's phase series with it
+    assert 'model="minilm"' not in operator_metrics(cluster)
+
+
+def operator_metrics(cluster) -> str:
+    return httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
 
 
 def gateway_rolled_to(cluster, revision: str) -> bool:
