@@ -148,6 +148,15 @@ def pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], **
 # --- per revision -------------------------------------------------------------------------------
 
 
+def worker_device(spec: EmbeddingModelSpec) -> str:
+    """The worker's --device: `cuda` where the pod is given a GPU (nvidia.com/gpu or a MIG slice),
+    also for `auto`, so that a pod whose torch sees no CUDA device (a driver mismatch) fails to start
+    instead of serving on its CPU while it holds a GPU; else the spec's."""
+    r = spec.worker.resources
+    has_gpu = any(name.startswith("nvidia.com/") for name in (*r.limits, *r.requests))
+    return "cuda" if spec.worker.device == "auto" and has_gpu else spec.worker.device
+
+
 def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
     """The worker's `KEMBED_WORKER_*` environment (see `python -m kembed.worker --help`)."""
     w, m, t = spec.worker, spec.model, spec.traffic_classes
@@ -156,7 +165,7 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_HOST": "0.0.0.0",
         "KEMBED_WORKER_PORT": str(w.port),
         "KEMBED_WORKER_DATA_PORT": str(WORKER_DATA_PORT),
-        "KEMBED_WORKER_DEVICE": w.device,
+        "KEMBED_WORKER_DEVICE": worker_device(spec),
         "KEMBED_WORKER_DTYPE": m.dtype,
         "KEMBED_WORKER_ATTENTION_BACKEND": w.attention_backend,
         "KEMBED_WORKER_MAX_BATCH_TOKENS": str(w.max_batch_tokens),

@@ -97,6 +97,8 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     await scheduler.run_on_device(
         engine.prewarm_at_start, config.prewarm, hot_first(config), config.prewarm_seconds
     )
+    if config.self_check_buckets:  # graphs replayed against eager runs before the port opens
+        await scheduler.run_on_device(self_check, engine, config.self_check_buckets)
     rate = await scheduler.run_on_device(measure_rate, engine, config.max_batch_tokens)
     if rate > 0:
         scheduler.steps.measured(rate)
@@ -166,6 +168,31 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
 
 
 STALL_CHECK_S = 0.2  # how often the worker asks whether a device step has stalled
+
+
+def self_check(engine: EngineOps, num_buckets: int) -> None:
+    """Before this worker serves, `num_buckets` of its captured buckets (the smallest, the largest and
+    some between) replayed against eager runs on fixed inputs, as the rollout's smoke test does: a pod
+    added after the rollout (a scale-up, a restart, another node's GPU or driver) gates itself.
+    StartupError on a mismatch; nothing to check without captured graphs (a CPU worker)."""
+    captured = sorted(engine.captured_buckets())
+    if not captured:
+        return
+    picks = sorted(
+        {captured[round(i * (len(captured) - 1) / max(1, num_buckets - 1))] for i in range(num_buckets)}
+    )
+    results = engine.smoke_test(picks, SELF_CHECK_MIN_COSINE, 0)
+    failed = [r for r in results if not r.passed]
+    summary = ", ".join(f"{r.bucket} {r.min_cosine:.5f}" for r in results)
+    if failed:
+        raise StartupError(
+            f"self-check failed: graph replay does not match eager runs (min cosine per bucket: {summary}; "
+            f"at least {SELF_CHECK_MIN_COSINE} wanted, and no NaN/Inf)"
+        )
+    log.info("self-check passed: %d captured buckets replayed against eager runs (%s)", len(results), summary)
+
+
+SELF_CHECK_MIN_COSINE = 0.999  # as the rollout's default rollout.minCosine
 
 
 def _rate_tokens(max_batch_tokens: int) -> int:

@@ -155,6 +155,12 @@ class WorkerConfig:
     max_inflight_batches: int = 2
     """Batches launched and not yet collected: 2 lets the CPU pack batch N+1 while N runs."""
 
+    self_check_buckets: int = 3
+    """Captured CUDA-graph buckets the worker replays against eager runs on fixed inputs before it
+    opens its ports (the smallest, the largest, one between); a mismatch stops it with an error, so
+    a pod added after its revision's rollout (a scale-up, a restart, another node) is gated too. A
+    few ms each on a GPU; nothing to check without graphs (a CPU worker). 0: no self-check."""
+
     stall_multiple: float = 10.0
     """A device step still running after this many times what recent steps of its size took (and
     at least stall_min_s) marks the worker stalled: its health checks answer NOT_SERVING, so
@@ -283,6 +289,8 @@ class WorkerConfig:
             raise ValueError(f"prewarm must be all, none or a list of buckets, not {self.prewarm!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if self.self_check_buckets < 0:
+            raise ValueError(f"self_check_buckets must be >= 0, not {self.self_check_buckets}")
         if not min(self.stall_multiple, self.stall_min_s, self.stall_unseen_s) > 0:  # NaN too
             raise ValueError("stall_multiple, stall_min_s and stall_unseen_s must be positive")
         if not self.prewarm_seconds >= 0:  # NaN too

@@ -340,7 +340,14 @@ def _resolve_attention(
 
 def _resolve_device(requested: str) -> torch.device:
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        log.warning(
+            "--device auto: torch %s sees no CUDA device, so the model runs on the CPU (pass --device cuda "
+            "to refuse to start instead)",
+            torch.__version__,
+        )
+        return torch.device("cpu")
     if requested == "cuda" and not torch.cuda.is_available():
         raise StartupError("--device cuda was asked for but torch sees no CUDA device")
     return torch.device(requested)
