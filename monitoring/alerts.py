@@ -22,6 +22,10 @@ from kembed.monitoring import promql as q
 # Cold hits on a pod that serves a step a minute are noise: the cold-hit alert needs at least this
 # many graph-eligible steps per second (its 5-minute rate) before it speaks.
 MIN_GRAPH_STEPS_PER_S = 0.1
+# A near-idle gateway's ratio is all or nothing: a trickle of failures (one client's bad request
+# retried every few minutes) holds it at 1 for as long as it lasts. The server-error alert needs
+# about three failures in its 5-minute window; a quiet gateway's outage is KembedNoServingWorker's.
+MIN_SERVER_ERRORS_PER_S = 0.01
 GROUP = "kembed"
 
 
@@ -41,6 +45,11 @@ class Thresholds:
     """Share of graph-eligible steps that found their bucket cold, held 10 minutes: the new
     revision's prewarm missed the buckets traffic hits."""
 
+    server_error_fraction: float = 0.05
+    """Share of answered requests on the routes that reach the workers that failed with a server
+    error (5xx but 501), held 5 minutes. A pure outage is 1; 5 % is about what one replica of a few
+    failing outright would leave after the gateway's retries. Set it from your error budget."""
+
 
 DEFAULT_THRESHOLDS = Thresholds()
 
@@ -52,26 +61,63 @@ def values_key(field_name: str) -> str:
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert: `signal > threshold` (and `guard`), held `for_` before it fires."""
+    """One alert: `signal op threshold` (and `guard`), held `for_` before it fires."""
 
     name: str
     signal: str
-    threshold: str | None  # a Thresholds field, or None for `> 0`
+    threshold: str | None  # a Thresholds field, or None for the fixed `bound`
     for_: str
     severity: str
     summary: str
     description: str
     guard: str = ""
+    op: str = ">"
+    bound: str = "0"
 
     def expr(self, threshold: str) -> str:
         guard = f" and {self.guard}" if self.guard else ""
-        return f"{self.signal} > {threshold}{guard}"
+        return f"{self.signal} {self.op} {threshold}{guard}"
+
+    def level(self, thresholds: Thresholds) -> str:
+        return self.bound if self.threshold is None else f"{getattr(thresholds, self.threshold):g}"
 
 
 def alerts() -> tuple[Alert, ...]:
     slo = (q.routes(q.SLO_ROUTES), 'code=~"2.."')
     _, graph_steps = q.graph_steps(q.ALERTS)
+    per_model = ("namespace", "model")
+    server_errors, _ = q.server_errors(q.ALERTS, per_model)
     return (
+        Alert(
+            name="KembedServerErrorsHigh",
+            signal=q.server_error_fraction(q.ALERTS, per_model),
+            threshold="server_error_fraction",
+            for_="5m",
+            severity="critical",
+            summary="{{ $value | humanizePercentage }} of requests to {{ $labels.model }} in "
+            "{{ $labels.namespace }} fail with a server error",
+            description="The gateways have answered more than prometheusRule.thresholds.serverErrorFraction "
+            "of the requests that reach the workers with a 5xx (501 aside; 504 included: the gateway's own "
+            "deadline passed) for 5 minutes. 503 everywhere is no worker serving: see "
+            "KembedNoServingWorker and the worker pods. The kembed / Throughput and errors dashboard "
+            "splits errors by reason.",
+            guard=f"on (namespace, model) ({server_errors}) > {MIN_SERVER_ERRORS_PER_S:g}",
+        ),
+        Alert(
+            name="KembedNoServingWorker",
+            signal=q.serving_workers(q.ALERTS, per_model),
+            threshold=None,
+            for_="5m",
+            severity="critical",
+            summary="No gateway of {{ $labels.model }} in {{ $labels.namespace }} has a worker to send to",
+            description="Every gateway pod of the model has been up with no serving worker replica for 5 "
+            "minutes: /ready answers 503 (the Service takes the gateways out of rotation, so requests may "
+            "fail before they reach one) and every request that arrives is answered 503. Look at the worker "
+            "pods (crash loops, NOT_SERVING after a stalled step, a model that does not load) and at the "
+            "gateway's log for the addresses it probes.",
+            op="==",
+            bound="0",
+        ),
         Alert(
             name="KembedLatencyP99AboveSLO",
             signal=q.gateway_latency(0.99, q.ALERTS, ("namespace", "model"), *slo),
@@ -110,13 +156,15 @@ def alerts() -> tuple[Alert, ...]:
         ),
         Alert(
             name="KembedRolloutBlocked",
-            signal=q.rollouts_blocked("1h"),
+            signal=q.model_phase("Blocked"),
             threshold=None,
             for_="0m",
             severity="warning",
-            summary="The kembed operator blocked a rollout",
-            description="A new revision failed its prewarm or smoke test in the last hour; the old "
-            "revision keeps serving. `kubectl get embeddingmodels -A` shows RolloutBlocked and the reason.",
+            summary="The rollout of EmbeddingModel {{ $labels.namespace }}/{{ $labels.model }} is blocked",
+            description="Its new revision failed its prewarm or smoke test; the old revision keeps "
+            "serving. `kubectl describe embeddingmodel -n {{ $labels.namespace }} {{ $labels.model }}` "
+            "shows the RolloutBlocked condition and its reason. The alert stays while the model is "
+            "Blocked: until a spec change retries the rollout or goes back to the serving revision.",
         ),
     )
 
@@ -133,9 +181,7 @@ def _rule(alert: Alert, threshold: str) -> dict[str, Any]:
 
 def rule_groups(thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
     """The alerts as Prometheus rule groups, thresholds in place."""
-    rules = [
-        _rule(a, "0" if a.threshold is None else f"{getattr(thresholds, a.threshold):g}") for a in alerts()
-    ]
+    rules = [_rule(a, a.level(thresholds)) for a in alerts()]
     return [{"name": GROUP, "rules": rules}]
 
 
@@ -167,7 +213,7 @@ def chart_template() -> str:
     rules = []
     for alert in alerts():
         if alert.threshold is None:
-            threshold = "0"
+            threshold = alert.bound
         else:
             threshold = f"{{{{ .Values.prometheusRule.thresholds.{values_key(alert.threshold)} }}}}"
         rule = _rule(alert, threshold)

@@ -14,11 +14,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The routes that do work (embed, rerank, tokenize): probes, /info and /metrics are left out of
-# latency and throughput, which they would only dilute.
-WORK_ROUTES = ("/v1/embeddings", "/embed", "/rerank", "/v1/rerank", "/tokenize")
-# The routes a latency SLO covers: the ones that reach the workers.
-SLO_ROUTES = ("/v1/embeddings", "/embed", "/rerank", "/v1/rerank")
+# The routes a latency SLO and the availability alert cover: the ones that reach the workers (OpenAI,
+# TEI, Cohere v2 and Perplexity shapes). TEI's `POST /` is left out: its route label `/` is also
+# `GET /`'s (info), which needs no worker.
+SLO_ROUTES = (
+    "/v1/embeddings",
+    "/embed",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/embed",
+    "/v2/rerank",
+    "/v1/contextualizedembeddings",
+    "/similarity",
+)
+# The routes that do work (those and tokenize): probes, /info and /metrics are left out of latency
+# and throughput, which they would only dilute.
+WORK_ROUTES = (*SLO_ROUTES, "/tokenize")
+# Server errors an outage answers: 5xx but 501 (the model does not do what the route asks, e.g. a
+# rerank of an embedding model: the client's mistake, answered the same way every time). 504 counts:
+# it is the gateway's own deadline (request_timeout_s) passing, workers too slow or stuck.
+SERVER_ERRORS = ('code=~"5.."', 'code!="501"')
+# Requests the gateway answered: 499 is a client that left first (its work was cancelled), no answer.
+ANSWERED = 'code!="499"'
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,38 @@ def cold_fraction(scope: Scope) -> str:
     return ratio(*graph_steps(scope))
 
 
-def rollouts_blocked(window: str) -> str:
-    """Rollouts the operator blocked within `window`, per operator pod."""
-    blocked = increase("kembed_operator_rollouts_total", ALERTS, 'result="blocked"', window=window)
-    return f"sum by (namespace, pod) ({blocked})"
+def gateway_requests(scope: Scope, labels: Sequence[str], *matchers: str) -> str:
+    """Requests per second on the routes that reach the workers, per `labels` (of the gateway pods and
+    their model)."""
+    counts = rate("kembed_gateway_request_duration_seconds_count", scope, routes(SLO_ROUTES), *matchers)
+    return f"sum {by(labels)} ({of_gateways(counts, scope)})"
+
+
+def server_errors(scope: Scope, labels: Sequence[str]) -> tuple[str, str]:
+    """(server errors, requests answered) per second, per `labels`: what an outage looks like from
+    the gateway (a gateway whose workers are all gone answers every request 503)."""
+    return gateway_requests(scope, labels, *SERVER_ERRORS), gateway_requests(scope, labels, ANSWERED)
+
+
+def server_error_fraction(scope: Scope, labels: Sequence[str]) -> str:
+    """The share of answered requests that failed with a server error, per `labels`: 0 where none
+    failed (a gateway that never answered a 5xx has no such series), NaN without traffic (a gateway
+    nobody calls, or that its Service took out of rotation for its failed readiness probe, says
+    nothing here; its serving workers do)."""
+    failed, answered = server_errors(scope, labels)
+    return ratio(f"{failed} or {answered} * 0", answered)
+
+
+def serving_workers(scope: Scope, labels: Sequence[str]) -> str:
+    """Worker replicas the best-placed gateway pod can send to, per `labels`: 0 is no gateway able to
+    answer, traffic or not."""
+    return f"max {by(labels)} ({of_gateways(series('kembed_gateway_serving_workers', scope), scope)})"
+
+
+def model_phase(phase: str) -> str:
+    """1 per EmbeddingModel in `phase` (0 in another), with the model's namespace as `namespace` (the
+    operator exports it as `model_namespace`: a scrape's `namespace` is the operator pod's) and the
+    operator pod dropped, so that an operator restart does not make a new series."""
+    phases = series("kembed_operator_model_phase", ALERTS, f'phase="{phase}"')
+    moved = f'label_replace({phases}, "namespace", "$1", "model_namespace", "(.*)")'
+    return f"max by (namespace, model) ({moved})"

@@ -105,6 +105,27 @@ def throughput_errors() -> Dashboard:
         "Requests, inputs and tokens per second through the gateways and workers; errors by class.",
         [
             (
+                "Availability",
+                [
+                    graph(
+                        "Server errors, share of answered requests",
+                        "5xx (501 aside; 504 included) over the requests answered (499 aside) on the routes "
+                        "that reach the workers, per gateway pod: KembedServerErrorsHigh's signal (per model "
+                        "there; its threshold dashed). No line: no traffic.",
+                        "percentunit",
+                        [Query(q.server_error_fraction(S, ("pod",)), "{{pod}}")],
+                        threshold=DEFAULT_THRESHOLDS.server_error_fraction,
+                    ),
+                    graph(
+                        "Serving workers per gateway pod",
+                        "Worker replicas each gateway can send to now; 0 on every gateway of a model is "
+                        "KembedNoServingWorker (/ready answers 503 meanwhile).",
+                        "none",
+                        [Query(q.serving_workers(S, ("pod",)), "{{pod}}")],
+                    ),
+                ],
+            ),
+            (
                 "Throughput",
                 [
                     graph(

@@ -1,4 +1,5 @@
-"""The rollouts dashboard: revisions serving, and the operator's gate (Jobs, outcomes, reconciles).
+"""The rollouts dashboard: revisions serving, and the operator's view (each model's phase, the gate's
+Jobs and outcomes, reconciles).
 
 Operator panels follow none of the variables: the operator runs in its own namespace and counts for
 every model it reconciles.
@@ -13,6 +14,13 @@ from kembed.monitoring.panels import Query, dashboard, graph, total
 from kembed.monitoring.queries import S, worker_rate
 
 
+def model_phases(*matchers: str) -> str:
+    """kembed_operator_model_phase, one series per model and phase whichever operator pod reported it
+    (two, briefly, while the operator's Deployment rolls)."""
+    phases = q.series("kembed_operator_model_phase", q.ALERTS, *matchers)
+    return f"max by (model_namespace, model, phase) ({phases})"
+
+
 def rollouts() -> Dashboard:
     op = q.Scope(window=S.window)  # the operator's own namespace, whatever the variables say
     jobs = q.increase("kembed_operator_job_duration_seconds_sum", op, window="$__range")
@@ -22,8 +30,9 @@ def rollouts() -> Dashboard:
     return dashboard(
         "kembed-rollouts",
         "kembed / Rollouts",
-        "Revisions serving, and the operator's rollout gate: prewarm and smoke-test Jobs, rollouts "
-        "promoted or blocked, reconciles. Operator panels cover every model the operator reconciles.",
+        "Revisions serving, and the operator's view: each model's phase, the rollout gate's prewarm and "
+        "smoke-test Jobs, rollouts promoted or blocked, reconciles. Operator panels cover every model the "
+        "operator reconciles.",
         [
             (
                 "Revisions",
@@ -56,6 +65,26 @@ def rollouts() -> Dashboard:
             (
                 "Operator",
                 [
+                    graph(
+                        "EmbeddingModels by phase",
+                        "Models the operator reconciles, by the phase of the status it wrote: Ready, "
+                        "Progressing (a rollout or a scale-up under way), Blocked (the gate refused a "
+                        "revision; KembedRolloutBlocked), Degraded (nothing answers), Invalid, Pending.",
+                        "none",
+                        [Query(f"sum by (phase) ({model_phases()})", "{{phase}}")],
+                        stacked=True,
+                    ),
+                    total(
+                        "EmbeddingModels not Ready (now)",
+                        "Each model in another phase than Ready, named with its namespace and phase.",
+                        "none",
+                        [
+                            Query(
+                                model_phases('phase!="Ready"') + " == 1",
+                                "{{model_namespace}}/{{model}} {{phase}}",
+                            )
+                        ],
+                    ),
                     total(
                         "Rollouts ended at the gate (time range)",
                         "Promoted (prewarm and smoke passed) or "

@@ -68,7 +68,12 @@ CUSTOMISED = {
         "enabled": True,
         "namespace": "monitoring",
         "labels": {"release": "kube-prometheus-stack"},
-        "thresholds": {"latencyP99Seconds": 0.25, "pinnedMemoryFraction": 0.8, "coldHitFraction": 0.05},
+        "thresholds": {
+            "latencyP99Seconds": 0.25,
+            "pinnedMemoryFraction": 0.8,
+            "coldHitFraction": 0.05,
+            "serverErrorFraction": 0.01,
+        },
     },
     "grafana": {"dashboards": {"enabled": True, "namespace": "monitoring"}},
     "networkPolicy": {

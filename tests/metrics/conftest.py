@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from metrics_load import load
+from metrics_load import load_beside_outage
 from observed_run import IDLE_AFTER_S, ObservedRun, e2e_processes, start_services
 from operator_feed import OperatorFeed
 from prom_server import Prometheus
@@ -29,7 +29,8 @@ def observed(tmp_path_factory) -> Iterator[ObservedRun]:
     processes: list = []
     prometheus = None
     try:
-        targets, url = start_services(directory, feed, processes)
+        services = start_services(directory, feed, processes)
+        targets = services.targets
         prometheus = Prometheus(directory, e2e_processes().free_port(), targets, rule_groups())
         prometheus.wait_ready()
         prometheus.wait_scraped(len(targets))
@@ -37,10 +38,10 @@ def observed(tmp_path_factory) -> Iterator[ObservedRun]:
         time.sleep(2)  # a few scrapes of the idle state first: counters start from a sample
         load_start = time.time()
         feed.roll_out()
-        statuses = asyncio.run(load(url))
+        statuses, lost_statuses = asyncio.run(load_beside_outage(services.url, services.lost_url))
         load_end = time.time()
         time.sleep(IDLE_AFTER_S)
-        run = ObservedRun(prometheus, targets, load_start, load_end, time.time(), statuses)
+        run = ObservedRun(prometheus, targets, load_start, load_end, time.time(), statuses, lost_statuses)
         plots = os.environ.get("KEMBED_METRICS_PLOTS")
         if plots:
             from panel_plots import plot_run

@@ -1,6 +1,7 @@
 """A short, bounded load on a local gateway, in phases of rising and falling concurrency, with a mix
 of what users send: OpenAI and TEI embeddings of 1 to 16 texts, /tokenize, a /rerank the embedding
-model refuses (501), an empty input (400, as OpenAI answers). Only 127.0.0.1 is ever addressed."""
+model refuses (501), an empty input (400, as OpenAI answers); beside it, a trickle of embeddings to a
+gateway that has no worker (each 503). Only 127.0.0.1 is ever addressed."""
 
 from __future__ import annotations
 
@@ -65,3 +66,22 @@ async def load(url: str, phases: tuple[Phase, ...] = PHASES) -> Counter:
             seeds = range(number * 100, number * 100 + phase.concurrency)
             await asyncio.gather(*(client(http, seed, deadline, statuses) for seed in seeds))
     return statuses
+
+
+async def trickle(url: str, seconds: float, every_s: float = 0.1) -> Counter:
+    """An embedding request every `every_s` for `seconds`, one at a time; (path, status) -> count."""
+    statuses: Counter = Counter()
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        while time.monotonic() < deadline:
+            response = await http.post("/v1/embeddings", json={"input": "hello"})
+            statuses[("/v1/embeddings", response.status_code)] += 1
+            await asyncio.sleep(every_s)
+    return statuses
+
+
+async def load_beside_outage(url: str, lost_url: str) -> tuple[Counter, Counter]:
+    """`load(url)` with a `trickle` to `lost_url` for as long."""
+    seconds = sum(phase.seconds for phase in PHASES)
+    statuses, lost = await asyncio.gather(load(url), trickle(lost_url, seconds))
+    return statuses, lost

@@ -1,24 +1,30 @@
 """The observed run the metrics tests share: two CPU workers on the bundled model (revisions
 rev-a and rev-b, as in the middle of a rollout; rev-b with a small queue so that the gateway retries
-chunks it refuses) behind one gateway, the operator's metrics fed by its real reconcile, a real
-Prometheus scraping all four every second, and a short phased load. Each series carries the
-`namespace` and `pod` a PodMonitor/ServiceMonitor scrape would give it.
+chunks it refuses) behind one gateway, a second gateway of the same model whose one worker address
+answers nothing (an outage: every request 503, no serving worker), the operator's metrics fed by its
+real reconcile, a real Prometheus scraping all five every second, and a short phased load. Each
+series carries the `namespace` and `pod` a PodMonitor/ServiceMonitor scrape would give it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import httpx
+import pytest
 from operator_feed import OperatorFeed
 from prom_server import Prometheus, Target
 
 NAMESPACE = "kembed-test"  # the model's namespace; the operator runs in its own
 OPERATOR_NAMESPACE = "kembed-system"
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # what the workers serve
+GATEWAY_POD, LOST_GATEWAY_POD = "minilm-gateway-0", "minilm-gateway-1"
 IDLE_AFTER_S = 5  # after the load: gauges back to idle, and scraped so
 
 
@@ -43,10 +49,19 @@ class ObservedRun:
     load_end: float
     end: float
     statuses: Counter  # (path, HTTP status) -> count of the load's requests
+    lost_statuses: Counter  # the same, of the requests sent to the gateway without a worker
 
 
-def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> tuple[list[Target], str]:
-    """Two workers and a gateway, ready; appended to `processes` as they start, for the teardown."""
+@dataclass(frozen=True)
+class Services:
+    targets: list[Target]
+    url: str  # the gateway in front of the two workers
+    lost_url: str  # the gateway whose worker never answers
+
+
+def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> Services:
+    """Two workers and a gateway, ready, and the gateway without a worker, up; appended to `processes`
+    as they start, for the teardown."""
     p = e2e_processes()
     targets, addresses = [], []
     for revision, extra in (
@@ -68,9 +83,32 @@ def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> tuple[
     for address in addresses:
         args += ["--worker", address]
     processes.append(p.spawn("gateway", args, log_dir))
-    targets.append(Target("gateway", f"127.0.0.1:{port}", NAMESPACE, "minilm-gateway-0"))
+    targets.append(Target("gateway", f"127.0.0.1:{port}", NAMESPACE, GATEWAY_POD))
+    # The model's second gateway pod, cut off from its workers: a port nothing listens on. It names
+    # the model itself (without a worker's Info it would name the model directory).
+    lost_port = p.free_port()
+    args = ["kembed.gateway", "--port", str(lost_port), "--worker", f"127.0.0.1:{p.free_port()}"]
+    processes.append(p.spawn("gateway-lost", [*args, "--served-model-name", MODEL], log_dir))
+    targets.append(Target("gateway", f"127.0.0.1:{lost_port}", NAMESPACE, LOST_GATEWAY_POD))
     targets.append(Target("operator", f"127.0.0.1:{feed.port}", OPERATOR_NAMESPACE, "kembed-operator-0"))
-    url = f"http://127.0.0.1:{port}"
+    url, lost_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{lost_port}"
     p.wait_ready(url, processes)
     p.wait_all_serving(url)
-    return targets, url
+    wait_up(lost_url, processes)
+    return Services(targets, url, lost_url)
+
+
+def wait_up(url: str, processes: list, timeout_s: float = 90) -> None:
+    """Until the gateway answers /health (its /ready stays 503: no worker)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in processes:
+            if proc.popen.poll() is not None:
+                pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{url} not up after {timeout_s}s")

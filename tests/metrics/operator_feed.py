@@ -1,7 +1,8 @@
 """Operator metrics with real counts for Prometheus to scrape, without a cluster: the operator's own
 `OperatorMetrics` served by its metrics server, fed by its real `reconcile` (a promoted rollout, then
 a blocked one, each Job finishing with a duration) and its real kopf handler (reconciles timed and
-counted by result) against the in-memory API of tests/operator/operator_fakes.py. A running operator
+counted by result, each model's phase: the blocked one, and another just created) against the
+in-memory API of tests/operator/operator_fakes.py. A running operator
 needs an API server (tests/operator_e2e does that, for minutes); what Prometheus sees is the same
 exposition code.
 """
@@ -49,6 +50,7 @@ class OperatorFeed:
         self.throttled = type("ThrottledCluster", (self.fakes.FakeCluster,), {"list": _throttled_list})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._blocked = None  # the Driver of the blocked model, once roll_out has blocked it
 
     def roll_out(self) -> None:
         """A rollout promoted, then an edit whose smoke test fails: blocked (Jobs of 3, 5 and 7 s)."""
@@ -70,9 +72,12 @@ class OperatorFeed:
         driver.step()
         driver.cluster.finish_job("smoke", False, report="FAILED", seconds=7)
         assert driver.step()["phase"] == "Blocked"
+        self.reconcile(driver.cluster, driver.body)  # the handler records its phase: Blocked
+        self._blocked = driver
 
-    def reconcile(self, cluster=None) -> None:
-        """One pass of the real kopf handler, counted and timed by result."""
+    def reconcile(self, cluster=None, body=None) -> None:
+        """One pass of the real kopf handler, counted and timed by result; by default of a model just
+        created (`minilm-next`, Progressing) on an empty cluster."""
         memo = kopf.Memo(
             cluster=cluster or self.fakes.FakeCluster(),
             images=self.fakes.IMAGES,
@@ -80,17 +85,22 @@ class OperatorFeed:
             settings=OperatorSettings(),
             metrics=self.metrics,
         )
+        body = body or self.fakes.model_body(self.spec, name="minilm-next")
         with contextlib.suppress(kopf.TemporaryError):  # a throttled API: counted as a retry
-            reconcile_handler(body=self.fakes.model_body(self.spec), memo=memo, patch=kopf.Patch())
+            reconcile_handler(body=body, memo=memo, patch=kopf.Patch())
 
     def start_reconciling(self, every_s: float = 0.5) -> None:
-        """Reconcile on a timer, as kopf's drift timer does; every tenth pass meets a throttled API."""
+        """Reconcile on a timer, as kopf's drift timer does: the new model (every tenth pass meets a
+        throttled API) and, once there is one, the blocked model (still Blocked)."""
 
         def loop() -> None:
             count = 0
             while not self._stop.wait(every_s):
                 count += 1
                 self.reconcile(self.throttled() if count % 10 == 0 else None)
+                blocked = self._blocked
+                if blocked is not None:
+                    self.reconcile(blocked.cluster, blocked.body)
 
         self._thread = threading.Thread(target=loop, name="operator-feed", daemon=True)
         self._thread.start()

@@ -1,7 +1,9 @@
 """Every dashboard panel and every alert, evaluated by a real Prometheus that scraped a real gateway,
-two real CPU workers and the operator's metrics under a short load (conftest.py): each query runs
-without error and returns data, except those only a GPU engine feeds, listed below with the reason
-and checked to read 0 (or NaN) on the CPU. `promtool check metrics` is clean on every /metrics.
+two real CPU workers, a second gateway cut off from its worker and the operator's metrics under a
+short load (conftest.py): each query runs without error and returns data, except those only a GPU
+engine feeds, listed below with the reason and checked to read 0 (or NaN) on the CPU; the cut-off
+gateway reads as an outage, the blocked model fires its alert by name. `promtool check metrics` is
+clean on every /metrics.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import subprocess
 
 import httpx
 import pytest
-from observed_run import NAMESPACE
+from observed_run import GATEWAY_POD, LOST_GATEWAY_POD, NAMESPACE
 from panel_queries import all_panel_queries, panel_queries, resolve_variables, substitute
 from prom_server import tool
 
-from kembed.monitoring.alerts import alerts
+from kembed.monitoring import promql as q
+from kembed.monitoring.alerts import DEFAULT_THRESHOLDS, alerts
 from kembed.monitoring.generate import DASHBOARDS
 
 RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval is at a 1 s scrape interval, rounded up
@@ -142,11 +145,30 @@ def test_every_alert_signal_returns_data(observed, alert):
         assert has_data(values), f"{alert.name}: only 0/NaN"
 
 
-def test_the_blocked_rollout_fires_its_alert(observed):
+def test_the_blocked_rollout_fires_its_alert_naming_the_model(observed):
     firing = observed.prometheus.api("/api/v1/alerts")["alerts"]
     blocked = [a for a in firing if a["labels"]["alertname"] == "KembedRolloutBlocked"]
     assert [a["state"] for a in blocked] == ["firing"]
-    assert blocked[0]["labels"]["namespace"] == "kembed-system"
+    # the fakes' model (ml/minilm), not the operator's namespace; minilm-next is Progressing
+    assert {k: blocked[0]["labels"][k] for k in ("namespace", "model")} == {
+        "namespace": "ml",
+        "model": "minilm",
+    }
+
+
+def per_pod(observed, expr: str) -> dict[str, float]:
+    return {s["metric"]["pod"]: float(s["value"][1]) for s in observed.prometheus.query(expr, observed.end)}
+
+
+def test_the_gateway_without_a_worker_reads_as_an_outage(observed):
+    """The availability alerts' signals, per gateway pod, from real gateways: the one cut off from
+    its worker answered every request 503 and reports no serving worker; the other did not."""
+    assert observed.lost_statuses[("/v1/embeddings", 503)] > 0
+    assert set(observed.lost_statuses) == {("/v1/embeddings", 503)}
+    errors = per_pod(observed, q.server_error_fraction(q.ALERTS, ("pod",)))
+    assert errors[LOST_GATEWAY_POD] == 1
+    assert errors[GATEWAY_POD] < DEFAULT_THRESHOLDS.server_error_fraction
+    assert per_pod(observed, q.serving_workers(q.ALERTS, ("pod",))) == {GATEWAY_POD: 2, LOST_GATEWAY_POD: 0}
 
 
 @pytest.mark.parametrize("job", ["gateway", "worker", "operator"])
