@@ -40,6 +40,13 @@ GPU_ONLY = {
     "kembed-batching / Batches per second: all, and on the interactive lane / B": "the interactive "
     "lane is the CUDA engine's (a second stream); the CPU engine has none (ref A, all batches, is real)",
 }
+# Panel queries whose series the run makes exist but cannot make move for certain (never on the CPU
+# or the GPU alike): the test asks only that they are there.
+MAY_READ_ZERO = {
+    "kembed-throughput-errors / Upstream retries and hedges per second / C": "a hedge wins only when "
+    "the second replica answers before the first; the run hedges (its gateway's budget is 1 ms, ref B "
+    "is real) but which attempt answers first is the machine's timing",
+}
 ALERTS_GPU_ONLY = {
     "KembedPinnedMemoryNearCap": "pinned memory in use is 0 without the CUDA engine's ring",
     "KembedColdHitRatioHigh": "no graph-eligible steps on the CPU: 0/0",
@@ -102,6 +109,7 @@ def test_variables_list_what_the_pods_run(choices):
 def test_the_gpu_only_list_names_real_queries():
     keys = {query.key for query in all_panel_queries()}
     assert set(GPU_ONLY) <= keys, set(GPU_ONLY) - keys
+    assert set(MAY_READ_ZERO) <= keys, set(MAY_READ_ZERO) - keys
     assert set(ALERTS_GPU_ONLY) <= {alert.name for alert in alerts()}
 
 
@@ -120,7 +128,7 @@ def test_every_panel_query_returns_data(observed, choices, name):
         if query.key in GPU_ONLY:
             if has_data(values):
                 gpu_only_with_data.append(query.key)
-        elif not has_data(values):
+        elif not has_data(values) and query.key not in MAY_READ_ZERO:
             empty.append(f"{query.key}: only 0/NaN for {expr}")
     assert not empty, "\n".join(empty)
     assert not gpu_only_with_data, f"these show data on the CPU: not GPU-only any more: {gpu_only_with_data}"
