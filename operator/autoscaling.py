@@ -1,6 +1,10 @@
 """Pure builders of the autoscalers: a KEDA ScaledObject per serving worker revision, scaling it on its
 own queue, and a HorizontalPodAutoscaler for the gateway on CPU. No I/O.
 
+An authenticated Prometheus (spec.autoscaling.prometheusAuth) is reached through a TriggerAuthentication
+the user creates: each trigger names it (`authenticationRef`) and KEDA's `authModes`; the operator never
+sees the credentials, so it needs no access to Secrets and no KEDA kind beyond ScaledObjects.
+
 The worker's queue is `kembed_worker_queued_tokens{class}` (docs/metrics.md). A PodMonitor scrape gives
 each series its pod's `namespace` and `pod` (monitoring/promql.py); a revision's Deployment names its
 pods `<model>-worker-<revision>-<pod-template-hash>-<suffix>`, so a regex on `pod` (PromQL anchors it)
@@ -40,17 +44,21 @@ def activation_query(spec: EmbeddingModelSpec) -> str:
 
 
 def _prometheus_trigger(name: str, spec: EmbeddingModelSpec, query: str, threshold: int) -> dict[str, Any]:
-    return {
-        "type": "prometheus",
-        "name": name,
-        "metricType": "AverageValue",
-        # KEDA's ignoreNullValues (default true) reads no series, e.g. pods not yet scraped, as 0.
-        "metadata": {
-            "serverAddress": spec.autoscaling.prometheus_address,
-            "query": query,
-            "threshold": str(threshold),  # every trigger metadata value is a string
-        },
+    a = spec.autoscaling
+    # KEDA's ignoreNullValues (default true) reads no series, e.g. pods not yet scraped, as 0.
+    metadata = {
+        "serverAddress": a.prometheus_address,
+        "query": query,
+        "threshold": str(threshold),  # every trigger metadata value is a string
     }
+    if a.prometheus_namespace:
+        metadata["namespace"] = a.prometheus_namespace
+    trigger: dict[str, Any] = {"type": "prometheus", "name": name, "metricType": "AverageValue"}
+    if a.prometheus_auth is not None:  # the credentials stay in the user's TriggerAuthentication
+        metadata["authModes"] = ",".join(dict.fromkeys(a.prometheus_auth.auth_modes))
+        ref = a.prometheus_auth.authentication_ref
+        trigger["authenticationRef"] = {"name": ref.name, "kind": ref.kind}
+    return trigger | {"metadata": metadata}
 
 
 def scaled_object(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """The spec sections that size the pods by load: `spec.autoscaling` (KEDA on the workers' queued
-tokens) and `spec.gateway.autoscaling` (an HPA on the gateway's CPU).
+tokens, from a Prometheus with or without authentication) and `spec.gateway.autoscaling` (an HPA on
+the gateway's CPU).
 
 Part of the `EmbeddingModel` spec (spec.py builds on these); the objects they render are in
 `autoscaling.py`. The validators here twin the CRD's CEL rules (crd.py).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -45,6 +48,38 @@ class GatewayAutoscalingSpec(SpecModel):
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must not exceed maxReplicas")
         return self
+
+
+class AuthenticationRef(SpecModel):
+    """A KEDA TriggerAuthentication (in the model's namespace) or ClusterTriggerAuthentication."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Its name."
+    )
+    kind: Literal["TriggerAuthentication", "ClusterTriggerAuthentication"] = Field(
+        "TriggerAuthentication",
+        description="TriggerAuthentication (the default: in the model's namespace) or "
+        "ClusterTriggerAuthentication (one for every namespace, e.g. a platform's shared Prometheus "
+        "credentials).",
+    )
+
+
+class PrometheusAuthSpec(SpecModel):
+    """How KEDA authenticates to an authenticated Prometheus (Thanos Querier, OpenShift's monitoring,
+    a proxy in front): the authModes of KEDA's Prometheus scaler, and the TriggerAuthentication you
+    create that holds the credentials they need (from a Secret, a bound service account token, a pod
+    identity, Vault: whatever KEDA supports). The operator only names it: it reads no Secret."""
+
+    auth_modes: list[Literal["bearer", "basic", "tls", "custom"]] = Field(
+        min_length=1,
+        max_length=4,
+        description="KEDA's authModes: bearer (parameter bearerToken), basic (username, password), tls "
+        "(cert, key; ca), custom (customAuthHeader, customAuthValue). The TriggerAuthentication must "
+        "provide the parameters of each mode named.",
+    )
+    authentication_ref: AuthenticationRef = Field(
+        description="The TriggerAuthentication or ClusterTriggerAuthentication both triggers use."
+    )
 
 
 class AutoscalingSpec(SpecModel):
@@ -114,8 +149,22 @@ class AutoscalingSpec(SpecModel):
         "",
         pattern=r"^(https?://\S+)?$",
         description="URL of the Prometheus server the KEDA trigger queries (its serverAddress), e.g. "
-        "http://prometheus-operated.monitoring.svc:9090, reachable from KEDA's operator without "
-        "authentication. Required when enabled.",
+        "http://prometheus-operated.monitoring.svc:9090, reachable from KEDA's operator; without "
+        "prometheusAuth, without authentication. Required when enabled.",
+    )
+    prometheus_auth: PrometheusAuthSpec | None = Field(
+        None,
+        description="Credentials for a Prometheus that asks for them: KEDA's authModes and a "
+        "TriggerAuthentication holding them. Unset (the default): KEDA queries without authentication.",
+    )
+    prometheus_namespace: str = Field(
+        "",
+        max_length=63,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        description="KEDA's namespace parameter: queries go to the Prometheus API as namespaced ones, "
+        "as Thanos Querier's tenancy port requires (OpenShift's user-workload monitoring on "
+        "thanos-querier.openshift-monitoring.svc:9092, with a bearer token allowed to view the "
+        "namespace's metrics). Empty (the default): not sent.",
     )
 
     @model_validator(mode="after")

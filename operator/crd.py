@@ -1,5 +1,6 @@
 """The `embeddingmodels.kembed.dev` CRD, generated from the typed spec and status (`spec.py`,
-`model_spec.py`, `policy_spec.py`, `autoscaling_spec.py`, `traffic_spec.py`, `edge_spec.py`, `status.py`).
+`model_spec.py`, `pod_spec.py`, `policy_spec.py`, `autoscaling_spec.py`, `traffic_spec.py`,
+`edge_spec.py`, `status.py`).
 
 `python -m kembed.operator.crd > charts/kembed/crds/embeddingmodels.kembed.dev.yaml`; a test fails when
 the chart's copy is stale. pydantic's JSON schema is turned into a *structural* openAPIV3Schema:
@@ -16,9 +17,43 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from kembed.operator import autoscaling_spec, edge_spec, model_spec, policy_spec, status, traffic_spec
+from kembed.operator import (
+    autoscaling_spec,
+    edge_spec,
+    model_spec,
+    pod_spec,
+    policy_spec,
+    status,
+    traffic_spec,
+)
 from kembed.operator import spec as s
 
+
+def _cel_strings(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
+
+
+# The rules of the pod settings both WorkerSpec and GatewaySpec take from pod_spec.PodSettings.
+POD_SETTINGS_RULES = [
+    {
+        "rule": f"self.env.all(e, !(e.name in {_cel_strings(pod_spec.OPERATOR_ENV)}))",
+        "message": "env: a variable the operator sets itself (HOME, TMPDIR, KEMBED_REVISION, a kembed "
+        "setting it renders from the spec) is refused: set the spec's field instead",
+    },
+    {
+        "rule": f"self.podLabels.all(k, k.matches('{pod_spec.QUALIFIED_NAME}') "
+        f"&& !k.startsWith('{pod_spec.OPERATOR_PREFIX}') "
+        f"&& !(k in {_cel_strings(pod_spec.OPERATOR_LABELS)}))",
+        "message": "podLabels: each key is a label key ([prefix/]name, the name at most 63 characters) "
+        "and none of the operator's own (app.kubernetes.io/name, instance, part-of, managed-by, "
+        "component; kembed.dev/*)",
+    },
+    {
+        "rule": f"self.podAnnotations.all(k, k.matches('{pod_spec.QUALIFIED_NAME}') "
+        f"&& !k.startsWith('{pod_spec.OPERATOR_PREFIX}'))",
+        "message": "podAnnotations: each key is an annotation key ([prefix/]name) and not kembed.dev/*",
+    },
+]
 # Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "ModelSource": [
@@ -40,9 +75,37 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "maxBatchTokens must not exceed maxQueuedTokens: one batch must fit the queue",
         },
         {
-            "rule": "self.device != 'cuda' || (has(self.resources.limits) "
-            "&& 'nvidia.com/gpu' in self.resources.limits)",
-            "message": "device cuda needs an nvidia.com/gpu limit in resources.limits",
+            "rule": "self.device != 'cuda' || (has(self.resources.limits) && self.resources.limits.exists("
+            f"k, k == '{s.GPU_RESOURCE}' || k.startsWith('{s.MIG_PREFIX}')))",
+            "message": s.GPU_LIMIT_MESSAGE,
+        },
+        *POD_SETTINGS_RULES,
+    ],
+    "EnvVar": [
+        {
+            "rule": "!has(self.value) || !has(self.valueFrom)",
+            "message": "an env variable has a value or a valueFrom, not both",
+        },
+    ],
+    "EnvVarSource": [
+        {
+            "rule": "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), "
+            "has(self.resourceFieldRef)].exists_one(x, x)",
+            "message": "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef, "
+            "resourceFieldRef",
+        },
+    ],
+    "EnvFromSource": [
+        {
+            "rule": "has(self.configMapRef) != has(self.secretRef)",
+            "message": "an envFrom entry names a configMapRef or a secretRef: exactly one",
+        },
+    ],
+    "PodSecuritySpec": [
+        {
+            "rule": f"self.fixedIds || (self.runAsUser == {pod_spec.RUN_AS} && self.runAsGroup == "
+            f"{pod_spec.RUN_AS} && self.fsGroup == {pod_spec.RUN_AS})",
+            "message": "runAsUser, runAsGroup and fsGroup are set only with fixedIds: true",
         },
     ],
     "DisruptionBudgetSpec": [
@@ -135,6 +198,7 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "autoscaling on CPU needs a cpu request in resources.requests: utilisation is a "
             "share of it",
         },
+        *POD_SETTINGS_RULES,
     ],
 }
 # A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.
@@ -171,7 +235,16 @@ PRINTER_COLUMNS = [
 def _models() -> dict[str, type[BaseModel]]:
     return {
         name: obj
-        for module in (s, model_spec, policy_spec, autoscaling_spec, traffic_spec, edge_spec, status)
+        for module in (
+            s,
+            model_spec,
+            pod_spec,
+            policy_spec,
+            autoscaling_spec,
+            traffic_spec,
+            edge_spec,
+            status,
+        )
         for name, obj in vars(module).items()
         if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
     }

@@ -17,6 +17,7 @@ from typing import Any
 
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
+from kembed.operator import pod_fields as pf
 from kembed.operator.naming import Owner
 from kembed.operator.spec import EmbeddingModelSpec
 
@@ -78,7 +79,7 @@ def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str)
         "command": command(spec, request),
         "env": m.base_env() + m.worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),  # read by the tools
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": m.container_security(),
+        "securityContext": pf.container_security(),
         "volumeMounts": mounts,
         # The command's report (which bucket failed, its cosine) becomes the pod's termination
         # message, which the operator copies into the RolloutBlocked condition: no log access needed.
@@ -86,7 +87,8 @@ def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str)
     }
     meta = m.metadata(owner, request.name(owner), request.kind, request.revision)
     meta["labels"][n.ATTEMPT_LABEL] = str(request.attempt)
-    pod_labels = n.labels(owner, request.kind, request.revision) | {n.ATTEMPT_LABEL: str(request.attempt)}
+    labels = n.labels(owner, request.kind, request.revision) | {n.ATTEMPT_LABEL: str(request.attempt)}
+    w = spec.worker  # its pods run the worker image, as the workers' service account and user
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -103,8 +105,10 @@ def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str)
                 ]
             },
             "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": m.pod_spec([container], volumes, restartPolicy="Never"),
+                "metadata": pf.template_metadata(w, labels),
+                "spec": m.pod_spec(
+                    [container], volumes, w.security_context, restartPolicy="Never", **pf.job_pod_fields(w)
+                ),
             },
         },
     }

@@ -6,10 +6,12 @@ and the same again for the bulk gateway when trafficClasses.bulkGateway is set;
 every worker pod also reads the model's hot list, a ConfigMap the operator's timer writes
 (hot_buckets.py).
 The Jobs are in `jobs.py`, the PodDisruptionBudgets and NetworkPolicies in `policies.py`, the pods'
-spread, priority and grace periods in `placement.py`. Every object carries an owner reference to its
+spread, priority and grace periods in `placement.py`, the pod settings a spec adds (pull secrets,
+service account, runtime class, env, pod labels and annotations, node selector, tolerations,
+affinity, the UID) in `pod_fields.py`. Every object carries an owner reference to its
 EmbeddingModel (so the garbage collector removes it with the model) and the `app.kubernetes.io/*`
-labels. Pods run non-root on a read-only root filesystem with every capability dropped; /tmp is an
-emptyDir.
+labels. Pods run non-root (UID 10001 unless securityContext says otherwise) on a read-only root
+filesystem with every capability dropped; /tmp is an emptyDir.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 
 from kembed.operator import naming as n
 from kembed.operator import placement
+from kembed.operator import pod_fields as pf
 from kembed.operator.edge_spec import CONNECTION_VARIABLES
 from kembed.operator.model_spec import ModelSource
 from kembed.operator.naming import Owner
+from kembed.operator.pod_spec import PodSecuritySpec
 from kembed.operator.spec import EmbeddingModelSpec, Resources
 
 MODEL_MOUNT = "/models/model"
@@ -30,7 +34,6 @@ WORKER_METRICS_PORT = 9091  # the worker's default metrics port (kembed.worker -
 # The worker's data port (kembed.worker --data-port): the gateway's requests as frames; fixed in a pod
 # (a free one by default) so that Services and network policies can name it.
 WORKER_DATA_PORT = 50052
-RUN_AS = 10001  # the uid/gid the kembed images create; any non-root uid works with a readable model
 PRESTOP_SLEEP_S = placement.GATEWAY_PRESTOP_S  # endpoints drop a terminating gateway pod before it stops
 
 
@@ -40,25 +43,6 @@ def metadata(owner: Owner, name: str, component: str, revision: str | None = Non
         "namespace": owner.namespace,
         "labels": n.labels(owner, component, revision),
         "ownerReferences": [owner.reference()],
-    }
-
-
-def pod_security() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "fsGroup": RUN_AS,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def container_security() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
     }
 
 
@@ -132,13 +116,15 @@ def worker_token_env(spec: EmbeddingModelSpec, name: str) -> list[dict[str, Any]
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def pod_spec(
+    containers: list[dict[str, Any]], volumes: list[dict[str, Any]], security: PodSecuritySpec, **extra: Any
+) -> dict[str, Any]:
     return {
         # No service links: a Service named e.g. `kembed-gateway` would inject KEMBED_GATEWAY_PORT=tcp://…
         # into every pod of the namespace, and that is the gateway's own port setting.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": pod_security(),
+        "securityContext": pf.pod_security(security),
         "containers": containers,
         "volumes": volumes,
         **extra,
@@ -249,18 +235,20 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
         "image": image,
         "imagePullPolicy": w.image_pull_policy,
         "command": ["kembed-worker"],
-        "envFrom": [{"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
+        # The spec's envFrom first: of two sources with a key, the later wins, so ours does.
+        "envFrom": [*pf.env_from(w), {"configMapRef": {"name": n.engine_config_name(owner, revision)}}],
         "env": base_env()
         + cache_env
         + worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN")
-        + [hot_list_env(owner)],
+        + [hot_list_env(owner)]
+        + pf.env(w),  # after ours, so a value can use $(HOME); the CRD refuses our names there
         "ports": [
             {"name": "grpc", "containerPort": w.port, "protocol": "TCP"},
             {"name": "data", "containerPort": WORKER_DATA_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": resources(w.resources),
-        "securityContext": container_security(),
+        "securityContext": pf.container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount, *cache_mounts],
         # Weight load, allocation and the start-up prewarm (graphs.prewarmSeconds at most) can take
         # minutes on a large model: up to 30 min before liveness.
@@ -274,24 +262,24 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
     # Longer than the worker's drain (placement.py), so SIGKILL never cuts a request it is answering.
     extra: dict[str, Any] = {"terminationGracePeriodSeconds": placement.worker_grace_s()}
     extra |= placement.pod_placement(w, n.selector(owner, "worker", revision), is_rolling=False)
-    if w.node_selector:
-        extra["nodeSelector"] = dict(w.node_selector)
-    if w.tolerations:
-        extra["tolerations"] = [dict(t) for t in w.tolerations]
-    if w.affinity:
-        extra["affinity"] = dict(w.affinity)
+    extra |= pf.pod_fields(w)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(owner, name, "worker", revision),
         "spec": {
             "replicas": w.replicas,
-            "revisionHistoryLimit": 1,  # the pod template never changes: a new revision is a new Deployment
+            # What a worker computes never changes in place (a new revision is a new Deployment); only
+            # what the revision leaves out does (pod labels, annotations, pull secrets: revision.py).
+            "revisionHistoryLimit": 1,
             "selector": {"matchLabels": n.selector(owner, "worker", revision)},
             "template": {
-                "metadata": {"labels": n.labels(owner, "worker", revision)},
+                "metadata": pf.template_metadata(w, n.labels(owner, "worker", revision)),
                 "spec": pod_spec(
-                    [container], [model_volume(spec.model.source), tmp_volume, *cache_volumes], **extra
+                    [container],
+                    [model_volume(spec.model.source), tmp_volume, *cache_volumes],
+                    w.security_context,
+                    **extra,
                 ),
             },
         },
@@ -386,16 +374,18 @@ def gateway_deployment(
         "image": image,
         "imagePullPolicy": g.image_pull_policy,
         "command": ["kembed-gateway"],
-        "env": gateway_env(owner, spec, revision),
+        "env": gateway_env(owner, spec, revision) + pf.env(g),  # the spec's last (the CRD refuses our names)
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
         "resources": placement.gateway_resources(g, spec.traffic_classes, resources(g.resources)),
-        "securityContext": container_security(),
+        "securityContext": pf.container_security(),
         "volumeMounts": [model_mount(spec.model.source), tmp_mount],
         "startupProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 2, "failureThreshold": 60},
         "readinessProbe": {"httpGet": {"path": "/ready"} | http, "periodSeconds": 2, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/health"} | http, "periodSeconds": 10, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
     }
+    if g.env_from:  # the gateway's own variables are all in env, which wins over any envFrom
+        container["envFrom"] = pf.env_from(g)
     replicas = g.replicas if component == "gateway" else bulk_gateway_replicas(spec)
     return {
         "apiVersion": "apps/v1",
@@ -408,16 +398,15 @@ def gateway_deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "minReadySeconds": 2,
             "template": {
-                "metadata": {
-                    "labels": n.labels(owner, component),
-                    "annotations": {n.REVISION_LABEL: revision},
-                },
+                "metadata": pf.template_metadata(g, n.labels(owner, component), {n.REVISION_LABEL: revision}),
                 "spec": pod_spec(
                     [container],
                     [model_volume(spec.model.source), tmp_volume],
+                    g.security_context,
                     # the preStop sleep, then the requests in flight finish (placement.py)
                     terminationGracePeriodSeconds=placement.gateway_grace_s(g),
                     **placement.pod_placement(g, n.selector(owner, component), is_rolling=True),
+                    **pf.pod_fields(g),
                 ),
             },
         },

@@ -2,10 +2,17 @@
 
 Image, model (source, dtype, pooling, prompts, ...), engine settings (backend, buckets, batch limits,
 pinned-memory cap, CUDA graphs, the workers' side of the traffic classes), resources and placement are
-in it; `worker.replicas` is not — scaling is never a rollout — and neither are the gateway, graph-prewarm
-and rollout settings, which change how a revision is served or gated, not what it computes, nor the
-workers' disruption budget (a separate object, updated in place). Placement fields added later (the
-worker's priority class, topology spread and kernel cache claim) count only when set away from their
+in it, and so are the pod settings that decide whether and how a worker runs: its service account
+(what it is granted: an SCC, a pod identity), runtime class (whether the container sees the GPU), env
+and envFrom (a variable can change what the engine does) and security context (who may read the model
+and write the kernel cache). `worker.replicas` is not — scaling is never a rollout — and neither are
+the gateway, graph-prewarm and rollout settings, which change how a revision is served or gated, not
+what it computes, nor the workers' disruption budget (a separate object, updated in place), nor the
+pods' image pull secrets, labels and annotations (NOT_IN_REVISION): they change how a pod is pulled
+or filed, not what it computes, so a change to them need not pass the gates and is not worth a
+second set of GPUs; it rolls the current revision's pods in place (the Deployment's own rolling
+update; its new pods prewarm before they are ready). Worker fields added later (the priority class,
+topology spread, kernel cache claim, and the pod settings above) count only when set away from their
 defaults, so that an operator upgrade keeps every revision's hash. The class
 rule is in although it changes no output: a worker reads it once, at start, and it decides which
 batches (and so which CUDA-graph buckets) the revision runs, so a new rule goes through the same gates.
@@ -28,7 +35,22 @@ LATER_WORKER_FIELDS = (
     "topology_spread",
     "kernel_cache_claim",
     "stall_restart_seconds",
+    "service_account_name",
+    "runtime_class_name",
+    "env",
+    "env_from",
+    "security_context",
 )
+# Worker fields that are never in the hash: scaling, the image (hashed resolved, below), the budget, and
+# the pod fields that do not change what a worker computes (module docstring).
+NOT_IN_REVISION = {
+    "replicas",
+    "image",
+    "disruption_budget",
+    "image_pull_secrets",
+    "pod_labels",
+    "pod_annotations",
+}
 
 
 # Model fields newer than the first revisions, likewise.
@@ -52,9 +74,7 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
     shaping = {
         "image": worker_image,
         "model": spec.model.model_dump(mode="json", exclude=model_at_default),
-        "worker": spec.worker.model_dump(
-            mode="json", exclude={"replicas", "image", "disruption_budget"} | at_default
-        ),
+        "worker": spec.worker.model_dump(mode="json", exclude=NOT_IN_REVISION | at_default),
     }
     # The workers' class rule, left out at its defaults: revisions from before it existed keep their
     # hash, so upgrading the operator rolls no worker out.

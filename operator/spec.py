@@ -1,6 +1,6 @@
 """The typed `EmbeddingModel` (kembed.dev/v1alpha1) spec, the one source of the CRD schema (the status
 is in status.py; the model's section in model_spec.py; those on disruption, placement and network
-policy in policy_spec.py).
+policy in policy_spec.py; the pod settings worker and gateway share in pod_spec.py).
 
 Every field carries a description with its unit and why its default is what it is: `crd.py` turns
 these models into the openAPIV3Schema, so `kubectl explain em.spec.worker` reads the same text.
@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from kembed.operator.autoscaling_spec import AutoscalingSpec, GatewayAutoscalingSpec
 from kembed.operator.edge_spec import ConnectionLimitsSpec
 from kembed.operator.model_spec import ModelSpec
+from kembed.operator.pod_spec import PodSettings
 from kembed.operator.policy_spec import DisruptionBudgetSpec, NetworkPolicySpec, TopologySpreadSpec
 from kembed.operator.spec_base import SpecModel
 from kembed.operator.traffic_spec import TrafficClassesSpec
@@ -31,6 +32,17 @@ BUCKET_PATTERN = r"^[1-9][0-9]*x[1-9][0-9]*$"
 Quantity = int | str  # a Kubernetes resource quantity: 2, "500m", "16Gi"
 Bucket = Annotated[str, Field(pattern=BUCKET_PATTERN)]  # SEQUENCESxTOKENS, e.g. 8x512
 PRIORITY_CLASS_PATTERN = r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # empty, or a DNS subdomain
+GPU_RESOURCE = "nvidia.com/gpu"  # a whole GPU, or a MIG slice under the device plugin's single strategy
+MIG_PREFIX = "nvidia.com/mig-"  # a MIG slice under the mixed strategy, e.g. nvidia.com/mig-1g.10gb
+GPU_LIMIT_MESSAGE = (
+    "device cuda needs a GPU limit in resources.limits: nvidia.com/gpu, or a MIG slice such as "
+    "nvidia.com/mig-1g.10gb"
+)
+
+
+def is_gpu_resource(name: str) -> bool:
+    """Whether a resource name is an NVIDIA GPU or a MIG slice of one."""
+    return name == GPU_RESOURCE or name.startswith(MIG_PREFIX)
 
 
 # --- worker -------------------------------------------------------------------------------------
@@ -43,7 +55,9 @@ class Resources(SpecModel):
         default_factory=dict, description="Resources the scheduler reserves."
     )
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Hard caps; GPUs (nvidia.com/gpu) are requested here."
+        default_factory=dict,
+        description="Hard caps; GPUs are requested here: nvidia.com/gpu, or a MIG slice "
+        "(nvidia.com/mig-1g.10gb: 1 under the NVIDIA device plugin's mixed strategy).",
     )
 
 
@@ -54,8 +68,10 @@ class TokenSecretRef(SpecModel):
     key: str = Field("token", min_length=1, description="Key within the Secret.")
 
 
-class WorkerSpec(SpecModel):
-    """The GPU workers: one Deployment per revision, each pod one worker process (one GPU)."""
+class WorkerSpec(PodSettings):
+    """The GPU workers: one Deployment per revision, each pod one worker process (one GPU, or one MIG
+    slice). The pod settings it shares with the gateway (pull secrets, service account, runtime class,
+    env, pod labels and annotations, placement, security context) are PodSettings' (pod_spec.py)."""
 
     image: str = Field(
         "",
@@ -82,13 +98,6 @@ class WorkerSpec(SpecModel):
         description="Container resources. Default: one GPU, 2 CPUs (tokenization is the gateway's job, "
         "the worker only packs batches), 8-16 GiB of host memory for weights and pinned buffers.",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the pods require (e.g. a GPU model)."
-    )
-    tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, description="Pod tolerations, as in a Pod spec (e.g. for tainted GPU nodes)."
-    )
-    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity, as in a Pod spec.")
     attention_backend: Literal[
         "auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton"
     ] = Field(
@@ -206,8 +215,8 @@ class WorkerSpec(SpecModel):
 
     @model_validator(mode="after")
     def _a_gpu_for_cuda(self) -> WorkerSpec:
-        if self.device == "cuda" and "nvidia.com/gpu" not in self.resources.limits:
-            raise ValueError("device cuda needs an nvidia.com/gpu limit in resources.limits")
+        if self.device == "cuda" and not any(map(is_gpu_resource, self.resources.limits)):
+            raise ValueError(GPU_LIMIT_MESSAGE)
         return self
 
 
@@ -230,8 +239,10 @@ class ServiceSpec(SpecModel):
     port: int = Field(80, ge=1, le=65535, description="Service port clients use (HTTP).")
 
 
-class GatewaySpec(SpecModel):
-    """The HTTP gateway: tokenization, chunking and balancing over the serving revision's workers."""
+class GatewaySpec(PodSettings):
+    """The HTTP gateway: tokenization, chunking and balancing over the serving revision's workers. Its
+    pod settings (pull secrets, service account, runtime class, env, pod labels and annotations,
+    placement, security context) are PodSettings' (pod_spec.py); a change to them rolls the gateway."""
 
     image: str = Field(
         "",

@@ -125,6 +125,26 @@ SETTINGS = {
         {"prometheusAddress": "https://thanos-query.obs:10902"},
         [(("triggers", 0, "metadata", "serverAddress"), "https://thanos-query.obs:10902")],
     ),
+    "prometheus-auth": (
+        {"prometheusAuth": {"authModes": ["bearer", "tls"], "authenticationRef": {"name": "prometheus"}}},
+        [
+            (("triggers", 0, "metadata", "authModes"), "bearer,tls"),
+            (("triggers", 0, "authenticationRef"), {"name": "prometheus", "kind": "TriggerAuthentication"}),
+        ],
+    ),
+    "cluster-trigger-authentication": (
+        {
+            "prometheusAuth": {
+                "authModes": ["basic"],
+                "authenticationRef": {"name": "platform", "kind": "ClusterTriggerAuthentication"},
+            }
+        },
+        [(("triggers", 0, "authenticationRef", "kind"), "ClusterTriggerAuthentication")],
+    ),
+    "prometheus-namespace": (
+        {"prometheusNamespace": "ml"},
+        [(("triggers", 0, "metadata", "namespace"), "ml")],
+    ),
     "scale-to-zero": (
         {"minReplicas": 0, "scaleToZero": True, "activationQuery": 'rate(ingress_requests{host="emb"}[2m])'},
         [
@@ -147,6 +167,34 @@ def test_each_setting_reaches_the_scaled_object(settings, expected):
         for part in path:
             node = node[part]
         assert node == value, path
+    assert keda_errors(scaled) == []
+
+
+def test_without_prometheus_auth_the_triggers_name_no_authentication():
+    scaled = a.scaled_object(
+        OWNER, spec_with(ON | {"scaleToZero": True, "minReplicas": 0, "activationQuery": "up"}), "r"
+    )
+    for trigger in scaled["spec"]["triggers"]:
+        assert "authenticationRef" not in trigger
+        assert {"authModes", "namespace"}.isdisjoint(trigger["metadata"])
+
+
+def test_both_triggers_query_an_authenticated_prometheus_alike():
+    """The activation trigger asks the same Prometheus: it carries the same credentials."""
+    auth = {"authModes": ["bearer"], "authenticationRef": {"name": "thanos"}}
+    settings = {"scaleToZero": True, "minReplicas": 0, "activationQuery": "up", "prometheusAuth": auth}
+    scaled = a.scaled_object(OWNER, spec_with(ON | settings | {"prometheusNamespace": "ml"}), "r")
+    queue, activation = scaled["spec"]["triggers"]
+    assert (
+        queue["authenticationRef"]
+        == activation["authenticationRef"]
+        == {
+            "name": "thanos",
+            "kind": "TriggerAuthentication",
+        }
+    )
+    assert queue["metadata"]["authModes"] == activation["metadata"]["authModes"] == "bearer"
+    assert queue["metadata"]["namespace"] == activation["metadata"]["namespace"] == "ml"
     assert keda_errors(scaled) == []
 
 

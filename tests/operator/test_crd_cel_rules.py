@@ -82,6 +82,8 @@ def no_source(body: dict[str, Any]) -> None:
 
 
 PEER_SELECTOR = {"matchLabels": {"team": "search"}}
+FIELD_REF = {"fieldRef": {"fieldPath": "metadata.name"}}
+SECRET_KEY = {"secretKeyRef": {"name": "s", "key": "k"}}
 AUTOSCALING = {"enabled": True, "prometheusAddress": "http://prometheus:9090"}
 
 # (id, the edit to the CPU example, a part of the refusing rule's message)
@@ -120,7 +122,40 @@ REFUSED = [
      edits(("spec.worker.maxBatchTokens", 8192), ("spec.worker.maxQueuedTokens", 4096),
            ("spec.gateway.chunkTokens", 4096)),
      "maxBatchTokens must not exceed"),
-    ("cuda-without-gpu-limit", drop_limits, "nvidia.com/gpu limit"),
+    ("cuda-without-gpu-limit", drop_limits, "needs a GPU limit"),
+    ("worker-env-sets-an-operator-variable",
+     edits(("spec.worker.env", [{"name": "KEMBED_WORKER_PORT", "value": "1"}])),
+     "a variable the operator sets itself"),
+    ("gateway-env-sets-home", edits(("spec.gateway.env", [{"name": "HOME", "value": "/"}])),
+     "a variable the operator sets itself"),
+    ("env-value-and-value-from",
+     edits(("spec.worker.env", [{"name": "POD", "value": "x", "valueFrom": FIELD_REF}])),
+     "a value or a valueFrom"),
+    ("env-two-sources",
+     edits(("spec.gateway.env", [{"name": "K", "valueFrom": {**FIELD_REF, **SECRET_KEY}}])),
+     "exactly one of secretKeyRef"),
+    ("env-no-source", edits(("spec.worker.env", [{"name": "K", "valueFrom": {}}])),
+     "exactly one of secretKeyRef"),
+    ("env-from-both",
+     edits(("spec.worker.envFrom", [{"configMapRef": {"name": "a"}, "secretRef": {"name": "b"}}])),
+     "a configMapRef or a secretRef"),
+    ("env-from-neither", edits(("spec.gateway.envFrom", [{"prefix": "X_"}])),
+     "a configMapRef or a secretRef"),
+    ("pod-label-of-the-operator",
+     edits(("spec.worker.podLabels", {"app.kubernetes.io/component": "x"})), "podLabels: each key"),
+    ("pod-label-kembed-prefix", edits(("spec.gateway.podLabels", {"kembed.dev/model": "x"})),
+     "podLabels: each key"),
+    ("pod-label-bad-key", edits(("spec.gateway.podLabels", {"team name": "search"})), "podLabels: each key"),
+    ("pod-annotation-kembed-prefix",
+     edits(("spec.worker.podAnnotations", {"kembed.dev/revision": "x"})), "podAnnotations: each key"),
+    ("pod-annotation-bad-key", edits(("spec.gateway.podAnnotations", {"/x": "y"})),
+     "podAnnotations: each key"),
+    ("uid-with-ids-from-the-cluster",
+     edits(("spec.worker.securityContext", {"fixedIds": False, "runAsUser": 1000})),
+     "set only with fixedIds"),
+    ("fs-group-with-ids-from-the-cluster",
+     edits(("spec.gateway.securityContext", {"fixedIds": False, "fsGroup": 0})),
+     "set only with fixedIds"),
     ("worker-budget-word",
      edits(("spec.worker.disruptionBudget", {"maxUnavailable": "25 percent"})),
      "maxUnavailable is a count or a percentage"),
@@ -191,7 +226,7 @@ def test_every_rule_in_the_crd_is_exercised():
         body = base()
         edit(body)
         refused_by_case |= {v.rule for v in admit(body, SCHEMA) if v.outcome == "refused"}
-    assert len(rules_in(SCHEMA)) == 25  # a new rule needs a case here
+    assert len(rules_in(SCHEMA)) == 39  # a new rule needs a case here
     assert set(rules_in(SCHEMA)) - refused_by_case == set()
 
 
@@ -200,3 +235,38 @@ def test_the_valid_forms_of_a_budget_pass():
         body = base()
         set_in(body, "spec.worker.disruptionBudget", {"maxUnavailable": value, "minAvailable": value})
         assert [v for v in admit(body, SCHEMA) if v.outcome != "passed"] == []
+
+
+POD_SETTINGS = {
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "kembed-serving",
+    "runtimeClassName": "nvidia",
+    "env": [
+        {"name": "KEMBED_WORKER_LOG_LEVEL", "value": "DEBUG"},  # a flag the CRD does not carry
+        {"name": "POD_NAME", "valueFrom": FIELD_REF},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}},
+        {"name": "EMPTY", "value": ""},
+    ],
+    "envFrom": [{"configMapRef": {"name": "proxy"}}, {"secretRef": {"name": "s"}, "prefix": "S_"}],
+    "podLabels": {"team": "search", "example.com/cost-center": "a-1", "app.kubernetes.io/version": "1"},
+    "podAnnotations": {"sidecar.istio.io/inject": "false"},
+    "nodeSelector": {"pool": "cpu"},
+    "securityContext": {"fixedIds": False},
+}
+
+
+@pytest.mark.parametrize("component", ["worker", "gateway"])
+def test_the_valid_pod_settings_pass(component):
+    body = base()
+    body["spec"][component] |= POD_SETTINGS
+    assert [v for v in admit(body, SCHEMA) if v.outcome != "passed"] == []
+    typed_spec(body)
+
+
+@pytest.mark.parametrize("limit", ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"])
+def test_cuda_on_a_whole_gpu_or_a_mig_slice_passes(limit):
+    body = base()
+    body["spec"]["worker"] |= {"device": "cuda", "cudaGraphs": True}
+    body["spec"]["worker"]["resources"]["limits"] = {"memory": "16Gi", limit: 1}
+    assert [v for v in admit(body, SCHEMA) if v.outcome != "passed"] == []
+    typed_spec(body)

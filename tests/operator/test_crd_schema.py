@@ -12,7 +12,7 @@ import pytest
 import yaml
 from operator_fakes import EXAMPLES, REPO, example
 
-from kembed.operator.crd import CEL_RULES, build_crd, render
+from kembed.operator.crd import CEL_RULES, POD_SETTINGS_RULES, build_crd, render
 from kembed.operator.spec import parse_spec
 
 CRD_FILE = REPO / "charts" / "kembed" / "crds" / "embeddingmodels.kembed.dev.yaml"
@@ -68,6 +68,33 @@ BAD_SPECS = {
     ),
     "unknown-spread": ({**MINIMAL, "worker": {"topologySpread": {"zones": "Maybe"}}}, "is not one of"),
     "bad-priority-class": ({**MINIMAL, "gateway": {"priorityClassName": "Serving"}}, "does not match"),
+    "bad-service-account": ({**MINIMAL, "worker": {"serviceAccountName": "Kembed_SA"}}, "does not match"),
+    "bad-runtime-class": ({**MINIMAL, "gateway": {"runtimeClassName": "nvidia runtime"}}, "does not match"),
+    "pull-secret-without-name": ({**MINIMAL, "worker": {"imagePullSecrets": [{}]}}, "'name' is a required"),
+    "env-without-name": ({**MINIMAL, "gateway": {"env": [{"value": "x"}]}}, "'name' is a required"),
+    "env-bad-name": ({**MINIMAL, "worker": {"env": [{"name": "1X=2"}]}}, "does not match"),
+    "secret-key-without-key": (
+        {**MINIMAL, "worker": {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}},
+        "'key' is a required",
+    ),
+    "label-value-too-long": ({**MINIMAL, "worker": {"podLabels": {"team": "x" * 64}}}, "is too long"),
+    "label-value-bad": ({**MINIMAL, "gateway": {"podLabels": {"team": "a b"}}}, "does not match"),
+    "root-uid": ({**MINIMAL, "worker": {"securityContext": {"runAsUser": 0}}}, "less than the minimum"),
+    "unknown-auth-mode": (
+        {
+            **MINIMAL,
+            "autoscaling": {"prometheusAuth": {"authModes": ["oauth"], "authenticationRef": {"name": "a"}}},
+        },
+        "is not one of",
+    ),
+    "auth-without-ref": (
+        {**MINIMAL, "autoscaling": {"prometheusAuth": {"authModes": ["bearer"]}}},
+        "required",
+    ),
+    "auth-without-modes": (
+        {**MINIMAL, "autoscaling": {"prometheusAuth": {"authModes": [], "authenticationRef": {"name": "a"}}}},
+        "should be non-empty",
+    ),
 }
 
 
@@ -126,7 +153,18 @@ def test_cel_rules_name_fields_that_exist():
         "GatewayAutoscalingSpec": SCHEMA["properties"]["spec"]["properties"]["gateway"]["properties"][
             "autoscaling"
         ],
+        "EnvVar": spec["worker"]["properties"]["env"]["items"],
+        "EnvVarSource": spec["worker"]["properties"]["env"]["items"]["properties"]["valueFrom"],
+        "EnvFromSource": spec["worker"]["properties"]["envFrom"]["items"],
+        "PodSecuritySpec": spec["worker"]["properties"]["securityContext"],
     }
+    for pod_rule in POD_SETTINGS_RULES:  # the pod settings' rules are on both components
+        assert pod_rule in spec["worker"]["x-kubernetes-validations"]
+        assert pod_rule in spec["gateway"]["x-kubernetes-validations"]
+    for field in ("env", "envFrom", "securityContext"):  # and so are their types'
+        assert spec["gateway"]["properties"][field] == spec["worker"]["properties"][field] | {
+            "description": spec["gateway"]["properties"][field]["description"]
+        }
     assert (
         spec["gateway"]["properties"]["disruptionBudget"]["x-kubernetes-validations"]
         == (CEL_RULES["DisruptionBudgetSpec"])

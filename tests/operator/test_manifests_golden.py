@@ -18,7 +18,7 @@ from kembed.operator.revision import revision_of
 from kembed.operator.spec import parse_spec
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-EXAMPLES = ["minilm-cpu.yaml", "bge-m3-gpu.yaml"]
+EXAMPLES = ["minilm-cpu.yaml", "bge-m3-gpu.yaml", "platform-gpu.yaml"]
 IMAGE = "registry.test/kembed/worker:1"
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")
 

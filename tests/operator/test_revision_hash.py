@@ -35,6 +35,19 @@ SHAPING = {
     "priority-class": ("worker", {"priorityClassName": "kembed-serving"}),
     "hard-spread": ("worker", {"topologySpread": {"nodes": "DoNotSchedule"}}),
     "stall-restart": ("worker", {"stallRestartSeconds": 300}),
+    # What decides whether and how a worker runs: what its account is granted, whether the container
+    # sees the GPU, a variable the engine reads, who may read the model and write the kernel cache.
+    "service-account": ("worker", {"serviceAccountName": "kembed-serving"}),
+    "runtime-class": ("worker", {"runtimeClassName": "nvidia"}),
+    "env": ("worker", {"env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"}]}),
+    "env-from-secret": (
+        "worker",
+        {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}}]},
+    ),
+    "env-from": ("worker", {"envFrom": [{"configMapRef": {"name": "proxy"}}]}),
+    "ids-from-the-cluster": ("worker", {"securityContext": {"fixedIds": False}}),
+    "uid": ("worker", {"securityContext": {"runAsUser": 1000}}),
+    "mig-slice": ("worker", {"resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}),
     "classes-off": ("trafficClasses", {"enabled": False}),
     "bulk-queue-share": ("trafficClasses", {"bulkQueueShare": 0.5}),
     "bulk-step-tokens": ("trafficClasses", {"bulkStepTokens": 2048}),
@@ -63,6 +76,21 @@ NOT_SHAPING = {
     "gateway-spread": ("gateway", {"topologySpread": {"zones": "Off"}}),
     "gateway-processes": ("gateway", {"processes": 4}),
     "network-policy": ("networkPolicy", {"enabled": False, "metricsNamespaces": ["monitoring"]}),
+    # How a pod is pulled or filed, not what it computes: rolled in place, no gates (revision.py).
+    "pull-secrets": ("worker", {"imagePullSecrets": [{"name": "registry"}]}),
+    "pod-labels": ("worker", {"podLabels": {"team": "search"}}),
+    "pod-annotations": ("worker", {"podAnnotations": {"sidecar.istio.io/inject": "false"}}),
+    "gateway-env": ("gateway", {"env": [{"name": "KEMBED_GATEWAY_LOG_LEVEL", "value": "DEBUG"}]}),
+    "gateway-account": ("gateway", {"serviceAccountName": "edge", "runtimeClassName": "gvisor"}),
+    "gateway-placement": (
+        "gateway",
+        {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"operator": "Exists"}]},
+    ),
+    "gateway-ids": ("gateway", {"securityContext": {"fixedIds": False}}),
+    "prometheus-auth": (
+        "autoscaling",
+        {"prometheusAuth": {"authModes": ["bearer"], "authenticationRef": {"name": "prometheus"}}},
+    ),
 }
 
 
@@ -99,5 +127,14 @@ def test_placement_fields_at_their_defaults_keep_the_revision_of_a_spec_without_
         "stallRestartSeconds": 60,
         "topologySpread": {"nodes": "ScheduleAnyway", "zones": "ScheduleAnyway", "maxSkew": 1},
         "disruptionBudget": {"enabled": True, "maxUnavailable": 1},
+        # the pod settings, as the API server stores them once the CRD defaults them
+        "serviceAccountName": "",
+        "runtimeClassName": "",
+        "env": [],
+        "envFrom": [],
+        "imagePullSecrets": [],
+        "podLabels": {},
+        "podAnnotations": {},
+        "securityContext": {"fixedIds": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
     }
     assert revision_of(parse_spec(spec), IMAGE) == revision_of(parse_spec(BASE), IMAGE)
