@@ -1,5 +1,6 @@
-"""The README's helm commands, with their flags exactly as written there (read from it, so the two
-cannot drift), render through `helm template`: a user who copies them gets no schema error."""
+"""The helm commands of the README and docs/operator.md, with their flags exactly as written there
+(read from them, so the two cannot drift), render through `helm template`: a user who copies them gets
+no schema error and no missing value (the chart needs imagePrefix)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import pytest
 from chart_tools import REPO_ROOT, parse_documents, run
 
 BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
+DOCS = ("README.md", "docs/operator.md")
 
 
-def readme_helm_commands() -> list[list[str]]:
-    """Every `helm install` / `helm upgrade --install` in the README's bash blocks, continuation
-    lines joined, comments dropped, as argument lists."""
+def helm_commands(doc: str) -> list[list[str]]:
+    """Every `helm install` / `helm upgrade --install` in a document's bash blocks (indented ones in a
+    list item too), continuation lines joined, comments dropped, as argument lists."""
     commands = []
-    for block in BLOCK.findall((REPO_ROOT / "README.md").read_text()):
+    for block in BLOCK.findall((REPO_ROOT / doc).read_text()):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             words = shlex.split(line, comments=True)
@@ -25,11 +27,17 @@ def readme_helm_commands() -> list[list[str]]:
     return commands
 
 
-COMMANDS = readme_helm_commands()
+COMMANDS = [command for doc in DOCS for command in helm_commands(doc)]
 
 
 def test_the_readme_has_its_helm_commands():
-    assert len(COMMANDS) >= 2, COMMANDS  # the install and the monitoring upgrade
+    assert len(helm_commands("README.md")) >= 2, COMMANDS  # the install and the monitoring upgrade
+
+
+def test_the_operator_guide_has_its_install_commands():
+    commands = helm_commands("docs/operator.md")
+    assert len(commands) >= 2, commands  # the install, and the install on OpenShift
+    assert all(any(word.startswith("imagePrefix=") for word in command) for command in commands)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:3]))
@@ -42,3 +50,7 @@ def test_each_readme_helm_command_renders(k8s_tools, command):
     assert "Deployment" in kinds  # the operator
     if any("prometheusRule.enabled=true" in word for word in command):
         assert "PrometheusRule" in kinds
+    if any("podSecurityContext.runAsUser=null" in word for word in command):  # the OpenShift install
+        (operator,) = [d for d in parse_documents(done.stdout) if d["kind"] == "Deployment"]
+        security = operator["spec"]["template"]["spec"]["securityContext"]
+        assert {"runAsUser", "runAsGroup", "fsGroup"}.isdisjoint(security) and security["runAsNonRoot"]
