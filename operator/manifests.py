@@ -26,7 +26,7 @@ from kembed.operator.edge_spec import CONNECTION_VARIABLES
 from kembed.operator.model_spec import ModelSource
 from kembed.operator.naming import Owner
 from kembed.operator.pod_spec import PodSecuritySpec
-from kembed.operator.spec import EmbeddingModelSpec, Resources
+from kembed.operator.spec import EmbeddingModelSpec, Resources, is_gpu_resource
 
 MODEL_MOUNT = "/models/model"
 GATEWAY_PORT = 8080
@@ -139,7 +139,7 @@ def worker_device(spec: EmbeddingModelSpec) -> str:
     also for `auto`, so that a pod whose torch sees no CUDA device (a driver mismatch) fails to start
     instead of serving on its CPU while it holds a GPU; else the spec's."""
     r = spec.worker.resources
-    has_gpu = any(name.startswith("nvidia.com/") for name in (*r.limits, *r.requests))
+    has_gpu = any(is_gpu_resource(name) for name in (*r.limits, *r.requests))
     return "cuda" if spec.worker.device == "auto" and has_gpu else spec.worker.device
 
 
