@@ -79,9 +79,10 @@ def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> Servic
     port = p.free_port()
     # 256-token chunks: a request of up to 16 texts spans several, so the small queue fills (the
     # gateway sends every chunk at once, so rev-b's queue refuses some).
-    # A 1 ms hedge budget: chunks are hedged (the throttle's 2 % and its first 10), so the hedges
-    # panel moves.
-    args = ["kembed.gateway", "--port", str(port), "--chunk-tokens", "256", "--hedge-after-s", "0.001"]
+    # A 1 ms hedge budget, not stretched by the work ahead (multiple 0): chunks are hedged (the
+    # throttle's first 10 and its 2 % after), so the hedges panel moves.
+    args = ["kembed.gateway", "--port", str(port), "--chunk-tokens", "256"]
+    args += ["--hedge-after-s", "0.001", "--hedge-multiple", "0"]
     for address in addresses:
         args += ["--worker", address]
     processes.append(p.spawn("gateway", args, log_dir))

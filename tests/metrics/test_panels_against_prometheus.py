@@ -44,7 +44,7 @@ GPU_ONLY = {
 # or the GPU alike): the test asks only that they are there.
 MAY_READ_ZERO = {
     "kembed-throughput-errors / Upstream retries and hedges per second / C": "a hedge wins only when "
-    "the second replica answers before the first; the run hedges (its gateway's budget is 1 ms, ref B "
+    "the second replica answers before the first; the run hedges (its gateway's budget is 1 ms flat, ref B "
     "is real) but which attempt answers first is the machine's timing",
 }
 ALERTS_GPU_ONLY = {
@@ -97,6 +97,8 @@ def test_the_load_exercised_every_route_and_the_retry_path(observed):
     assert statuses[("/v1/embeddings", 400)] > 0  # empty input (OpenAI says 400)
     retries = observed.prometheus.query("sum(kembed_gateway_upstream_retries_total)", observed.end)
     assert float(retries[0]["value"][1]) > 0, "rev-b's small queue never refused a chunk"
+    hedges = observed.prometheus.query("sum(kembed_gateway_hedges_total)", observed.end)
+    assert float(hedges[0]["value"][1]) >= 10, "a 1 ms budget and the throttle's first 10: hedges"
 
 
 def test_variables_list_what_the_pods_run(choices):
