@@ -84,7 +84,7 @@ class Hedging:
 @dataclass(eq=False, slots=True)
 class _Attempt:
     replica: Replica
-    task: asyncio.Task[np.ndarray]
+    task: asyncio.Future[np.ndarray]  # the transport's request
     down: asyncio.Future[None]  # set once its replica is marked down
     hedge_at: float  # loop.time() past which it is overdue
     is_hedge: bool
@@ -92,7 +92,7 @@ class _Attempt:
 
 
 Pick = Callable[[Sequence["Replica"]], "Replica | None"]
-Request = Callable[["Replica"], "asyncio.Task[np.ndarray]"]
+Request = Callable[["Replica"], "asyncio.Future[np.ndarray]"]
 
 
 class Attempts:
@@ -104,6 +104,7 @@ class Attempts:
         *,
         pick: Pick,
         request: Request,
+        answered: Callable[[Replica, Part], None],
         hedging: Hedging,
         check: Callable[[Replica], None],
         mark_down: Callable[[Replica, str], None],
@@ -112,7 +113,7 @@ class Attempts:
         max_attempts: int,
     ) -> None:
         self._part = part
-        self._pick, self._request, self._hedging = pick, request, hedging
+        self._pick, self._request, self._answered, self._hedging = pick, request, answered, hedging
         self._check, self._mark_down, self._translate = check, mark_down, translate
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -135,14 +136,13 @@ class Attempts:
                 if self._is_overloaded:
                     raise Overloaded("every worker replica tried has a full queue; retry later")
                 raise Unavailable("no worker replica is serving; retry later")
-            waits: set[asyncio.Future[Any]] = {a.task for a in self._running}
-            waits |= {a.down for a in self._running}
+            waits: list[asyncio.Future[Any]] = [a.task for a in self._running]
+            waits += [a.down for a in self._running]
             first = self._running[0]
-            budget = None
+            until = None
             if not self._is_hedged and len(self._running) == 1 and not first.is_overdue:
-                budget = max(0.0, first.hedge_at - loop.time())
-            done, _ = await asyncio.wait(waits, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
-            if not done:  # the attempt ran past its budget
+                until = first.hedge_at
+            if not await _first_of(waits, until, loop):  # the attempt ran past its budget
                 self._overdue(first)
                 continue
             for attempt in list(self._running):
@@ -209,11 +209,38 @@ class Attempts:
                 self._is_overloaded = True
                 return None
             raise self._translate(error, replica.address) from None
+        self._answered(replica, self._part)
         if attempt.is_hedge:
             self._metrics.hedge_wins.inc()
         return rows
 
 
-def _retrieve(task: asyncio.Task[np.ndarray]) -> None:
+def _retrieve(task: asyncio.Future[np.ndarray]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def _first_of(
+    futures: list[asyncio.Future[Any]], until: float | None, loop: asyncio.AbstractEventLoop
+) -> bool:
+    """Wait until one of `futures` is done (True) or loop.time() reaches `until` (False): what
+    asyncio.wait(FIRST_COMPLETED) does, without its sets, for the one or two futures of a chunk."""
+    if any(future.done() for future in futures):
+        return True
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(wake)
+    timer = loop.call_at(until, wake) if until is not None else None
+    try:
+        await waiter
+    finally:
+        for future in futures:
+            future.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
+    return any(future.done() for future in futures)

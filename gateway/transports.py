@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import socket
@@ -70,6 +71,9 @@ class Transport(Protocol):
     async def request(self, kind: str, part: Part, timeout_s: float) -> np.ndarray:
         """The rows of `part` ("embed": vectors, "score": logits); raises its AioRpcError."""
 
+    def submit(self, kind: str, part: Part, timeout_s: float) -> asyncio.Future[np.ndarray]:
+        """`request` as a future, sent now; cancelling it cancels the request."""
+
     async def close(self) -> None: ...
 
 
@@ -93,6 +97,9 @@ class UnaryTransport:
         scored = pb.ScoreRequest(batch=batch, request_id=request_id, priority=part.priority)  # type: ignore[arg-type]
         response = await self._stub.Score(scored, timeout=timeout_s, metadata=self._metadata)
         return decode_scores(response, part.num_sequences)
+
+    def submit(self, kind: str, part: Part, timeout_s: float) -> asyncio.Future[np.ndarray]:
+        return asyncio.ensure_future(self.request(kind, part, timeout_s))
 
     async def close(self) -> None:
         pass
@@ -227,19 +234,31 @@ class FrameTransport(asyncio.Protocol):
             await self.connect()
         except OSError as error:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"worker {self.address}: {error}") from None
+        return await self._enqueue(kind, part)
+
+    def submit(self, kind: str, part: Part, timeout_s: float) -> asyncio.Future[np.ndarray]:
+        """The request's own future while the connection is open (no task around it: a chunk's
+        attempts wait on it directly); a task that connects first otherwise."""
+        if self._transport is None or self._transport.is_closing():
+            return asyncio.ensure_future(self.request(kind, part, timeout_s))
+        return self._enqueue(kind, part)
+
+    def _enqueue(self, kind: str, part: Part) -> asyncio.Future[np.ndarray]:
         number = next(self._ids)
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         self._waiting.setdefault((kind, part.priority), []).append((number, part))
         self._flush_soon()
-        try:
-            return await future
-        except asyncio.CancelledError:  # the caller gave up (client left, deadline, a sibling failed)
-            if self._pending.pop(number, None) is not None:
-                self._cancels.append(number)
-                self._answered(number)
-                self._flush_soon()
-            raise
+        future.add_done_callback(functools.partial(self._settled, number))
+        return future
+
+    def _settled(self, number: int, future: asyncio.Future[np.ndarray]) -> None:
+        """A cancelled request (the caller gave up: client left, deadline, a sibling failed, a hedge
+        won) leaves in the next frame's cancels, which frees its place in the worker's queue."""
+        if future.cancelled() and self._pending.pop(number, None) is not None:
+            self._cancels.append(number)
+            self._answered(number)
+            self._flush_soon()
 
     def _flush_soon(self) -> None:
         if not self._is_flush_due:

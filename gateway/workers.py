@@ -356,6 +356,10 @@ class WorkerPool:
                     log.warning("worker %s is down: %s", replica.address, error.code().name)
                 replica.mark_down(replica.last_error)
             return
+        self._heard(replica, health)
+
+    def _heard(self, replica: Replica, health: pb.HealthResponse) -> None:
+        """What a Health answer says of `replica` (a probe's or a suspect's check)."""
         was_serving = replica.is_serving
         replica.queued_tokens = health.queued_tokens
         replica.tokens_per_s = health.tokens_per_s
@@ -420,10 +424,12 @@ class WorkerPool:
     async def _send(self, kind: str, part: Part) -> np.ndarray:
         """One chunk's rows from the least loaded replica: retried on others if refused or down,
         hedged if it runs long, moved if its replica stalls (attempts.py)."""
+        loop = asyncio.get_running_loop()
         attempts = Attempts(
             part,
             pick=self._pick,
-            request=lambda replica: self._attempt(kind, part, replica),
+            request=lambda replica: replica.transport.submit(kind, part, part.deadline - loop.time()),
+            answered=self._answered,
             hedging=self._hedging,
             check=self.check,
             mark_down=self._mark_down,
@@ -433,19 +439,12 @@ class WorkerPool:
         )
         return await attempts.run()
 
-    def _attempt(self, kind: str, part: Part, replica: Replica) -> asyncio.Task[np.ndarray]:
-        """One attempt of a chunk on `replica`, as a task; it raises the transport's AioRpcError.
-        (Attempts counts its tokens as outstanding on the replica until it is settled or dropped.)"""
-        return asyncio.ensure_future(self._request(kind, part, replica))
-
-    async def _request(self, kind: str, part: Part, replica: Replica) -> np.ndarray:
-        timeout = part.deadline - asyncio.get_running_loop().time()
-        rows = await replica.transport.request(kind, part, timeout)
+    def _answered(self, replica: Replica, part: Part) -> None:
+        """An attempt of `part` on `replica` came back with its rows."""
         replica.num_chunks_served += 1
         replica.is_suspect = False  # it answers: alive
         if self.on_chunk_served is not None:
             self.on_chunk_served(part.num_tokens)
-        return rows
 
     def _mark_down(self, replica: Replica, reason: str) -> None:
         if replica.is_serving:
@@ -480,14 +479,10 @@ class WorkerPool:
             return
         finally:
             replica.is_checking = False
-        replica.queued_tokens = health.queued_tokens
-        replica.tokens_per_s = health.tokens_per_s
-        if health.status == pb.HealthResponse.SERVING:
-            replica.is_suspect = False
-        elif replica.is_serving:
+        if health.status != pb.HealthResponse.SERVING:
             replica.num_stalls += health.reason.startswith("stalled")
-            self._mark_down(replica, f"NOT_SERVING: {health.reason}" if health.reason else "NOT_SERVING")
-            self._say_readiness()
+        self._heard(replica, health)
+        self._say_readiness()
 
     async def embed(
         self,

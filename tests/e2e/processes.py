@@ -48,20 +48,22 @@ def spawn(name: str, args: list[str], log_dir: Path) -> Process:
     return Process(name, popen, log)
 
 
-def wait_ready(url: str, processes: list[Process], timeout_s: float = 90) -> None:
+def wait_ready(url: str, processes: list[Process], timeout_s: float = 90, path: str = "/ready") -> None:
+    """Until `url` answers `path` 200 (`/health`: up, with or without a worker); fails naming a
+    process that exited, or with every log after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for proc in processes:
             if proc.popen.poll() is not None:
                 pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log.read_text()}")
         try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.2)
     logs = "\n".join(f"--- {p.name}\n{p.log.read_text()}" for p in processes)
-    pytest.fail(f"{url} not ready after {timeout_s}s\n{logs}")
+    pytest.fail(f"{url}{path} not 200 after {timeout_s}s\n{logs}")
 
 
 def wait_all_serving(url: str, timeout_s: float = 60) -> None:

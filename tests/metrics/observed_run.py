@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import httpx
-import pytest
 from operator_feed import OperatorFeed
 from prom_server import Prometheus, Target
 
@@ -97,21 +94,5 @@ def start_services(log_dir: Path, feed: OperatorFeed, processes: list) -> Servic
     url, lost_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{lost_port}"
     p.wait_ready(url, processes)
     p.wait_all_serving(url)
-    wait_up(lost_url, processes)
+    p.wait_ready(lost_url, processes, path="/health")  # its /ready stays 503: no worker
     return Services(targets, url, lost_url)
-
-
-def wait_up(url: str, processes: list, timeout_s: float = 90) -> None:
-    """Until the gateway answers /health (its /ready stays 503: no worker)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for proc in processes:
-            if proc.popen.poll() is not None:
-                pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{url} not up after {timeout_s}s")

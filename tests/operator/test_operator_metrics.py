@@ -55,17 +55,22 @@ def test_a_promotion_counts_once_with_each_jobs_duration():
         assert after[f"kembed_operator_job_duration_seconds_sum{{{labels}}}"] == 42
 
 
-def test_a_blocked_rollout_counts_once_while_it_stays_blocked():
-    metrics = OperatorMetrics()
-    driver = driven(metrics)
+def block_a_rollout(driver, prewarm_s: float = 42, smoke_s: float = 42) -> None:
+    """Promote the first revision, then roll out a second whose smoke test fails."""
     driver.promote()
     driver.edit("model", dtype="float16")
     new = driver.step()["candidateRevision"]
     driver.cluster.run_workers(new, ip_base=20)
     driver.step()
-    driver.cluster.finish_job("prewarm", True, seconds=3)
+    driver.cluster.finish_job("prewarm", True, seconds=prewarm_s)
     driver.step()
-    driver.cluster.finish_job("smoke", False, report="FAILED", seconds=7)
+    driver.cluster.finish_job("smoke", False, report="FAILED", seconds=smoke_s)
+
+
+def test_a_blocked_rollout_counts_once_while_it_stays_blocked():
+    metrics = OperatorMetrics()
+    driver = driven(metrics)
+    block_a_rollout(driver, prewarm_s=3, smoke_s=7)
     for _ in range(3):  # the failed Job is kept for its logs and seen on every pass
         assert driver.step()["phase"] == "Blocked"
     after = samples(metrics)
@@ -120,14 +125,7 @@ def test_a_blocked_model_reads_blocked_on_every_pass_until_its_spec_moves_on():
     """What KembedRolloutBlocked reads: Blocked for as long as the model is, however long."""
     metrics = OperatorMetrics()
     driver = driven(metrics)
-    driver.promote()
-    driver.edit("model", dtype="float16")
-    new = driver.step()["candidateRevision"]
-    driver.cluster.run_workers(new, ip_base=20)
-    driver.step()
-    driver.cluster.finish_job("prewarm", True)
-    driver.step()
-    driver.cluster.finish_job("smoke", False, report="FAILED")
+    block_a_rollout(driver)
     memo = memo_of(metrics, driver.cluster)
     for _ in range(3):  # the drift timer's passes: status unchanged, the phase kept
         patch = kopf.Patch()
