@@ -108,23 +108,30 @@ class _Mapping:
     tei_type: str
 
 
-# The one table from error to HTTP. TEI's error_type names are its own (validation, overloaded,
-# unhealthy, backend); OpenAI's type names follow its API (invalid_request_error and friends).
+# The one table from error to HTTP. OpenAI's type names follow its API (invalid_request_error and
+# friends). TEI's `error_type` is one of its ErrorType enum, spelt as TEI serialises it (`Validation`,
+# its OpenAPI document's enum; tests/gateway/fixtures/tei_error_types.json): what the client got wrong
+# is `Validation` (TEI says so for a batch too large too), a full queue `Overloaded`, no worker
+# `Unhealthy`, and what the model or the workers could not do `Backend`, as TEI answers /rerank on an
+# embedding model.
 _TABLE: dict[type[GatewayError], _Mapping] = {
-    InvalidInput: _Mapping(422, "invalid_request_error", "validation"),
-    PayloadTooLarge: _Mapping(413, "invalid_request_error", "validation"),
-    UnsupportedMediaType: _Mapping(415, "invalid_request_error", "validation"),
-    RequestTimeout: _Mapping(408, "timeout_error", "timeout"),
-    HeadersTooLarge: _Mapping(431, "invalid_request_error", "validation"),
-    Unauthorized: _Mapping(401, "invalid_request_error", "unauthorized"),
-    NotFound: _Mapping(404, "invalid_request_error", "not_found"),
-    MethodNotAllowed: _Mapping(405, "invalid_request_error", "validation"),
-    Overloaded: _Mapping(429, "rate_limit_error", "overloaded"),
-    Unavailable: _Mapping(503, "service_unavailable_error", "unhealthy"),
-    Unsupported: _Mapping(501, "not_implemented_error", "unsupported"),
-    Timeout: _Mapping(504, "timeout_error", "timeout"),
-    WorkerFailed: _Mapping(500, "server_error", "backend"),
+    InvalidInput: _Mapping(422, "invalid_request_error", "Validation"),
+    PayloadTooLarge: _Mapping(413, "invalid_request_error", "Validation"),
+    UnsupportedMediaType: _Mapping(415, "invalid_request_error", "Validation"),
+    RequestTimeout: _Mapping(408, "timeout_error", "Validation"),
+    HeadersTooLarge: _Mapping(431, "invalid_request_error", "Validation"),
+    Unauthorized: _Mapping(401, "invalid_request_error", "Validation"),
+    NotFound: _Mapping(404, "invalid_request_error", "Validation"),
+    MethodNotAllowed: _Mapping(405, "invalid_request_error", "Validation"),
+    Overloaded: _Mapping(429, "rate_limit_error", "Overloaded"),
+    Unavailable: _Mapping(503, "service_unavailable_error", "Unhealthy"),
+    Unsupported: _Mapping(501, "not_implemented_error", "Backend"),
+    Timeout: _Mapping(504, "timeout_error", "Backend"),
+    WorkerFailed: _Mapping(500, "server_error", "Backend"),
 }
+
+# TEI's ErrorType, every value `error_type` takes (the OpenAPI document's enum).
+TEI_ERROR_TYPES = ("Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty")
 
 
 def reason_of(error: GatewayError) -> str:

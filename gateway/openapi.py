@@ -163,7 +163,7 @@ class OpenAIError(BaseModel):
 
 class TeiError(BaseModel):
     error: str
-    error_type: str
+    error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]  # TEI's
 
 
 class CohereError(BaseModel):

@@ -38,7 +38,7 @@ def test_root_answers_what_the_body_asks_for_and_refuses_what_this_model_cannot(
     rerank = httpx.post(f"{stack.url}/", json={"query": "q", "texts": ["a"]}, timeout=30)
     assert rerank.status_code == 501 and "does not support reranking" in rerank.json()["error"]
     bad = httpx.post(f"{stack.url}/", json=[1, 2], timeout=30)
-    assert bad.status_code == 422 and bad.json()["error_type"] == "validation"
+    assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
 
 
 def test_decode_gives_back_the_text_of_tokenize(stack):

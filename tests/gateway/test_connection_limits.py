@@ -141,7 +141,7 @@ async def test_a_body_that_trickles_gets_408_within_the_body_timeout():
         writer.close()
         assert data.startswith(b"HTTP/1.1 408 ")
         body = json.loads(data.split(b"\r\n\r\n", 1)[1])  # TEI's shape elsewhere
-        assert body["error_type"] == "timeout" and "request body" in body["error"]
+        assert body["error_type"] == "Validation" and "request body" in body["error"]
         assert waited < 3
         assert metric(app, "body_timeout") == 1
 

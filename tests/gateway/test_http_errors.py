@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import openai
 import orjson
 import pytest
 from gateway_fakes import FakeEmbedder
 
-from kembed.gateway import errors
+from kembed.gateway import errors, openapi
 from kembed.gateway.errors import Flavour, render
 
 LONG = "word " * 400
@@ -166,7 +169,7 @@ async def test_declared_oversize_body_is_refused_before_reading(gateway_with):
             "/embed", content=b"x" * 101, headers={"content-type": "application/json"}
         )
     assert response.status_code == 413
-    assert response.json()["error_type"] == "validation"
+    assert response.json()["error_type"] == "Validation"
 
 
 async def test_unimplemented_score_on_a_scoring_worker_is_501(gateway_with):
@@ -203,8 +206,35 @@ def test_error_table_maps_each_error_once(error_class, status, flavour):
         assert body == {"message": "boom"}
     else:
         assert response.status_code == status
-        assert body["error"] == "boom" and isinstance(body["error_type"], str)
+        assert body["error"] == "boom" and body["error_type"] in TEI_ERROR_TYPES
     assert (response.headers.get("retry-after") == "3") is (error_class is errors.Overloaded)
+
+
+# TEI's own error schemas, copied from its OpenAPI document (the file says from which commit).
+TEI_SCHEMAS = json.loads((Path(__file__).parent / "fixtures" / "tei_error_schemas.json").read_text())
+TEI_ERROR_TYPES = TEI_SCHEMAS["ErrorType"]["enum"]
+
+
+def test_tei_error_bodies_spell_error_type_as_tei_does():
+    every_error = [cls for cls in vars(errors).values() if isinstance(cls, type) and cls is not errors.GatewayError
+                   and issubclass(cls, errors.GatewayError)]  # fmt: skip
+    rendered = {
+        cls.__name__: orjson.loads(render(cls("x"), Flavour.TEI, retry_after_s=1).body) for cls in every_error
+    }
+    assert {
+        name: body["error_type"]
+        for name, body in rendered.items()
+        if body["error_type"] not in TEI_ERROR_TYPES
+    } == {}
+    assert rendered["InvalidInput"]["error_type"] == "Validation"
+    assert (
+        rendered["Overloaded"]["error_type"] == "Overloaded"
+        and rendered["Unavailable"]["error_type"] == "Unhealthy"
+    )
+    assert list(errors.TEI_ERROR_TYPES) == TEI_ERROR_TYPES
+    documented = openapi.build("x", has_api_key=False)["components"]["schemas"]["TeiError"]
+    assert documented["properties"]["error_type"]["enum"] == TEI_ERROR_TYPES
+    assert set(documented["required"]) == set(TEI_SCHEMAS["ErrorResponse"]["required"])
 
 
 async def test_openai_clients_get_their_own_error_types_and_codes(gateway_with):
