@@ -319,7 +319,8 @@ def create_app(
         if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
             method, path = request.method, request.url.path
             if error.status_code == 405:
-                allow = (error.headers or {}).get("Allow", "")
+                # Starlette's Allow names the first route of the path only (`/` has two: GET, POST)
+                allow = methods_of.get(path) or (error.headers or {}).get("Allow", "")
                 error = MethodNotAllowed(f"{method} is not allowed on {path}; it takes {allow}", allow=allow)
             else:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
@@ -349,6 +350,10 @@ def create_app(
         Route("/ready", routes.ready, methods=["GET"]),
         Route(METRICS_PATH, routes.metrics, methods=["GET"]),
     ]
+    methods_of = {  # every method a path is served with, for a 405's Allow (HEAD where GET is)
+        path: ", ".join(sorted({m for r in http_routes if r.path == path for m in r.methods or ()}))
+        for path in {r.path for r in http_routes}
+    }
     hot_routes: dict[str, Endpoint] = {"/v1/embeddings": routes.openai_embeddings, "/embed": tei.embed}
     # Outermost first: the timing middleware sees requests the API key check refuses.
     middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]

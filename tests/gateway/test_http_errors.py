@@ -8,6 +8,7 @@ from pathlib import Path
 import openai
 import orjson
 import pytest
+from conftest import until_ready
 from gateway_fakes import FakeEmbedder
 
 from kembed.gateway import errors, openapi
@@ -216,8 +217,10 @@ TEI_ERROR_TYPES = TEI_SCHEMAS["ErrorType"]["enum"]
 
 
 def test_tei_error_bodies_spell_error_type_as_tei_does():
-    every_error = [cls for cls in vars(errors).values() if isinstance(cls, type) and cls is not errors.GatewayError
-                   and issubclass(cls, errors.GatewayError)]  # fmt: skip
+    classes = [cls for cls in vars(errors).values() if isinstance(cls, type)]
+    every_error = [
+        cls for cls in classes if issubclass(cls, errors.GatewayError) and cls is not errors.GatewayError
+    ]
     rendered = {
         cls.__name__: orjson.loads(render(cls("x"), Flavour.TEI, retry_after_s=1).body) for cls in every_error
     }
@@ -250,9 +253,22 @@ async def test_openai_clients_get_their_own_error_types_and_codes(gateway_with):
         assert missing.value.code == "model_not_found"
 
 
-async def test_405_says_which_methods_the_route_takes(gateway_with):
+ALLOWED = {
+    "/v1/embeddings": {"POST"},
+    "/embed": {"POST"},
+    "/info": {"GET", "HEAD"},
+    "/": {"GET", "HEAD", "POST"},
+}
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "OPTIONS"])
+async def test_405_says_every_method_the_path_is_served_with(gateway_with, method):
     async with gateway_with(FakeEmbedder()) as client:
-        for path, allowed in (("/v1/embeddings", "POST"), ("/embed", "POST"), ("/info", "GET")):
-            response = await client.request("PUT", path)
+        await until_ready(client)
+        for path, allowed in ALLOWED.items():
+            response = await client.request(method, path)
             assert response.status_code == 405
-            assert set(response.headers["allow"].split(", ")) >= {allowed}, path
+            assert set(response.headers["allow"].split(", ")) == allowed, path
+            for other in allowed - {"POST"}:  # and each method it names is served
+                assert (await client.request(other, path)).status_code == 200, (other, path)
+        assert (await client.post("/", json={"inputs": "a"})).status_code == 200
