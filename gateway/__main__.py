@@ -25,7 +25,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.processes import LOG_FORMAT, serve
 
 ENV_PREFIX = "KEMBED_GATEWAY_"
@@ -140,8 +143,34 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
     return GatewayConfig(**args)
 
 
+def program_name() -> str:
+    """`kembed-gateway` when run as the installed script, else how `python -m` runs it."""
+    return "kembed-gateway" if Path(sys.argv[0]).name == "kembed-gateway" else "python -m kembed.gateway"
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """SystemExit with one line (status 2, as the worker's) unless the gateway can read `model_dir`:
+    its tokenizer settings and tokenizer.json, as every serving process will at start."""
+    try:
+        spec = load_model_spec(model_dir)
+        Tokenizer.from_file(str(spec.tokenizer_file))
+    except (OSError, ValueError) as error:  # missing or unreadable files, bad JSON or settings
+        reason = str(error)
+    except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
+        reason = f"tokenizer.json: {error}"
+    else:
+        return
+    print(f"{program_name()}: error: cannot serve --model {model_dir}: {reason}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ValueError as error:  # a value GatewayConfig refuses: one line, as argparse's own errors
+        print(f"{program_name()}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    check_model_dir(config.model_dir)
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger(__name__).info("starting gateway: %s", config)
     serve(config)

@@ -52,7 +52,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except ValueError as error:  # bad JSON or UTF-8: say which file
+            raise ValueError(f"{path.name}: {error}") from None
     return data if isinstance(data, dict) else {}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from gateway_fakes import FakeEmbedder, serving
 
-from kembed.gateway.__main__ import bundled_model_dir, parse_config
+from kembed.gateway.__main__ import bundled_model_dir, check_model_dir, parse_config
 from kembed.gateway.config import GatewayConfig
 
 
@@ -58,7 +59,7 @@ def test_repeated_flags_give_several_workers_and_aliases():
     [
         (["--chunk-tokens", "0"], "chunk_tokens must be positive"),
         (["--max-attempts", "-1"], "max_attempts"),
-        (["--processes", "0"], "processes must be positive"),
+        (["--processes", "0"], "processes must be positive, got 0"),
         (["--processes", "2", "--port", "0"], "fixed port"),
         (["--max-inflight-frames", "-1"], "max_inflight_frames must be >= 0"),
         (["--max-inline-tokenize-chars", "-1"], "max_inline_tokenize_chars must be >= 0"),
@@ -146,3 +147,53 @@ def test_secrets_come_from_a_file_or_the_environment_never_a_flag_value(tmp_path
         parse_config([flag, "visible-to-ps"], {})
     with pytest.raises(SystemExit, match=f"cannot read {flag}-file"):
         parse_config([f"{flag}-file", str(tmp_path / "none")], {})
+
+
+def _broken_copy(model_dir: Path, target: Path, name: str, text: str) -> Path:
+    target.mkdir()
+    for path in model_dir.iterdir():
+        if path.is_file():
+            (target / path.name).write_bytes(path.read_bytes())
+    (target / name).write_text(text)
+    return target
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("tokenizer.json", "{not json", "tokenizer.json: "),
+        ("tokenizer.json", '{"version": "1.0"}', "tokenizer.json: Model missing"),
+        ("config_sentence_transformers.json", "[", "config_sentence_transformers.json: Expecting value"),
+        ("config_sentence_transformers.json", '{"default_prompt_name": "x"}', "default_prompt_name 'x'"),
+    ],
+    ids=["tokenizer-not-json", "tokenizer-without-model", "settings-not-json", "unknown-default-prompt"],
+)
+def test_a_model_directory_the_gateway_cannot_read_is_one_line_and_status_2(
+    model_dir, tmp_path, capsys, name, text, says
+):
+    broken = _broken_copy(model_dir, tmp_path / "broken", name, text)
+    with pytest.raises(SystemExit) as exited:
+        check_model_dir(broken)
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert (
+        line.startswith(f"python -m kembed.gateway: error: cannot serve --model {broken}: ") and says in line
+    )
+    check_model_dir(model_dir)  # the bundled one passes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--model", "/no/such/dir"], "cannot serve --model /no/such/dir: no tokenizer.json in /no/such/dir"),
+        (["--processes", "0"], "processes must be positive, got 0"),
+    ],
+    ids=["missing-model", "bad-value"],
+)
+def test_the_cli_ends_a_bad_start_in_one_line_not_a_traceback(argv, says):
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kembed.gateway", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"python -m kembed.gateway: error: {says}"]
