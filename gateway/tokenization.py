@@ -59,6 +59,17 @@ def _load_base(spec: ModelSpec) -> Tokenizer:
     return tokenizer
 
 
+def _foreign_ids(index: int, token_id: int, vocab_size: int) -> InvalidInput:
+    """Token ids this model's tokenizer cannot have made: most often another tokenizer's (tiktoken's,
+    which langchain-openai's OpenAIEmbeddings sends unless told not to), so say how to send text."""
+    return InvalidInput(
+        f"input {index} has token id {token_id} outside [0, {vocab_size}): token ids must come from "
+        f"this model's own tokenizer ({vocab_size} ids), not another's such as tiktoken's; send the text "
+        "itself instead (langchain-openai: OpenAIEmbeddings(..., check_embedding_ctx_length=False))",
+        param="input",
+    )
+
+
 def _truncating(base: Tokenizer, max_length: int, direction: Direction) -> Tokenizer:
     tokenizer = Tokenizer.from_str(base.to_str())
     # longest_first counts the special tokens the post-processor adds, as transformers does.
@@ -256,14 +267,10 @@ class Tokenization:
             array = np.asarray(ids, dtype=np.int64)
         except OverflowError:  # beyond int64: certainly outside the vocabulary
             bad_id = next(i for i in ids if not -(2**63) <= i < 2**63)
-            raise InvalidInput(
-                f"input {index} has token id {bad_id} outside [0, {vocab_size})", param="input"
-            ) from None
+            raise _foreign_ids(index, bad_id, vocab_size) from None
         bad = array[(array < 0) | (array >= vocab_size)]
         if bad.size:
-            raise InvalidInput(
-                f"input {index} has token id {int(bad[0])} outside [0, {vocab_size})", param="input"
-            )
+            raise _foreign_ids(index, int(bad[0]), vocab_size)
         limit = self.spec.max_seq_length
         if limit is not None and array.size > limit:
             if not truncate:

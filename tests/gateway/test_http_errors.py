@@ -25,6 +25,14 @@ CASES = [
     ("/v1/embeddings", b'{"input": []}', 400, "`input` must not be empty"),
     ("/v1/embeddings", b'{"input": [[]]}', 400, "input 0 is an empty list of token ids"),
     ("/v1/embeddings", b'{"input": [[1, 99999]]}', 400, "input 0 has token id 99999 outside [0, 30522)"),
+    # tiktoken's ids (langchain-openai's default): the message says how to send text instead
+    (
+        "/v1/embeddings",
+        b'{"input": [[791, 8415, 100255]]}',
+        400,
+        "OpenAIEmbeddings(..., check_embedding_ctx_length=False)",
+    ),
+    ("/embed", b'{"inputs": [[791, 100255]]}', 422, "must come from this model's own tokenizer (30522 ids)"),
     (
         "/v1/embeddings",
         b'{"input": [[1, 9223372036854775808]]}',
