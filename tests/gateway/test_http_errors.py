@@ -104,6 +104,8 @@ CASES = [
         "input-empty-list",
         "empty-token-ids",
         "token-id-past-vocab",
+        "tiktoken-ids-openai",
+        "tiktoken-ids-tei",
         "token-id-past-int64",
         "token-id-below-int64",
         "bad-encoding-format",
