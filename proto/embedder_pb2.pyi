@@ -13,6 +13,14 @@ class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FRAME_KIND_EMBED: _ClassVar[FrameKind]
     FRAME_KIND_SCORE: _ClassVar[FrameKind]
 
+class Output(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_NONE: _ClassVar[Output]
+    OUTPUT_DENSE: _ClassVar[Output]
+    OUTPUT_SPARSE: _ClassVar[Output]
+    OUTPUT_COLBERT: _ClassVar[Output]
+    OUTPUT_TOKENS: _ClassVar[Output]
+
 class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PRIORITY_UNSPECIFIED: _ClassVar[Priority]
@@ -21,12 +29,17 @@ class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 FRAME_KIND_UNSPECIFIED: FrameKind
 FRAME_KIND_EMBED: FrameKind
 FRAME_KIND_SCORE: FrameKind
+OUTPUT_NONE: Output
+OUTPUT_DENSE: Output
+OUTPUT_SPARSE: Output
+OUTPUT_COLBERT: Output
+OUTPUT_TOKENS: Output
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_INTERACTIVE: Priority
 PRIORITY_BULK: Priority
 
 class RequestFrame(_message.Message):
-    __slots__ = ("kind", "ids", "timeouts_ms", "priorities", "num_sequences", "lengths", "token_ids", "token_type_ids", "num_spans", "span_bounds", "cancel_ids", "auth_token")
+    __slots__ = ("kind", "ids", "timeouts_ms", "priorities", "num_sequences", "lengths", "token_ids", "token_type_ids", "num_spans", "span_bounds", "cancel_ids", "auth_token", "outputs")
     KIND_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUTS_MS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +52,7 @@ class RequestFrame(_message.Message):
     SPAN_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_IDS_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     kind: FrameKind
     ids: bytes
     timeouts_ms: bytes
@@ -51,7 +65,8 @@ class RequestFrame(_message.Message):
     span_bounds: bytes
     cancel_ids: bytes
     auth_token: str
-    def __init__(self, kind: _Optional[_Union[FrameKind, str]] = ..., ids: _Optional[bytes] = ..., timeouts_ms: _Optional[bytes] = ..., priorities: _Optional[bytes] = ..., num_sequences: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., cancel_ids: _Optional[bytes] = ..., auth_token: _Optional[str] = ...) -> None: ...
+    outputs: bytes
+    def __init__(self, kind: _Optional[_Union[FrameKind, str]] = ..., ids: _Optional[bytes] = ..., timeouts_ms: _Optional[bytes] = ..., priorities: _Optional[bytes] = ..., num_sequences: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., cancel_ids: _Optional[bytes] = ..., auth_token: _Optional[str] = ..., outputs: _Optional[bytes] = ...) -> None: ...
 
 class ResultFrame(_message.Message):
     __slots__ = ("ids", "num_rows", "rows", "width", "errors")
@@ -92,14 +107,16 @@ class TokenBatch(_message.Message):
     def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[_Iterable[int]] = ..., span_bounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("batch", "request_id", "priority")
+    __slots__ = ("batch", "request_id", "priority", "outputs")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     batch: TokenBatch
     request_id: str
     priority: Priority
-    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ...) -> None: ...
+    outputs: int
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., outputs: _Optional[int] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_sequences", "dimensions")
@@ -176,7 +193,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms")
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms", "outputs", "colbert_dimensions", "hidden_size")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +212,9 @@ class InfoResponse(_message.Message):
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     FRAME_PORT_FIELD_NUMBER: _ClassVar[int]
     FRAME_IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    COLBERT_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_type: str
     task: str
@@ -213,7 +233,10 @@ class InfoResponse(_message.Message):
     data_port: int
     frame_port: int
     frame_idle_timeout_ms: int
-    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    outputs: int
+    colbert_dimensions: int
+    hidden_size: int
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ..., outputs: _Optional[int] = ..., colbert_dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -37,6 +37,7 @@ from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.framing import FrameError, FrameReader, frame, result_frame
+from kembed.proto.outputs import DENSE, OutputShape, names_of
 from kembed.worker.auth import TokenCheck
 from kembed.worker.classes import INTERACTIVE_MAX_SEQUENCES, INTERACTIVE_MAX_TOKENS, Priority
 from kembed.worker.errors import InvalidInput, Unavailable, Unsupported, WorkerError
@@ -295,6 +296,7 @@ class FrameService:
             raise InvalidInput("span pooling (num_spans, span_bounds) is for embed requests, not score")
         arrays = _frame_arrays(message, len(ids))
         num_sequences, lengths, token_ids, types, priorities, timeouts = arrays
+        seq_outputs = self._outputs(message, num_sequences)
         valid = None
         if not frame_is_clean(num_sequences, lengths, token_ids, types, self._info) or message.num_spans:
             valid = self._check_each(message, arrays, ids, connection)
@@ -309,6 +311,7 @@ class FrameService:
             group = RequestGroup(
                 token_ids, lengths, many, connection, priority=classes, admitted_at=now,
                 deadlines=deadlines, ids=ids, token_type_ids=types, spans=spans,
+                **self._output_rows(seq_outputs, lengths),
             )  # fmt: skip
             return [group]
         if isinstance(classes, Priority):
@@ -345,9 +348,41 @@ class FrameService:
                     ids=ids if everything else ids[chosen],
                     token_type_ids=pick(types, token_mask),
                     spans=spans,
+                    **self._output_rows(pick(seq_outputs, seq_mask), picked_lengths),
                 )
             )
         return groups
+
+    def _outputs(self, message: pb.RequestFrame, num_sequences: np.ndarray) -> np.ndarray | None:
+        """Each sequence's Output bitmask [num_seqs] uint8 (kembed.proto.outputs), or None when every
+        request asks for dense rows alone. InvalidInput for the whole frame when a request asks for
+        an output the model lacks, or with span pooling or scores."""
+        if not message.outputs:
+            return None
+        outputs = np.frombuffer(message.outputs, "u1")
+        if len(outputs) != len(num_sequences):
+            raise InvalidInput(
+                f"a frame's outputs has {len(outputs)} values for {len(num_sequences)} requests"
+            )
+        if (outputs <= DENSE).all():
+            return None
+        if message.kind != pb.FRAME_KIND_EMBED or message.num_spans:
+            raise InvalidInput("several outputs are for embed requests without span pooling")
+        lacking = int(np.bitwise_or.reduce(outputs)) & ~self._info.outputs
+        if lacking:
+            raise InvalidInput(
+                f"model {self._info.model_name} has no {'/'.join(names_of(lacking))} output "
+                f"(it has: {', '.join(names_of(self._info.outputs))})"
+            )
+        return np.repeat(outputs, num_sequences)
+
+    def _output_rows(self, outputs: np.ndarray | None, lengths: np.ndarray) -> dict[str, np.ndarray]:
+        """RequestGroup's `outputs` and `rows_per_seq` for sequences with these bitmasks."""
+        if outputs is None:
+            return {}
+        info = self._info
+        shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
+        return {"outputs": outputs, "rows_per_seq": shape.rows_of(lengths, outputs)}
 
     @staticmethod
     def _classes(

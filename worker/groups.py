@@ -52,6 +52,8 @@ class RequestGroup:
         ids: np.ndarray | None = None,
         token_type_ids: np.ndarray | None = None,
         spans: list[np.ndarray | None] | None = None,
+        outputs: np.ndarray | None = None,
+        rows_per_seq: np.ndarray | None = None,
     ) -> None:
         num_seqs = len(lengths)
         self.token_ids = token_ids  # [num_tokens] int32
@@ -75,8 +77,12 @@ class RequestGroup:
         self.spans = spans  # per sequence, its k + 1 span bounds or None; None: no span pooling
         # rows per sequence: one, or one per span; row_offsets[s] is sequence s's first row
         self.row_offsets: np.ndarray | None = None  # [num_seqs + 1] int64; None: row s is sequence s
+        # several outputs (kembed.proto.outputs): per sequence its Output bitmask, and the rows that
+        # answer it (OutputShape.rows_of); None: dense rows alone
+        self.outputs = outputs  # [num_seqs] uint8, or None
         if spans is not None:
-            rows_per_seq = [1 if bounds is None else len(bounds) - 1 for bounds in spans]
+            rows_per_seq = np.array([1 if bounds is None else len(bounds) - 1 for bounds in spans])
+        if rows_per_seq is not None:
             self.row_offsets = np.zeros(num_seqs + 1, dtype=np.int64)
             np.cumsum(rows_per_seq, out=self.row_offsets[1:])
         self.sink = sink
@@ -258,10 +264,13 @@ def pack_arguments(batch: list[Segment]) -> tuple[Any, ...]:
     arrays: tuple[Any, ...] = (token_ids, _joined([seg.group.lengths[seg.seqs] for seg in batch]))
     has_types = any(seg.group.token_type_ids is not None for seg in batch)
     has_spans = any(seg.group.spans is not None for seg in batch)
-    if has_types or has_spans:
+    has_outputs = any(seg.group.outputs is not None for seg in batch)
+    if has_types or has_spans or has_outputs:
         arrays += (_joined([_token_types(seg) for seg in batch]) if has_types else None,)
-    if has_spans:
-        arrays += ([_span(seg.group, s) for seg in batch for s in seg.seqs.tolist()],)
+    if has_spans or has_outputs:
+        arrays += ([_span(seg.group, s) for seg in batch for s in seg.seqs.tolist()] if has_spans else None,)
+    if has_outputs:
+        arrays += (_joined([_outputs(seg) for seg in batch]),)
     return arrays
 
 
@@ -274,6 +283,13 @@ def _token_types(seg: Segment) -> np.ndarray:
     if group.token_type_ids is None:  # all zeros: a group without pairs beside one with them
         return np.zeros(seg.num_tokens, np.int32)
     return group.tokens_of(seg.seqs, group.token_type_ids)
+
+
+def _outputs(seg: Segment) -> np.ndarray:
+    group = seg.group
+    if group.outputs is None:  # dense alone: a dense group beside a multi-output one
+        return np.zeros(len(seg.seqs), np.uint8)
+    return group.outputs[seg.seqs]
 
 
 def _span(group: RequestGroup, seq: int) -> np.ndarray | None:

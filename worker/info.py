@@ -19,6 +19,9 @@ class ModelInfo:
     dtype: str
     device: str
     attention_backend: str
+    outputs: int = 0  # the Output kinds served (kembed.proto.outputs bitmask); 0 for scorers
+    colbert_dimensions: int = 0  # COLBERT vectors' size (0: none)
+    hidden_size: int = 0  # TOKENS vectors' size (0: none)
 
 
 @dataclass(frozen=True)

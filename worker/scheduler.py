@@ -158,11 +158,14 @@ class Scheduler:
         token_type_ids: np.ndarray | None = None,
         spans: list[np.ndarray | None] | None = None,
         priority: int = Priority.UNSPECIFIED,
+        outputs: np.ndarray | None = None,
+        rows_per_seq: np.ndarray | None = None,
     ) -> np.ndarray:
         """One request's rows [num_rows, width] in order, once all its sequences ran (unary calls).
         `token_type_ids` (cross-encoder pairs) ride along with the ids; absent means all zeros.
         `spans`: per sequence None or its k + 1 span boundaries (k rows instead of one, in order).
-        `priority`: its class; unspecified, by its size."""
+        `priority`: its class; unspecified, by its size. `outputs`, `rows_per_seq`: per sequence its
+        Output bitmask and the rows answering it (several outputs, kembed.proto.outputs)."""
         if self._closed:
             raise Unavailable("worker is shutting down")
         klass = classify(priority, len(lengths), int(lengths.sum()))
@@ -176,6 +179,8 @@ class Scheduler:
             admitted_at=time.perf_counter(),
             token_type_ids=token_type_ids,
             spans=spans,
+            outputs=outputs,
+            rows_per_seq=rows_per_seq,
         )
         self.admit(group)
         try:

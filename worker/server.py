@@ -25,6 +25,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.proto.outputs import DENSE, OutputShape, names_of
 from kembed.worker.auth import EMBEDDER, AuthInterceptor
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.errors import InvalidInput, StartupError, Unsupported, WorkerError
@@ -249,6 +250,9 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             max_queued_tokens=scheduler.max_queued_tokens,
             revision=revision,
             version=VERSION,
+            outputs=info.outputs,
+            colbert_dimensions=info.colbert_dimensions,
+            hidden_size=info.hidden_size,
         )
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
@@ -259,7 +263,26 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
         token_ids, lengths = decode_batch(request.batch, self._info)
         spans = decode_spans(request.batch, lengths)
-        if spans is None:
+        if request.outputs > DENSE:
+            info = self._info
+            lacking = request.outputs & ~info.outputs
+            if lacking or spans is not None:
+                raise InvalidInput(
+                    "span pooling asks for dense rows alone"
+                    if not lacking
+                    else f"model {info.model_name} has no {'/'.join(names_of(lacking))} output "
+                    f"(it has: {', '.join(names_of(info.outputs))})"
+                )
+            outputs = np.full(len(lengths), request.outputs, np.uint8)
+            shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
+            rows = await self._scheduler.submit(
+                token_ids,
+                lengths,
+                priority=request.priority,
+                outputs=outputs,
+                rows_per_seq=shape.rows_of(lengths, outputs),
+            )
+        elif spans is None:
             rows = await self._scheduler.submit(token_ids, lengths, priority=request.priority)
         else:
             rows = await self._scheduler.submit(token_ids, lengths, None, spans, priority=request.priority)

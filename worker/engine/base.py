@@ -54,9 +54,12 @@ class BaseEngine(ABC, Generic[BatchT]):
         lengths: np.ndarray,
         token_type_ids: np.ndarray | None = None,
         spans: Sequence[np.ndarray | None] | None = None,
+        outputs: np.ndarray | None = None,
     ) -> BatchT:
         """A ragged batch laid out for `step`: `token_ids` [num_tokens] int32, `lengths` [num_seqs];
-        `spans`: per sequence, None or its span boundaries (spans.py). Host work only."""
+        `spans`: per sequence, None or its span boundaries (spans.py); `outputs`: per sequence its
+        Output bitmask (several outputs from one pass, payload.py; never with spans), None: dense
+        rows alone. Host work only."""
 
     @abstractmethod
     def step(self, batch: BatchT) -> ResultHandle:

@@ -35,6 +35,7 @@ from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import to_host
+from kembed.worker.engine.payload import PayloadIndex, assemble
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
@@ -65,6 +66,22 @@ class CudaLazyTensor(ResultHandle):
     def wait(self) -> np.ndarray:
         self._event.synchronize()
         rows = self._slot.output[: self._num_rows].numpy().copy()
+        self._ring.release(self._slot)
+        return rows
+
+
+class SlotHandle(ResultHandle):
+    """A multi-output batch's answer (`LazyTensor`, its own pinned buffer: its size is the batch's,
+    not a slot's) that gives its ring slot back once read: the slot held the batch's inputs."""
+
+    def __init__(self, ring: PinnedRing, slot: Slot, rows: ResultHandle) -> None:
+        self._ring, self._slot, self._rows = ring, slot, rows
+
+    def is_ready(self) -> bool:
+        return self._rows.is_ready()
+
+    def wait(self) -> np.ndarray:
+        rows = self._rows.wait()
         self._ring.release(self._slot)
         return rows
 
@@ -136,6 +153,12 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         self.stream = stream
         capture_stream = None if stream is None else torch.cuda.Stream(priority=stream.priority)
         self.graphs = GraphCache(self._forward_static, self.policy, capture_stream)
+        # Multi-output batches (payload.py) replay graphs of their own, every head inside, captured
+        # lazily (on a bucket's second such batch): the dense graphs above stay as they were.
+        multi_stream = None if stream is None else torch.cuda.Stream(priority=stream.priority)
+        self.multi_graphs = GraphCache(
+            self._forward_outputs_static, CapturePolicy(max_graphs, use_graphs, table=buckets), multi_stream
+        )
         # A lane's steps run on the lane's launcher thread while its owner may capture its graphs on
         # another: one thread at a time in any of the entry points below.
         self._lock = threading.RLock()
@@ -151,6 +174,7 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         lengths: np.ndarray,
         token_type_ids: np.ndarray | None = None,
         spans: Sequence[np.ndarray | None] | None = None,
+        outputs: np.ndarray | None = None,
     ) -> PaddedBatch:
         """The batch laid out in the bucket it runs in: its own, or once prewarmed the smallest
         captured one that holds it (host arrays only; called on the event loop). A batch with
@@ -161,6 +185,18 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             return dataclasses.replace(batch, spans=SpanIndex.build(lengths, spans))
         num_seqs, num_tokens = len(lengths), int(lengths.sum())
         own = self.buckets.lookup(num_seqs, num_tokens)
+        if outputs is not None:  # its own bucket, in the multi-output graphs
+            batch = pad_batch(token_ids, lengths, token_type_ids, own)
+            facts = self.model.facts
+            index = PayloadIndex.build(
+                lengths,
+                outputs,
+                facts.output_shape,
+                facts.outputs,
+                batch.bucket.num_seqs + 1,
+                batch.bucket.num_tokens,
+            )
+            return dataclasses.replace(batch, payload=index)
         bucket = self.policy.serving_bucket(own, num_seqs, num_tokens)
         return pad_batch(token_ids, lengths, token_type_ids, bucket, own)
 
@@ -170,7 +206,12 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         (A captured bucket stays captured, so the answer holds until the step.) The engine is still
         driven by one thread at a time: launch inline only while the launcher thread runs nothing
         (no step, capture, prewarm or smoke test), as those rewrite the static block and the graphs."""
-        return batch.is_bucketed and self.policy.is_captured(batch.bucket) and self.ring.has_free
+        return (
+            batch.is_bucketed
+            and batch.payload is None
+            and self.policy.is_captured(batch.bucket)
+            and self.ring.has_free
+        )
 
     @torch.inference_mode()
     def step(self, batch: PaddedBatch) -> ResultHandle:
@@ -186,6 +227,9 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
         if self.attention.plans_batches:  # flashinfer: plan on the slot's pinned offsets
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
+        if batch.payload is not None:  # every head in the graph, each sequence's outputs gathered after
+            flat = self.multi_graphs.run(batch.bucket, batch.bucket)
+            return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the
@@ -220,6 +264,12 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         )
         return out
 
+    def _forward_outputs_static(self, bucket: Bucket) -> torch.Tensor:
+        input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = self.static.views(bucket)
+        return self.model.forward_outputs(
+            input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket)
+        )
+
     def _step_unbucketed(self, batch: PaddedBatch) -> ResultHandle:
         """A batch larger than every bucket (the scheduler never forms one; direct callers may), or
         a span batch: eager, on an input block and an output buffer of its own rather than the ring's
@@ -232,7 +282,11 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             self.attention.plan_batch(layout.host_cu_seqlens(host), None)
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
         meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
-        if batch.spans is None:
+        if batch.payload is not None:
+            output = assemble(
+                self.model.forward_outputs(input_ids, position_ids, token_type_ids, meta), batch.payload
+            )
+        elif batch.spans is None:
             output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
         else:
             output = forward_spans(self.model, input_ids, position_ids, token_type_ids, meta, batch.spans)

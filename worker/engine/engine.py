@@ -34,6 +34,7 @@ from kembed.worker.engine.graphs import CapturePolicy
 from kembed.worker.engine.lazy import LazyTensor, to_host
 from kembed.worker.engine.model_dir import ModelDir, read_model_dir
 from kembed.worker.engine.models import attention_shape, build_model
+from kembed.worker.engine.payload import PayloadIndex, assemble
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import pad_batch
@@ -67,6 +68,7 @@ class PackedBatch:
     bucket: Bucket | None  # the bucket the batch would pad to (hit counts), None if beyond all
     num_seqs: int  # rows the step returns: the batch's own (a CPU batch carries one padding sequence)
     spans: SpanIndex | None = None  # span pooling (spans.py): rows per span; None: one per sequence
+    payload: PayloadIndex | None = None  # several outputs a sequence (payload.py); None: dense rows
 
 
 class Engine(BaseEngine[PackedBatch]):
@@ -92,13 +94,21 @@ class Engine(BaseEngine[PackedBatch]):
         lengths: np.ndarray,
         token_type_ids: np.ndarray | None = None,
         spans: Sequence[np.ndarray | None] | None = None,
+        outputs: np.ndarray | None = None,
     ) -> PackedBatch:
         """Host tensors for a ragged batch (`BaseEngine.pack`)."""
         span_index = None if spans is None else SpanIndex.build(lengths, spans)
         num_seqs = len(lengths)
+        real_lengths = lengths
         bucket = self.buckets.lookup(num_seqs, int(lengths.sum()))
         if self.device.type == "cpu":
             token_ids, lengths, token_type_ids = _pad_tokens(token_ids, lengths, token_type_ids)
+        payload = None
+        if outputs is not None:
+            facts = self.model.facts
+            payload = PayloadIndex.build(
+                real_lengths, outputs, facts.output_shape, facts.outputs, len(lengths), int(lengths.sum())
+            )
         meta, host_positions = build_metadata(lengths)
         input_ids = torch.from_numpy(token_ids.astype(np.int64))
         types = (
@@ -109,7 +119,7 @@ class Engine(BaseEngine[PackedBatch]):
         positions = torch.from_numpy(host_positions)
         if self.device.type == "cuda":  # pinned so the copy to the device is truly asynchronous
             input_ids, positions, types = input_ids.pin_memory(), positions.pin_memory(), types.pin_memory()
-        return PackedBatch(input_ids, positions, types, meta, bucket, num_seqs, span_index)
+        return PackedBatch(input_ids, positions, types, meta, bucket, num_seqs, span_index, payload)
 
     @torch.inference_mode()
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -126,6 +136,8 @@ class Engine(BaseEngine[PackedBatch]):
             batch.token_type_ids.to(device, non_blocking=True),
             meta,
         )
+        if batch.payload is not None:  # every output asked for, from one pass
+            return to_host(assemble(self.model.forward_outputs(*inputs), batch.payload))
         if batch.spans is None:
             pooled = self.model(*inputs)[: batch.num_seqs]
         else:  # the same eager forward, pooled per span (spans.py)
@@ -242,6 +254,9 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         dtype=dtype_name,
         device=str(device),
         attention_backend=backend,
+        outputs=facts.outputs,
+        colbert_dimensions=facts.colbert_size,
+        hidden_size=facts.hidden_size,
     )
     log.info(
         "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s in %.1fs",

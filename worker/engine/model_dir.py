@@ -112,7 +112,9 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
 def weight_files(path: Path) -> list[Path]:
     """The directory's safetensors shards; InvalidInput if it has none (pickled `*.bin` weights
     are never loaded: unpickling runs whatever code the file holds)."""
-    files = sorted(Path(path).glob("*.safetensors"))
+    # BGE-M3's heads (heads.py) sit beside the encoder's weights and load apart
+    heads = {"sparse_linear.safetensors", "colbert_linear.safetensors"}
+    files = sorted(p for p in Path(path).glob("*.safetensors") if p.name not in heads)
     if files:
         return files
     pickled = sorted(p.name for p in Path(path).glob("*.bin"))

@@ -6,6 +6,7 @@ Every family implements `ServedModel` (served.py); a new family is a module plus
 from kembed.worker.engine.attention import Attention, AttentionShape
 from kembed.worker.engine.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.heads import M3Heads
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
 from kembed.worker.engine.served import PooledEmbedder, ServedModel
@@ -60,6 +61,7 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     else:
         embedder = build_qwen3(model_dir, attend)
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
+    embedder.load_heads(M3Heads.load(model_dir.path, embedder.facts.hidden_size))
     return embedder
 
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS, OutputShape
 from kembed.worker.engine.attention import AttentionMetadata
 from kembed.worker.engine.dense import Dense, DenseSpec
+from kembed.worker.engine.heads import M3Heads
 from kembed.worker.engine.pooling import pool
 
 
@@ -25,6 +27,13 @@ class ModelFacts:
     max_sequence_length: int  # tokens the position table allows
     vocab_size: int
     pooling: str = ""  # "cls" | "mean" | "last" for embedders; "" for scorers
+    outputs: int = 0  # the Output kinds it has (kembed.proto.outputs); 0 for scorers
+    colbert_size: int = 0  # COLBERT vectors' size, 0 without that head
+    hidden_size: int = 0  # TOKENS vectors' size, 0 without that output
+
+    @property
+    def output_shape(self) -> OutputShape:
+        return OutputShape(self.output_size, self.colbert_size, self.hidden_size)
 
 
 class ServedModel(nn.Module):
@@ -57,6 +66,16 @@ class ServedModel(nn.Module):
         """What the pipeline does to pooled rows before normalising (span pooling's rows too)."""
         return rows
 
+    def forward_outputs(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [flat words] float32, heads.FlatLayout
+        """Every output the model has from one pass, as one flat block (multi-output batches)."""
+        raise NotImplementedError(f"{type(self).__name__} has one output")
+
 
 class PooledEmbedder(ServedModel):
     """Base of the embedder families: each gives `hidden_states`, pooled here as its
@@ -66,8 +85,27 @@ class PooledEmbedder(ServedModel):
     def __init__(self, pooling: str, hidden_size: int, max_sequence_length: int, vocab_size: int) -> None:
         super().__init__()
         self.pooling = pooling
-        self.facts = ModelFacts("embed", hidden_size, max_sequence_length, vocab_size, pooling)
+        # every embedder gives its token vectors (TOKENS) while no Dense module changes the width
+        self.facts = ModelFacts(
+            "embed", hidden_size, max_sequence_length, vocab_size, pooling, DENSE | TOKENS, 0, hidden_size
+        )
         self.dense = nn.ModuleList()
+        self.heads: M3Heads | None = None
+
+    def load_heads(self, heads: M3Heads | None) -> None:
+        """BGE-M3's sparse and ColBERT heads (heads.py), after `load_dense`. A vector output whose
+        size is not the dense width is not offered (the rows' layout needs it: proto/outputs.py)."""
+        self.heads = heads
+        facts = self.facts
+        outputs, colbert = facts.outputs, 0
+        if facts.hidden_size != facts.output_size:
+            outputs &= ~TOKENS
+        if heads is not None and heads.sparse is not None:
+            outputs |= SPARSE
+        if heads is not None and heads.colbert_size == facts.output_size:
+            outputs, colbert = outputs | COLBERT, heads.colbert_size
+        hidden = facts.hidden_size if outputs & TOKENS else 0
+        self.facts = dataclasses.replace(facts, outputs=outputs, colbert_size=colbert, hidden_size=hidden)
 
     def load_dense(self, specs: Sequence[DenseSpec]) -> None:
         """The pipeline's Dense modules, weights loaded; the rows served are the last one's size."""
@@ -91,3 +129,23 @@ class PooledEmbedder(ServedModel):
     ) -> torch.Tensor:
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
         return self.project(pool(hidden, meta, self.pooling).float())
+
+    def forward_outputs(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
+        outputs = self.facts.outputs
+        parts = [self.project(pool(hidden, meta, self.pooling).float()).flatten()]
+        if outputs & COLBERT:
+            assert self.heads is not None
+            parts.append(self.heads.colbert_vectors(hidden).flatten())
+        if outputs & TOKENS:
+            parts.append(hidden.float().flatten())
+        if outputs & SPARSE:
+            assert self.heads is not None
+            parts.append(self.heads.sparse_weights(hidden))
+        return torch.cat(parts)

@@ -22,6 +22,7 @@ import torch
 from kembed.worker.buckets import Bucket
 
 if TYPE_CHECKING:
+    from kembed.worker.engine.payload import PayloadIndex
     from kembed.worker.engine.spans import SpanIndex
 
 _TOKEN_ARRAYS = 4  # input ids, position ids, token type ids, sequence ids: int64 each
@@ -88,6 +89,7 @@ class PaddedBatch:
     seq_ids: np.ndarray  # [bucket.num_tokens] int64
     cu_seqlens: np.ndarray  # [bucket.num_seqs + 2] int32
     spans: "SpanIndex | None" = None  # span pooling (spans.py): unbucketed, eager; None: one row a sequence
+    payload: "PayloadIndex | None" = None  # several outputs (payload.py); None: dense rows alone
 
 
 def pad_batch(

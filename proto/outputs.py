@@ -1,0 +1,73 @@
+"""Several outputs per sequence (embedder_pb2.Output): how a sequence's answer is laid into rows.
+
+Shared by both ends, numpy only. A request asking for more than DENSE alone gets, per sequence of
+L tokens, the float32 words of each output it asked for (dense, ColBERT vectors, token vectors,
+sparse weights: vectors first, so that each starts a row), cut into rows of the answer's width, the
+last padded with zeros: the rows travel as any other rows (one request's rows after another's), only
+more per sequence. A vector output is offered only when its size is the rows' width.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DENSE, SPARSE, COLBERT, TOKENS = 1, 2, 4, 8
+KINDS = {"dense": DENSE, "sparse": SPARSE, "colbert": COLBERT, "tokens": TOKENS}
+
+
+def names_of(outputs: int) -> list[str]:
+    """The kinds in a bitmask, in Output's order."""
+    return [name for name, bit in KINDS.items() if outputs & bit]
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """The sizes that lay out a model's outputs (InfoResponse's fields)."""
+
+    width: int  # the rows' width: the dense dimensions
+    colbert: int = 0  # COLBERT vector size (0: no such head)
+    hidden: int = 0  # TOKENS vector size (0: no such output)
+
+    def words(self, length: int, outputs: int) -> int:
+        """float32 words of one sequence's answer, before padding."""
+        return int(self.rows_of(np.array([length]), np.array([outputs]), padded=False)[0])
+
+    def rows(self, length: int, outputs: int) -> int:
+        """Rows one sequence is answered with: one for DENSE alone (or nothing asked)."""
+        if outputs in (0, DENSE):
+            return 1
+        return -(-self.words(length, outputs) // self.width)
+
+    def rows_of(self, lengths: np.ndarray, outputs: np.ndarray, *, padded: bool = True) -> np.ndarray:
+        """`rows` of many sequences at once, int64 [len(lengths)] (`padded=False`: their words)."""
+        lengths = lengths.astype(np.int64)
+        words = np.zeros(len(lengths), np.int64)
+        words += np.where(outputs & DENSE, self.width, 0)
+        words += np.where(outputs & COLBERT, (lengths - 1) * self.colbert, 0)
+        words += np.where(outputs & TOKENS, lengths * self.hidden, 0)
+        words += np.where(outputs & SPARSE, lengths, 0)
+        if not padded:
+            return words
+        rows = -(-words // self.width)
+        return np.where((outputs == 0) | (outputs == DENSE), 1, rows)
+
+    def split(self, rows: np.ndarray, length: int, outputs: int) -> dict[str, np.ndarray]:
+        """One sequence's rows [rows(length, outputs), width] back into its outputs: `dense` [width],
+        `colbert` [length - 1, colbert], `tokens` [length, hidden], `sparse` [length] (views)."""
+        words = rows.reshape(-1)
+        out: dict[str, np.ndarray] = {}
+        at = 0
+        if outputs & DENSE:
+            out["dense"] = words[: self.width]
+            at = self.width
+        if outputs & COLBERT:
+            size = (length - 1) * self.colbert
+            out["colbert"] = words[at : at + size].reshape(length - 1, self.colbert)
+            at += size
+        if outputs & TOKENS:
+            size = length * self.hidden
+            out["tokens"] = words[at : at + size].reshape(length, self.hidden)
+            at += size
+        if outputs & SPARSE:
+            out["sparse"] = words[at : at + length]
+        return out
