@@ -18,6 +18,8 @@ from kembed.operator.naming import MANAGED_BY, Owner
 from kembed.operator.rbac import KINDS
 from kembed.operator.spec import GROUP, KIND, VERSION
 
+MAX_LOG_BYTES = 4 << 20  # a golden Job's record line is ~5.5 bytes per float: 16 texts x 32k floats
+
 
 class ClusterError(Exception):
     def __init__(self, status: int, message: str) -> None:
@@ -94,6 +96,30 @@ class KubeCluster:
         return [
             i for i in items if all(i["metadata"].get("labels", {}).get(k) == v for k, v in labels.items())
         ]
+
+    def pod_log(self, namespace: str, name: str, container: str) -> str | None:
+        """A pod's container log (the last MAX_LOG_BYTES of it); None if the pod is gone."""
+        path = f"{_path('Pod', namespace, name)}/log"
+        query = [("container", container), ("limitBytes", str(MAX_LOG_BYTES))]
+        method, url, headers, _, _ = self._api.param_serialize(
+            "GET",
+            path,
+            query_params=query,
+            header_params={"Accept": "text/plain"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(
+                method, url, header_params=headers, _request_timeout=self._timeout_s
+            )
+            data = response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise ClusterError(0, f"GET {path}: {error}") from None
+        if response.status == 404:
+            return None
+        if response.status >= 400:
+            raise ClusterError(response.status, f"GET {path}: {data[:500]!r}")
+        return bytes(data).decode(errors="replace")
 
     def serves(self, kind: str, namespace: str) -> bool:
         """Whether the API server serves `kind` at all (a CRD's kind: its CRD is installed). A

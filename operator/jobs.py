@@ -6,8 +6,12 @@ prewarm Job also reads the serving revision's hottest buckets from each of its p
 A worker pod already captured every reachable bucket when it started (`graphs.startupPrewarm: all`,
 the default), so there the Job finds them captured (it is idempotent); it captures what a `listed`
 or `none` start-up, or one whose `prewarmSeconds` ran out, left.
-Exit 1 is a verdict (a bucket failed) and fails the Job at once; exit 2 (a worker unreachable) is
-retried twice by the Job controller before the Job fails. `activeDeadlineSeconds` is the timeout.
+The golden Job (rollout.golden, on by default) runs beside the smoke Job from the gateway image:
+it tokenizes fixed texts with the gateway's own tokenizer, embeds them on every candidate pod and
+prints the answer, which the operator judges against the record of the same weights (golden.py).
+Exit 1 is a verdict (a bucket failed, pods disagree) and fails the Job at once; exit 2 (a worker
+unreachable) is retried twice by the Job controller before the Job fails. `activeDeadlineSeconds` is
+the timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ MAX_UNREACHABLE_RETRIES = 2
 class JobRequest:
     """A rollout Job the state machine wants to exist."""
 
-    kind: str  # "prewarm" or "smoke"
+    kind: str  # "prewarm", "smoke" or "golden"
     revision: str
     attempt: int
     targets: tuple[str, ...]  # candidate pods, host:port
@@ -40,6 +44,11 @@ class JobRequest:
 
 
 def command(spec: EmbeddingModelSpec, request: JobRequest) -> list[str]:
+    if request.kind == "golden":
+        args = ["python", "-P", "-m", "kembed.gateway.golden", "--model", m.MODEL_MOUNT]
+        for target in request.targets:
+            args += ["--target", target]
+        return [*args, "--min-cosine", repr(spec.rollout.min_cosine), "--timeout", "120"]
     args = ["kembed-worker", request.kind]
     for target in request.targets:
         args += ["--target", target]
@@ -61,7 +70,16 @@ def command(spec: EmbeddingModelSpec, request: JobRequest) -> list[str]:
     return [*args, "--timeout", str(timeout)]
 
 
-def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str) -> dict[str, Any]:
+# The golden Job hashes the weight files (~1-2 s a GB on a core) and holds the tokenizer (BGE-M3's
+# vocabulary of 250k tokens takes ~300 MiB).
+GOLDEN_RESOURCES = {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+TOOL_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def job(
+    owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str, gateway_image: str = ""
+) -> dict[str, Any]:
+    """The Job; a golden one runs `gateway_image` (the gateway's tokenizer), the others `image`."""
     timeout = (
         spec.rollout.prewarm_timeout_seconds
         if request.kind == "prewarm"
@@ -72,13 +90,17 @@ def job(owner: Owner, spec: EmbeddingModelSpec, request: JobRequest, image: str)
     if request.kind == "smoke" and spec.rollout.golden_config_map:
         volumes.append({"name": "golden", "configMap": {"name": spec.rollout.golden_config_map}})
         mounts.append({"name": "golden", "mountPath": GOLDEN_MOUNT, "readOnly": True})
+    is_golden = request.kind == "golden"
+    if is_golden:  # the model directory, as the gateway mounts it
+        volumes.append(m.model_volume(spec.model.source))
+        mounts.append(m.model_mount(spec.model.source))
     container = {
         "name": request.kind,
-        "image": image,
-        "imagePullPolicy": spec.worker.image_pull_policy,
+        "image": gateway_image if is_golden else image,
+        "imagePullPolicy": spec.gateway.image_pull_policy if is_golden else spec.worker.image_pull_policy,
         "command": command(spec, request),
         "env": m.base_env() + m.worker_token_env(spec, "KEMBED_WORKER_AUTH_TOKEN"),  # read by the tools
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": GOLDEN_RESOURCES if is_golden else TOOL_RESOURCES,
         "securityContext": pf.container_security(),
         "volumeMounts": mounts,
         # The command's report (which bucket failed, its cosine) becomes the pod's termination

@@ -67,7 +67,7 @@ def network_policy_name(owner: Owner, component: str) -> str:
 
 
 def job_name(owner: Owner, kind: str, revision: str, attempt: int) -> str:
-    """`kind` is prewarm or smoke."""
+    """`kind` is prewarm, smoke or golden."""
     return f"{owner.name}-{kind}-{revision}-{attempt}"
 
 

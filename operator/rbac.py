@@ -14,6 +14,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "ConfigMap": ("", "v1", "configmaps"),
     "Job": ("batch", "v1", "jobs"),
     "Pod": ("", "v1", "pods"),
+    "PodLog": ("", "v1", "pods/log"),  # a pod's log, the subresource (`Cluster.pod_log`)
     "Event": ("", "v1", "events"),
     "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
     "PodMonitor": ("monitoring.coreos.com", "v1", "podmonitors"),
@@ -36,10 +37,13 @@ RBAC_RULES: list[dict[str, list[str]]] = [
         "verbs": ["get", "list", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch", "delete"]},
+    # list: the model's golden records (golden.py), by its label.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "delete"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
     # Ready worker pods' addresses (the Jobs' targets) and failed Job pods' reports.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # The golden Job's answer: one record line in its log (golden.py says why not elsewhere).
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # Per worker revision and gateway; listed by the model's label to delete the ones no longer wanted.
     {

@@ -30,13 +30,25 @@ from typing import Any, Protocol
 import pydantic
 
 from kembed.operator import autoscaling as a
+from kembed.operator import golden as g
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
 from kembed.operator import policies
+from kembed.operator.golden import GoldenRecord
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
-from kembed.operator.rollout import Event, Gateway, JobState, Plan, Workers, World, decide
+from kembed.operator.rollout import (
+    JOB_KINDS,
+    Event,
+    Gateway,
+    JobKey,
+    JobState,
+    Plan,
+    Workers,
+    World,
+    decide,
+)
 from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
 
@@ -67,6 +79,7 @@ class Cluster(Protocol):
     def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def delete_if_present(self, kind: str, namespace: str, name: str) -> None: ...
+    def pod_log(self, namespace: str, name: str, container: str) -> str | None: ...
     def event(self, owner: Owner, type_: str, reason: str, message: str) -> None: ...
 
 
@@ -202,9 +215,7 @@ def _failure_message(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> str
         (c for c in job.get("status", {}).get("conditions", []) if c.get("type") == "Failed"), {}
     )
     parts = [f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".strip()]
-    labels = {k: v for k, v in job["metadata"]["labels"].items() if k.startswith("kembed.dev/")}
-    labels[n.COMPONENT_LABEL] = job["metadata"]["labels"][n.COMPONENT_LABEL]
-    for pod in cluster.list("Pod", owner.namespace, labels):
+    for pod in _job_pods(cluster, owner, job):
         for status in pod.get("status", {}).get("containerStatuses", []):
             report = status.get("state", {}).get("terminated", {}).get("message", "").strip()
             if report:
@@ -218,7 +229,7 @@ def read_jobs(
 ) -> tuple[dict[tuple[str, str, int], JobState], list[dict[str, Any]]]:
     found: dict[tuple[str, str, int], JobState] = {}
     bodies: list[dict[str, Any]] = []
-    for kind in ("prewarm", "smoke"):
+    for kind in JOB_KINDS:
         for job in cluster.list("Job", owner.namespace, n.selector(owner, kind)):
             labels = job["metadata"]["labels"]
             key = (kind, labels.get(n.REVISION_LABEL, ""), int(labels.get(n.ATTEMPT_LABEL, "0")))
@@ -231,6 +242,76 @@ def read_jobs(
                 found[key] = JobState("Running")
             bodies.append(job)
     return found, bodies
+
+
+def _job_pods(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> list[dict[str, Any]]:
+    labels = {k: v for k, v in job["metadata"]["labels"].items() if k.startswith("kembed.dev/")}
+    labels[n.COMPONENT_LABEL] = job["metadata"]["labels"][n.COMPONENT_LABEL]
+    return cluster.list("Pod", owner.namespace, labels)
+
+
+def judge_golden(
+    cluster: Cluster,
+    owner: Owner,
+    spec: EmbeddingModelSpec,
+    states: dict[JobKey, JobState],
+    bodies: list[dict[str, Any]],
+) -> dict[JobKey, GoldenRecord]:
+    """Turn each succeeded golden Job into its verdict (golden.py): its answer, read from its pod's
+    log, against the record kept for the same weights. A mismatch, or a log without a record, fails
+    it (the gate cannot vouch for the revision); one that passes may bring an answer to keep."""
+    to_keep: dict[JobKey, GoldenRecord] = {}
+    succeeded = [
+        b
+        for b in bodies
+        if b["metadata"]["labels"][n.COMPONENT_LABEL] == "golden" and states[_job_key(b)].phase == "Succeeded"
+    ]
+    if not succeeded:
+        return to_keep
+    kept = g.kept(cluster.list("ConfigMap", owner.namespace, n.selector(owner, "golden")))
+    for job in succeeded:
+        key = _job_key(job)
+        try:
+            record = _read_record(cluster, owner, job)
+        except g.UnreadableRecord as error:
+            states[key] = JobState("Failed", f"{error} (may the operator read pods/log?)")
+            continue
+        verdict = g.judge(record, kept.get(record.weights_id), spec.rollout.golden, spec.rollout.min_cosine)
+        states[key] = JobState("Succeeded" if verdict.passed else "Failed", verdict.message)
+        if verdict.record is not None:
+            to_keep[key] = verdict.record
+    return to_keep
+
+
+def _read_record(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> GoldenRecord:
+    for pod in _job_pods(cluster, owner, job):
+        if pod.get("status", {}).get("phase") != "Succeeded":
+            continue
+        log = cluster.pod_log(owner.namespace, pod["metadata"]["name"], "golden")
+        if log is not None:
+            return g.from_log(log)
+    raise g.UnreadableRecord(f"Job {job['metadata']['name']} succeeded, but no pod of it has a log")
+
+
+def _job_key(job: dict[str, Any]) -> JobKey:
+    labels = job["metadata"]["labels"]
+    return (
+        labels[n.COMPONENT_LABEL],
+        labels.get(n.REVISION_LABEL, ""),
+        int(labels.get(n.ATTEMPT_LABEL, "0")),
+    )
+
+
+def keep_golden(cluster: Cluster, owner: Owner, plan: Plan) -> None:
+    """Write the golden record the plan keeps, then drop the oldest past golden.MAX_RECORDS."""
+    if plan.golden is None:
+        return
+    body = g.config_map(owner, plan.golden, plan.golden_revision, plan.golden_at)
+    apply(cluster, body)
+    for name in g.surplus(
+        cluster.list("ConfigMap", owner.namespace, n.selector(owner, "golden")), body["metadata"]["name"]
+    ):
+        cluster.delete("ConfigMap", owner.namespace, name)
 
 
 def _job_seconds(job: dict[str, Any]) -> float | None:
@@ -337,6 +418,7 @@ def reconcile(
         )
     revision = revision_of(spec, worker_image)
     job_states, job_bodies = read_jobs(cluster, owner)
+    golden_records = judge_golden(cluster, owner, spec, job_states, job_bodies)
     world = World(
         spec=spec,
         generation=body["metadata"].get("generation", 0),
@@ -347,6 +429,7 @@ def reconcile(
         gateway=read_gateway(cluster, owner, m.gateway_components(spec)),
         is_autoscaler_missing=spec.autoscaling.enabled
         and not cluster.serves("ScaledObject", owner.namespace),
+        golden_records=golden_records,
     )
     plan = decide(world, parse_status(body.get("status")))
     carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies, operator_namespace)
@@ -377,7 +460,8 @@ def carry_out(
     if plan.autoscaled is not None:
         apply(cluster, a.scaled_object(owner, spec, plan.autoscaled))
     for request in plan.jobs:
-        apply(cluster, j.job(owner, spec, request, worker_image))
+        apply(cluster, j.job(owner, spec, request, worker_image, gateway_image))
+    keep_golden(cluster, owner, plan)  # before the status that moves on to Promoting is written
     is_gateway_autoscaled = spec.gateway.autoscaling.enabled
     if plan.gateway is not None:  # only ever the revision the current spec describes
         gateway = m.gateway_deployment(owner, spec, plan.gateway, gateway_image)

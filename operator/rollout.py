@@ -23,11 +23,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from kembed.operator.golden import GoldenRecord
 from kembed.operator.jobs import JobRequest
 from kembed.operator.spec import EmbeddingModelSpec
 from kembed.operator.status import Condition, ConditionType, EmbeddingModelStatus, RolloutState
 
 JOB_DEADLINE_GRACE_S = 60  # past activeDeadlineSeconds, a Job still "running" is stuck: block anyway
+JOB_KINDS = ("prewarm", "smoke", "golden")
+FAILED_REASONS = {"prewarm": "PrewarmFailed", "smoke": "SmokeTestFailed", "golden": "GoldenMismatch"}
+TIMED_OUT_REASONS = {
+    "prewarm": "PrewarmTimedOut",
+    "smoke": "SmokeTestTimedOut",
+    "golden": "SmokeTestTimedOut",
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ class World:
     jobs: Mapping[JobKey, JobState] = field(default_factory=dict)
     gateway: Gateway | None = None
     is_autoscaler_missing: bool = False  # autoscaling asked for, and the cluster serves no ScaledObject
+    # golden Jobs that passed with an answer to keep once the whole gate passes (golden.py's judge)
+    golden_records: Mapping[JobKey, GoldenRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class Plan:
     # Pods asked of `deploy`'s Deployment; None leaves the field to the autoscaler (spec.autoscaling).
     worker_replicas: int | None = None
     autoscaled: str | None = None  # revision whose ScaledObject must exist; every other one is deleted
+    golden: GoldenRecord | None = None  # a golden answer to keep (the candidate passed its whole gate)
+    golden_revision: str = ""  # the revision it is recorded from
+    golden_at: str = ""  # and when (RFC 3339): the oldest records go first
 
 
 def timestamp(now: datetime) -> str:
@@ -326,11 +339,20 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
         rollout = replace_state(rollout, replicas=_starting_replicas(world, active))
 
     step = _step(world, rollout, active)
+    # The gate passed in this pass: a golden answer to keep goes with the plan.
+    is_gated = rollout.stage == "SmokeTesting" and step.rollout.stage == "Promoting"
+    golden = world.golden_records.get(("golden", candidate, rollout.attempt)) if is_gated else None
     rollout, events = step.rollout, events + list(step.events)
     if rollout.stage == "Promoting" and _is_gateway_on(world, candidate):
         promoted = status.model_copy(update={"active_revision": candidate})
         message = f"revision {candidate} serves" + (f"; {active} retired" if active else "")
-        return _serve(world, promoted, (*events, Event("Normal", "Promoted", message)))
+        plan = _serve(
+            world, promoted, (*events, *_recorded(golden, candidate), Event("Normal", "Promoted", message))
+        )
+        return dataclasses.replace(
+            plan, golden=golden, golden_revision=candidate if golden else "", golden_at=timestamp(world.now)
+        )
+    events += _recorded(golden, candidate)
 
     status = status.model_copy(update={"candidate_revision": candidate, "rollout": rollout})
     status = (
@@ -340,7 +362,7 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
     )
     status = _rollout_conditions(world, status, rollout)
     is_blocked = rollout.stage == "Blocked"
-    keep_jobs = frozenset((kind, candidate, rollout.attempt) for kind in ("prewarm", "smoke"))
+    keep_jobs = frozenset((kind, candidate, rollout.attempt) for kind in JOB_KINDS)
     return Plan(
         status=status.model_copy(update={"phase": "Blocked" if is_blocked else "Progressing"}),
         revisions=frozenset(r for r in (active, None if is_blocked else candidate) if r),
@@ -352,7 +374,26 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
         # The candidate is not autoscaled before it serves: its pods are the ones the gate checks.
         worker_replicas=_candidate_replicas(world, rollout),
         autoscaled=active if world.spec.autoscaling.enabled and active else None,
+        golden=golden,
+        golden_revision=candidate if golden is not None else "",
+        golden_at=timestamp(world.now),
     )
+
+
+def _recorded(golden: GoldenRecord | None, revision: str) -> list[Event]:
+    if golden is None:
+        return []
+    short = golden.weights.removeprefix("sha256:")[:12]
+    return [
+        Event(
+            "Normal", "GoldenRecorded", f"revision {revision}: the golden answer of weights {short} is kept"
+        )
+    ]
+
+
+def gate_kinds(spec: EmbeddingModelSpec) -> tuple[str, ...]:
+    """The Jobs of the SmokeTesting stage: the smoke test, and the golden check unless it is off."""
+    return ("smoke",) if spec.rollout.golden == "Off" else ("smoke", "golden")
 
 
 def _start(world: World, attempt: int) -> RolloutState:
@@ -378,6 +419,8 @@ def gate_hash(spec: EmbeddingModelSpec) -> str:
     so that `kubectl scale` of a blocked model does not start its gate again."""
     shaped = spec.model_dump(mode="json")
     shaped["worker"].pop("replicas", None)
+    if shaped["rollout"].get("golden") == "Check":  # newer than spec_hash: its default keeps the hash
+        del shaped["rollout"]["golden"]
     canonical = json.dumps(shaped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -423,18 +466,20 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     is_ready = workers.num_ready >= wanted and workers.replicas == wanted
     hot_from = world.workers[active].addresses if active in world.workers else ()
 
-    def prewarm(state: RolloutState) -> JobRequest:
-        return JobRequest("prewarm", candidate, state.attempt, tuple(state.targets), hot_from)
+    def request(kind: str, state: RolloutState) -> JobRequest:
+        return JobRequest(
+            kind, candidate, state.attempt, tuple(state.targets), hot_from if kind == "prewarm" else ()
+        )
 
-    def smoke(state: RolloutState) -> JobRequest:
-        return JobRequest("smoke", candidate, state.attempt, tuple(state.targets))
+    def prewarming(state: RolloutState) -> _Step:
+        state = _enter(world, state, "Prewarming", targets=list(workers.addresses))
+        return _Step(state, jobs=(request("prewarm", state),))
 
     if rollout.stage == "Blocked":
         return _Step(rollout)
     if rollout.stage == "Deploying":
         if is_ready:
-            state = _enter(world, rollout, "Prewarming", targets=list(workers.addresses))
-            return _Step(state, jobs=(prewarm(state),))
+            return prewarming(rollout)
         if _age_s(rollout.stage_started_at, world.now) > spec.rollout.ready_timeout_seconds:
             message = (
                 f"{workers.num_ready}/{wanted} candidate workers ready after "
@@ -443,31 +488,31 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
             return _block(world, rollout, "CandidateNotReady", message)
         return _Step(rollout)
     if rollout.stage in ("Prewarming", "SmokeTesting"):
-        kind = "prewarm" if rollout.stage == "Prewarming" else "smoke"
-        job = world.jobs.get((kind, candidate, rollout.attempt))
-        request = prewarm(rollout) if kind == "prewarm" else smoke(rollout)
+        kinds = ("prewarm",) if rollout.stage == "Prewarming" else gate_kinds(spec)
         if tuple(rollout.targets) != workers.addresses:  # a pod restarted: its graphs are gone
             again = replace_state(rollout, attempt=rollout.attempt + 1)
-            if is_ready:
-                state = _enter(world, again, "Prewarming", targets=list(workers.addresses))
-                return _Step(state, jobs=(prewarm(state),))
-            return _Step(_enter(world, again, "Deploying", targets=[]))
-        timeout = (
-            spec.rollout.prewarm_timeout_seconds if kind == "prewarm" else spec.rollout.smoke_timeout_seconds
-        )
-        if job is None or job.phase == "Running":
+            return prewarming(again) if is_ready else _Step(_enter(world, again, "Deploying", targets=[]))
+        states = {kind: world.jobs.get((kind, candidate, rollout.attempt)) for kind in kinds}
+        for kind, state in states.items():
+            if state is not None and state.phase == "Failed":
+                return _block(world, rollout, FAILED_REASONS[kind], state.message or f"the {kind} Job failed")
+        if any(state is None or state.phase == "Running" for state in states.values()):
+            timeout = (
+                spec.rollout.prewarm_timeout_seconds
+                if kinds == ("prewarm",)
+                else spec.rollout.smoke_timeout_seconds
+            )
             if _age_s(rollout.stage_started_at, world.now) > timeout + JOB_DEADLINE_GRACE_S:
-                reason = "PrewarmTimedOut" if kind == "prewarm" else "SmokeTestTimedOut"
-                return _block(world, rollout, reason, f"the {kind} Job did not finish in {timeout} s")
-            return _Step(rollout, jobs=(request,))
-        if job.phase == "Failed":
-            reason = "PrewarmFailed" if kind == "prewarm" else "SmokeTestFailed"
-            return _block(world, rollout, reason, job.message or f"the {kind} Job failed")
-        if kind == "prewarm":
-            state = _enter(world, rollout, "SmokeTesting")
+                late = next(k for k, state in states.items() if state is None or state.phase == "Running")
+                return _block(
+                    world, rollout, TIMED_OUT_REASONS[late], f"the {late} Job did not finish in {timeout} s"
+                )
+            return _Step(rollout, jobs=tuple(request(kind, rollout) for kind in kinds))
+        if kinds == ("prewarm",):
+            smoke_testing = _enter(world, rollout, "SmokeTesting")
             return _Step(
-                state,
-                jobs=(smoke(state),),
+                smoke_testing,
+                jobs=tuple(request(kind, smoke_testing) for kind in gate_kinds(spec)),
                 events=(
                     Event(
                         "Normal",
@@ -476,11 +521,12 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
                     ),
                 ),
             )
+        golden = states.get("golden")
+        message = f"revision {candidate}: graph replay matches eager runs" + (
+            f"; {golden.message}" if golden is not None and golden.message else ""
+        )
         return _Step(
-            _enter(world, rollout, "Promoting"),
-            events=(
-                Event("Normal", "SmokeTestPassed", f"revision {candidate}: graph replay matches eager runs"),
-            ),
+            _enter(world, rollout, "Promoting"), events=(Event("Normal", "SmokeTestPassed", message),)
         )
     assert rollout.stage == "Promoting", rollout.stage
     if _age_s(rollout.stage_started_at, world.now) > spec.rollout.promote_timeout_seconds:

@@ -393,6 +393,18 @@ class RolloutSpec(SpecModel):
         "embeddings: [[...]]}. The smoke Job embeds those token ids on every candidate pod and requires "
         "cosine >= minCosine per row against the stored embeddings.",
     )
+    golden: Literal["Check", "Record", "Off"] = Field(
+        "Check",
+        description="Golden embeddings kept by the operator: beside the smoke test, a Job from the gateway "
+        "image tokenizes fixed texts with the gateway's tokenizer and embeds (or, for a cross-encoder, "
+        "scores) them on every candidate pod. Check: the first revision of given weights (the weight "
+        "files' SHA-256, not the tokenizer, config or pooling) that passes the whole gate keeps its "
+        "answer in a ConfigMap <name>-golden-<digest>; every later revision of the same weights must "
+        "answer the same (cosine >= minCosine per text), else it blocks with GoldenMismatch, so a "
+        "wrong tokenizer, pooling, prompt or engine is not promoted. Record: this revision's answer "
+        "replaces the record of its weights (an intended change of the output). Off: no golden Job. "
+        "Needs the operator's pods/log read (the chart grants it).",
+    )
     ready_timeout_seconds: int = Field(
         1800,
         ge=10,

@@ -3,14 +3,17 @@ controllers it relies on (Deployment pods becoming ready, Jobs finishing, the ga
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import struct
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kembed.operator import golden
 from kembed.operator import naming as n
 from kembed.operator.rbac import allows
 from kembed.operator.reconcile import Images, ReconcileHooks, reconcile
@@ -53,6 +56,10 @@ class FakeCluster:
         self.calls: list[tuple[str, str]] = []
         self.events: list[tuple[str, str, str]] = []
         self.unserved: set[str] = set()  # kinds whose CRD is not installed
+        # What a golden Job answers, played at once when it is created: its pod's log (None: the Job
+        # stays running until `finish_job("golden", ...)`). By default the same answer every time.
+        self.golden_log: str | None = golden_log()
+        self.logs: dict[str, str] = {}  # pod name -> log
 
     def _record(self, verb: str, kind: str) -> None:
         assert allows(verb, kind), f"RBAC_RULES do not allow {verb} on {kind}"
@@ -86,6 +93,13 @@ class FakeCluster:
         stored = copy.deepcopy(body)
         stored["metadata"]["generation"] = 1
         self.objects[key] = stored
+        is_golden = body["kind"] == "Job" and meta["labels"][n.COMPONENT_LABEL] == "golden"
+        if is_golden and self.golden_log is not None:
+            self.finish_job("golden", True, log=self.golden_log)
+
+    def pod_log(self, namespace, name, container):
+        self._record("get", "PodLog")
+        return self.logs.get(name) if ("Pod", namespace, name) in self.objects else None
 
     def patch(self, kind, namespace, name, body):
         self._record("patch", kind)
@@ -148,8 +162,11 @@ class FakeCluster:
                 },
             }
 
-    def finish_job(self, component: str, succeeded: bool, report: str = "", seconds: float = 42) -> str:
-        """The one unfinished Job of `component` (prewarm or smoke) ends after `seconds`; its name."""
+    def finish_job(
+        self, component: str, succeeded: bool, report: str = "", seconds: float = 42, log: str = ""
+    ) -> str:
+        """The one unfinished Job of `component` (prewarm, smoke or golden) ends after `seconds`; its
+        name. A succeeded one's pod has `log` as its log."""
         (job,) = [j for j in self.named("Job", component) if "conditions" not in j.get("status", {})]
         started = datetime(2026, 1, 1, tzinfo=UTC)
         ended = (started + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
@@ -170,6 +187,12 @@ class FakeCluster:
         job["status"] = {"conditions": [condition], "startTime": started.isoformat().replace("+00:00", "Z")}
         if succeeded:
             job["status"]["completionTime"] = ended
+            pod_name = job["metadata"]["name"] + "-ok"
+            self.objects[("Pod", "ml", pod_name)] = {
+                "metadata": {"name": pod_name, "labels": job["spec"]["template"]["metadata"]["labels"]},
+                "status": {"phase": "Succeeded"},
+            }
+            self.logs[pod_name] = log
         return job["metadata"]["name"]
 
     def roll_gateway(self, components: tuple[str, ...] = ("gateway", n.BULK_GATEWAY)) -> None:
@@ -187,6 +210,23 @@ class FakeCluster:
                     "availableReplicas": replicas,
                     "readyReplicas": replicas,
                 }
+
+
+def golden_log(
+    weights: str = "ab" * 32, rows: tuple[tuple[float, ...], ...] = ((1.0, 0.0), (0.6, 0.8))
+) -> str:
+    """A golden Job's log: a report line and the record line (kembed.gateway.golden's format)."""
+    encoded = [base64.b64encode(struct.pack(f"<{len(r)}f", *r)).decode() for r in rows]
+    record = {
+        "version": 1,
+        "weights": f"sha256:{weights}",
+        "task": "embed",
+        "textsSha256": "t" * 64,
+        "modelType": "bert",
+        "rows": encoded,
+        "columns": len(rows[0]),
+    }
+    return f"ok   golden 10.0.0.1:50051: {len(rows)} rows\n{golden.RECORD_PREFIX}{json.dumps(record)}\n"
 
 
 IMAGES = Images(worker="registry.test/kembed/worker:1", gateway="registry.test/kembed/gateway:1")

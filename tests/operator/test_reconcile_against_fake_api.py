@@ -51,10 +51,12 @@ def test_first_rollout_goes_through_prewarm_and_smoke_to_ready(driver):
     assert status["rollout"] is None and status["candidateRevision"] == ""
     assert status["readyReplicas"] == 1 and status["gatewayURL"] == "http://minilm-gateway.ml.svc"
     assert driver.cluster.named("Job", "prewarm") == driver.cluster.named("Job", "smoke") == []
+    assert driver.cluster.named("Job", "golden") == []
     assert [e[1] for e in driver.cluster.events] == [
         "RolloutStarted",
         "Prewarmed",
         "SmokeTestPassed",
+        "GoldenRecorded",  # the first revision of these weights: its golden answer is kept
         "Promoted",
     ]
 

@@ -70,7 +70,7 @@ CASES = {
         "Prewarming",
         jobs={("prewarm", NEW, 1): JobState("Succeeded")},
         next_stage="SmokeTesting",
-        want_jobs=(("smoke", 1, ()),),
+        want_jobs=(("smoke", 1, ()), ("golden", 1, ())),
         events=("Prewarmed",),
     ),
     "prewarm-failed-blocks": Case(
@@ -95,11 +95,32 @@ CASES = {
         next_stage="Prewarming",
         want_jobs=(("prewarm", 2, ("10.0.1.1:50051",)),),
     ),
-    "smoke-ok-promotes": Case(
+    "smoke-and-golden-ok-promotes": Case(
         "SmokeTesting",
-        jobs={("smoke", NEW, 1): JobState("Succeeded")},
+        jobs={("smoke", NEW, 1): JobState("Succeeded"), ("golden", NEW, 1): JobState("Succeeded")},
         next_stage="Promoting",
         events=("SmokeTestPassed",),
+    ),
+    "smoke-ok-golden-running-waits": Case(
+        "SmokeTesting",
+        jobs={("smoke", NEW, 1): JobState("Succeeded"), ("golden", NEW, 1): JobState("Running")},
+        next_stage="SmokeTesting",
+        want_jobs=(("smoke", 1, ()), ("golden", 1, ())),
+    ),
+    "golden-mismatch-blocks-while-smoke-runs": Case(
+        "SmokeTesting",
+        jobs={("smoke", NEW, 1): JobState("Running"), ("golden", NEW, 1): JobState("Failed", "text 3")},
+        next_stage="Blocked",
+        events=("RolloutBlocked",),
+        phase="Blocked",
+    ),
+    "golden-job-stuck-past-deadline-blocks": Case(
+        "SmokeTesting",
+        jobs={("smoke", NEW, 1): JobState("Succeeded")},
+        age_s=661,
+        next_stage="Blocked",
+        events=("RolloutBlocked",),
+        phase="Blocked",
     ),
     "smoke-failed-blocks": Case(
         "SmokeTesting",

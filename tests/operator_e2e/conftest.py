@@ -82,6 +82,8 @@ def cluster(tmp_path, corrupt_model_dir) -> Iterator[Cluster]:
     kubeconfig = tmp_path / "kubeconfig"
     host_paths = {NODE_MODEL_DIR: bundled_model_dir(), CORRUPT_MODEL_DIR: corrupt_model_dir}
     with RunningEmulator(kubeconfig) as emulator:
+        assert emulator.emulator is not None
+        emulator.emulator.pod_log_dir = log_dir  # the local kubelet's pods' logs
         api = httpx.Client(base_url=emulator.url, timeout=10)
         api.post("/api/v1/namespaces", json={"metadata": {"name": NAMESPACE}}).raise_for_status()
         crd = yaml.safe_load(CRD.read_text())

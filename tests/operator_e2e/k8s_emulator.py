@@ -15,7 +15,8 @@ Still not emulated: field ownership of server-side apply (an apply onto an exist
 merge patch), strategic merge (also a merge patch), label/field selectors (the operator filters its
 lists itself), CRD schema validation and defaults, CEL rules, PUT, protobuf bodies (415, so kubectl
 can create only custom resources and CRDs), the `initial-events-end` bookmark (`kubectl wait`), RBAC
-and admission. The controllers and the garbage collector are the harness's (`local_kubelet.py`).
+and admission. The controllers and the garbage collector are the harness's (`local_kubelet.py`), and
+so are pods' logs (`pods/<name>/log` reads the file the local kubelet writes).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import threading
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -82,6 +84,8 @@ class Emulator(KubernetesEmulator):
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
     _kinds: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     _with_status: set[tuple[str, str]] = attrs.field(factory=set, init=False)
+    # Where the local kubelet writes each pod's log (`<pod name>.log`): `GET pods/<name>/log` reads it.
+    pod_log_dir: Path | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -133,6 +137,11 @@ class Emulator(KubernetesEmulator):
             kind = self._kinds[(gv, plural)] + "List"
             meta = {"resourceVersion": str(self._version)}
             return self._json({"apiVersion": gv, "kind": kind, "metadata": meta, "items": items})
+        if method == "GET" and (gv, plural, sub) == ("v1", "pods", "log"):
+            self._get((gv, plural, ns, name))  # 404 once the pod is gone, as the API server says
+            log = self.pod_log_dir / f"{name}.log" if self.pod_log_dir is not None else None
+            text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+            return aiohttp.web.Response(text=text, content_type="text/plain")
         if method == "GET":
             return self._json(self._get((gv, plural, ns, name)))
         if method == "POST" and not name:

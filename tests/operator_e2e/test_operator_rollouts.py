@@ -89,6 +89,13 @@ def test_spec_change_rolls_out_through_prewarm_and_smoke(cluster, example):
     assert runs[f"minilm-prewarm-{new}-1"].outcome == "Complete"
     assert f"{old_ip}:50051" in runs[f"minilm-prewarm-{new}-1"].command  # --hot-from the serving pod
     assert runs[f"minilm-smoke-{new}-1"].outcome == "Complete"
+    # The golden Job ran the gateway's tokenizer on both revisions; the first kept the record of the
+    # bundled weights (read from its pod's log), the second answered the same.
+    assert runs[f"minilm-golden-{new}-1"].outcome == "Complete"
+    (record,) = [c for c in cluster.items("/api/v1", "configmaps") if "-golden-" in c["metadata"]["name"]]
+    assert record["metadata"]["annotations"]["kembed.dev/recorded-from"] == old
+    passed = [e["message"] for e in cluster.items("/api/v1", "events") if e["reason"] == "SmokeTestPassed"]
+    assert any(new in m and "golden texts match their record" in m for m in passed), passed
     cluster.wait(
         f"revision {old} retired",
         lambda: (

@@ -80,7 +80,8 @@ to the chart's appVersion. No image is public, so without a prefix or a reposito
 What the operator uses, exactly kembed.operator.rbac.RBAC_RULES (tests/chart checks the two agree):
 kopf lists, watches and patches EmbeddingModels and their status; the operator owns ConfigMaps,
 Deployments, Services, Jobs, PodDisruptionBudgets, NetworkPolicies and (when a model asks)
-ServiceMonitors, reads pods (the Jobs' targets, failed Jobs' reports) and posts Events. embeddingmodels/finalizers: owner references with
+ServiceMonitors, reads pods (the Jobs' targets, failed Jobs' reports) and the golden Job's log (its
+answer), lists the models' golden ConfigMaps, and posts Events. embeddingmodels/finalizers: owner references with
 blockOwnerDeletion need update there where the OwnerReferencesPermissionEnforcement admission
 plugin runs.
 */}}
@@ -98,14 +99,20 @@ plugin runs.
   resources: ["deployments"]
   verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["services"]
   verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "create", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
