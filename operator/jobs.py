@@ -110,7 +110,12 @@ def job(
     meta = m.metadata(owner, request.name(owner), request.kind, request.revision)
     meta["labels"][n.ATTEMPT_LABEL] = str(request.attempt)
     labels = n.labels(owner, request.kind, request.revision) | {n.ATTEMPT_LABEL: str(request.attempt)}
-    w = spec.worker  # its pods run the worker image, as the workers' service account and user
+    # The prewarm and smoke pods run the worker image, as the workers' service account and user; the
+    # golden pod is a gateway's: its image, and the model volume mounted where the gateway's is (its
+    # placement: a hostPath model is on the nodes the gateway is put on, a CSI volume may need its
+    # service account).
+    w = spec.gateway if is_golden else spec.worker
+    fields = pf.golden_pod_fields(spec.gateway) if is_golden else pf.job_pod_fields(spec.worker)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -128,9 +133,7 @@ def job(
             },
             "template": {
                 "metadata": pf.template_metadata(w, labels),
-                "spec": m.pod_spec(
-                    [container], volumes, w.security_context, restartPolicy="Never", **pf.job_pod_fields(w)
-                ),
+                "spec": m.pod_spec([container], volumes, w.security_context, restartPolicy="Never", **fields),
             },
         },
     }

@@ -61,6 +61,13 @@ def job_pod_fields(worker: PodSettings) -> dict[str, Any]:
     return {k: v for k, v in pull_and_identity(worker).items() if k != "runtimeClassName"}
 
 
+def golden_pod_fields(gateway: PodSettings) -> dict[str, Any]:
+    """What the golden Job takes from the gateway's pods: it runs the gateway image on the model
+    volume the gateway mounts, so it goes where the gateway may (placement) as the gateway does
+    (pull secrets, service account). Not the runtime class."""
+    return {k: v for k, v in pod_fields(gateway).items() if k != "runtimeClassName"}
+
+
 def env(pod: PodSettings) -> list[dict[str, Any]]:
     """The extra variables as EnvVars, unset fields left out."""
     return [e.model_dump(by_alias=True, exclude_defaults=True, mode="json") for e in pod.env]

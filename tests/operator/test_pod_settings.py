@@ -159,6 +159,21 @@ def test_the_jobs_follow_the_workers_pull_secrets_account_user_and_metadata():
         assert "POD_NAME" not in {e["name"] for e in pod["containers"][0]["env"]}
 
 
+def test_the_golden_job_goes_where_the_gateway_goes_as_the_gateway_does():
+    """It mounts the model as the gateway does: a hostPath model is on the gateway's nodes, a CSI volume
+    may need the gateway's service account."""
+    spec = spec_with(worker={"serviceAccountName": "workers"}, gateway=SETTINGS)
+    request = j.JobRequest("golden", revision_of(spec, IMAGE), 1, ("10.0.0.1:50051",))
+    template = j.job(OWNER, spec, request, IMAGE, "gw:1")["spec"]["template"]
+    pod = template["spec"]
+    assert pod["containers"][0]["image"] == "gw:1"
+    assert pod["serviceAccountName"] == "kembed-serving" and pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == SETTINGS["tolerations"] and pod["affinity"] == SETTINGS["affinity"]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
+    assert "runtimeClassName" not in pod and template["metadata"]["labels"]["team"] == "search"
+    kubernetes_validate.validate(j.job(OWNER, spec, request, IMAGE, "gw:1"), "1.33.0", strict=True)
+
+
 def test_the_gateway_s_settings_stay_off_the_jobs():
     for name in ("prewarm", "smoke"):
         assert NEW_POD_KEYS.isdisjoint(pods(spec_with(gateway=SETTINGS))[name]["spec"])
