@@ -50,6 +50,7 @@ from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
+from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
 from kembed.gateway.responses import JsonResponse, json_response
 from kembed.gateway.schemas import (
@@ -252,8 +253,19 @@ class Routes:
             return Response(self._openapi, media_type="application/json")
         # Built once the workers' task is known (~50 ms of pydantic schema generation): the document
         # then lists only the routes the served model answers.
-        task = self.service.pool.info.task if self.service.pool.info is not None else None
-        document = orjson.dumps(openapi.build(self.version, has_api_key=bool(self.config.api_key), task=task))
+        info = self.service.pool.info
+        task = info.task if info is not None else None
+        served = Served.of(
+            self.config,
+            self.service.served_names,
+            tuple(self.service.tokenization.spec.prompts),
+            dimensions=info.dimensions if info is not None else None,
+            vocab_size=(info.vocab_size if info is not None else None)
+            or self.service.tokenization.spec.vocab_size,
+        )
+        document = orjson.dumps(
+            openapi.build(self.version, has_api_key=bool(self.config.api_key), task=task, served=served)
+        )
         if task is not None:
             self._openapi = document
         return Response(document, media_type="application/json")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
 from kembed.gateway.cohere import V2EmbedRequest, V2RerankRequest
+from kembed.gateway.openapi_limits import Served, constrain
 from kembed.gateway.perplexity import ContextualizedEmbeddingRequest
 from kembed.gateway.schemas import (
     EmbeddingRequest,
@@ -260,9 +261,12 @@ _ERRORS = {
 }
 
 
-def build(version: str, *, has_api_key: bool, task: str | None = None) -> dict[str, Any]:
+def build(
+    version: str, *, has_api_key: bool, task: str | None = None, served: Served | None = None
+) -> dict[str, Any]:
     """The OpenAPI document of this gateway. With the workers' `task` known, only the routes the
-    served model answers (an embedding model's rerank routes answer 501, and are left out)."""
+    served model answers (an embedding model's rerank routes answer 501, and are left out); with
+    what is `served`, each request field as strict as the server checks it (openapi_limits.py)."""
     models: list[type[BaseModel]] = [
         EmbeddingRequest, EmbedRequest, TokenizeRequest, RerankRequest, V1RerankRequest, V2EmbedRequest,
         V2RerankRequest, SimilarityRequest, DecodeRequest, EmbeddingList, ModelList, Token, TeiRank,
@@ -273,6 +277,8 @@ def build(version: str, *, has_api_key: bool, task: str | None = None) -> dict[s
         [(model, "validation") for model in models], ref_template="#/components/schemas/{model}"
     )
     schemas = defs.get("$defs", {})
+    if served is not None:
+        constrain(schemas, served)
     paths: dict[str, dict[str, Any]] = {}
     for op in ROUTES:
         if task is not None and op.task not in (None, task):

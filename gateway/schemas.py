@@ -6,8 +6,9 @@ clients send extras (`user`, vendor options) that do not change the answer.
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kembed.gateway.errors import InvalidInput
@@ -103,11 +104,34 @@ class V1RerankRequest(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+def _is_whole_float(value: object) -> bool:
+    return isinstance(value, float) and value.is_integer()
+
+
+def _whole_floats_as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_floats_as_ints(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _whole_floats_as_ints(item) for key, item in value.items()}
+    return value
+
+
 def parse(model: type[M], body: bytes) -> M:
-    """`body` validated as `model`; InvalidInput naming the first bad field's location."""
+    """`body` validated as `model`; InvalidInput naming the first bad field's location.
+
+    A whole number written as a float (`2.0`) is taken where an integer is: JSON Schema, and so the
+    OpenAPI document, calls it an integer. The strict parse refuses it (no request model has a
+    float field), so such a body is parsed again with those numbers as ints: only on that path."""
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
+        if any(p["type"] == "int_type" and _is_whole_float(p.get("input")) for p in error.errors()):
+            try:
+                return model.model_validate(_whole_floats_as_ints(orjson.loads(body)))
+            except ValidationError as again:
+                error = again
         problems = error.errors(include_url=False, include_input=False)
         if problems and problems[0]["type"] == "json_invalid":
             raise InvalidInput(f"malformed JSON body: {problems[0]['msg']}") from None

@@ -1,66 +1,19 @@
 """Reranking through real processes: two CPU workers serving a cross-encoder behind a gateway, scored
 against sentence-transformers' `CrossEncoder(dir).predict` on the same directory, pair by pair."""
 
-import json
-import shutil
 from itertools import pairwise
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import torch
-import transformers
+from conftest import CROSS_ENCODER_MAX_LENGTH
 from corpus import texts
-from processes import start_stack
-
-from kembed.worker.config import bundled_model_dir
 
 # Long enough, with the query, to pass the 128-token limit (truncated alike); empty and whitespace too.
 DOCUMENTS = texts(48, seed=11)
 QUERIES = ["how does the gateway balance replicas?", "Kubernetes operator rollout", "", "naïve café ☕"]
-MAX_LENGTH = 128
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
-
-
-@pytest.fixture(scope="session")
-def cross_encoder_dir(tmp_path_factory) -> Path:
-    """A random tiny BertForSequenceClassification (one label) with the bundled MiniLM tokenizer, whose
-    vocabulary (30522) the model's matches. max_position_embeddings caps both sides at 128 tokens."""
-    target = tmp_path_factory.mktemp("cross-encoder") / "tiny-bert-reranker"
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_LENGTH,
-        num_labels=1,
-        initializer_range=0.2,  # spreads the random logits so rankings are well separated
-    )
-    transformers.BertForSequenceClassification(config).eval().save_pretrained(target)
-    for name in TOKENIZER_FILES:
-        shutil.copy(bundled_model_dir() / name, target / name)
-    assert json.loads((target / "config.json").read_text())["vocab_size"] == len(
-        (target / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    )
-    return target
-
-
-@pytest.fixture(scope="session")
-def rerank_stack(log_dir, cross_encoder_dir):
-    """Two cross-encoder workers behind one gateway; small chunks so a request spans both."""
-    started = start_stack(
-        log_dir,
-        num_workers=2,
-        model_dir=cross_encoder_dir,
-        worker_model_dir=cross_encoder_dir,
-        gateway_args=("--chunk-tokens", "512", "--max-chunk-sequences", "16"),
-    )
-    yield started
-    for proc in started.processes:
-        proc.stop()
+MAX_LENGTH = CROSS_ENCODER_MAX_LENGTH  # the cross_encoder_dir fixture's (conftest.py)
 
 
 @pytest.fixture(scope="session")
