@@ -50,6 +50,7 @@ from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.model_files import ModelSpec, load_model_spec
+from kembed.gateway.multi_output import OutputRoutes
 from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
 from kembed.gateway.responses import JsonResponse, json_response
@@ -65,6 +66,7 @@ from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
+from kembed.proto.outputs import names_of
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,7 @@ class Routes:
         self.version = _version()
         self._openapi: bytes | None = None
         self.created = int(time.time())
+        self.outputs = OutputRoutes(service, self._body)  # several outputs a text (multi_output.py)
 
     async def _body(self, request: Request | HotRequest) -> bytes:
         _check_json(request)
@@ -141,8 +144,12 @@ class Routes:
         return body
 
     async def openai_embeddings(self, request: Request) -> Response:
-        body = parse(EmbeddingRequest, await self._body(request))
+        raw = await self._body(request)
+        body = parse(EmbeddingRequest, raw)
         self.service.check_model(body.model)
+        outputs = OutputRoutes.asked(raw)
+        if outputs is not None:  # several outputs a text (multi_output.py)
+            return await self.outputs.openai(request, outputs, body)
         embedded = await self.service.embed(
             as_input_list(body.input),
             truncate=None,
@@ -225,6 +232,7 @@ class Routes:
                 "tokenization_workers": self.config.tokenization_workers,
                 "version": self.version,
                 "dimensions": worker.dimensions if worker else None,
+                "outputs": names_of(worker.outputs) if worker else None,
                 "normalize": worker.normalize if worker else None,
                 "attention_backend": worker.attention_backend if worker else None,
                 "device": worker.device if worker else None,
@@ -348,6 +356,8 @@ def create_app(
         Route("/", tei.root, methods=["POST"]),
         Route("/", routes.info, methods=["GET"]),
         Route("/embed", tei.embed, methods=["POST"]),
+        Route("/embed_sparse", routes.outputs.embed_sparse, methods=["POST"]),
+        Route("/embed_all", routes.outputs.embed_all, methods=["POST"]),
         Route("/similarity", tei.similarity, methods=["POST"]),
         Route("/decode", tei.decode, methods=["POST"]),
         Route("/tokenize", routes.tei_tokenize, methods=["POST"]),

@@ -40,6 +40,9 @@ class ModelSpec:
     """config.json vocab_size; the worker's Info is authoritative once it has answered."""
     id2label: dict[int, str] = field(default_factory=dict)
     """config.json id2label: a sequence classifier's (reranker's) label names, for /info."""
+    lexical_skip: tuple[str, ...] = ()
+    """The tokens a sparse (lexical) output drops: the tokenizer's cls, eos, pad and unk tokens as
+    tokenizer_config.json / special_tokens_map.json name them (FlagEmbedding's BGE-M3 rule)."""
 
     def resolve_prompt(self, prompt_name: str | None) -> str:
         """The prompt text for `prompt_name` (default prompt when None); KeyError if unknown."""
@@ -115,7 +118,23 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
         truncation_side="left" if side == "left" else "right",
         vocab_size=config.get("vocab_size"),
         id2label=_id2label(config),
+        lexical_skip=_lexical_skip(
+            tokenizer_config,
+            _read_json(transformer_dir / "special_tokens_map.json")
+            or _read_json(model_dir / "special_tokens_map.json"),
+        ),
     )
+
+
+def _lexical_skip(tokenizer_config: dict[str, Any], special_map: dict[str, Any]) -> tuple[str, ...]:
+    tokens = []
+    for name in ("cls_token", "eos_token", "pad_token", "unk_token"):
+        token = special_map.get(name, tokenizer_config.get(name))
+        if isinstance(token, dict):  # an AddedToken as saved: {"content": ...}
+            token = token.get("content")
+        if isinstance(token, str):
+            tokens.append(token)
+    return tuple(tokens)
 
 
 def _id2label(config: dict[str, Any]) -> dict[int, str]:

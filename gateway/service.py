@@ -26,6 +26,7 @@ from kembed.gateway.errors import (
     Timeout,
     Unavailable,
     Unsupported,
+    WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
 from kembed.gateway.model_files import Direction
@@ -33,6 +34,7 @@ from kembed.gateway.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
 from kembed.gateway.workers import WorkerPool
 from kembed.proto import embedder_pb2 as pb
+from kembed.proto.outputs import DENSE, OutputShape, names_of
 
 T = TypeVar("T")
 
@@ -42,6 +44,17 @@ class Embedded:
     """Finished vectors of one request, [num_inputs, dims] float32, and the tokens that were run."""
 
     vectors: np.ndarray
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """Several outputs of one request (kembed.proto.outputs): per input its raw outputs by name
+    (`dense` [dims], `sparse` [tokens], `colbert` [tokens - 1, dims], `tokens` [tokens, dims]), its
+    token ids, and the tokens that were run."""
+
+    rows: list[dict[str, np.ndarray]]
+    sequences: Sequence[np.ndarray]
     num_tokens: int
 
 
@@ -271,6 +284,73 @@ class EmbeddingService:
         raw, num_tokens = await self._run(run)
         is_normalized = info.normalize if normalize is None else normalize
         return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
+
+    def check_outputs(self, outputs: int) -> pb.InfoResponse:
+        """The workers' Info, or InvalidInput (400) naming the outputs the model has when it lacks
+        one of `outputs`."""
+        info = self.worker_info()
+        if info.task and info.task != "embed":
+            raise Unsupported(f"the served model `{self.served_names[0]}` is not an embedding model")
+        lacking = outputs & ~info.outputs
+        if lacking:
+            raise InvalidInput(
+                f"the served model `{self.served_names[0]}` has no {', '.join(names_of(lacking))} output; "
+                f"it has: {', '.join(names_of(info.outputs or DENSE))}",
+                param="outputs",
+            )
+        return info
+
+    async def embed_outputs(
+        self,
+        inputs: Sequence[Input],
+        outputs: int,
+        *,
+        truncate: bool | None,
+        direction: Direction | None,
+        prompt_name: str | None,
+        param: str = "input",
+        priority: str | None = None,
+    ) -> Outputs:
+        """Every output in `outputs` (an Output bitmask) of each input, from one pass of the model."""
+        said = said_priority(priority)
+        self._check_count(len(inputs), param)
+        info = self.check_outputs(outputs)
+        vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
+        deadline = self._deadline()
+        is_truncating = self.config.auto_truncate if truncate is None else truncate
+
+        async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
+            admitted = self._admit(said, len(inputs), self._estimate(inputs, is_truncating))
+            try:
+                started = time.perf_counter()
+                sequences = await self.tokenization.encode(
+                    inputs,
+                    truncate=is_truncating,
+                    direction=direction,
+                    prompt_name=prompt_name,
+                    vocab_size=vocab_size,
+                    is_bulk=admitted.is_bulk,
+                )
+                num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
+                raw = await self.pool.embed(
+                    sequences, next(self._request_ids), deadline, priority=admitted.priority, outputs=outputs
+                )
+            finally:
+                admitted.release()
+            return raw, sequences, num_tokens
+
+        raw, sequences, num_tokens = await self._run(run)
+        shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
+        lengths = np.array([len(s) for s in sequences])
+        counts = shape.rows_of(lengths, np.full(len(lengths), outputs))
+        starts = np.cumsum(counts) - counts
+        if int(counts.sum()) != len(raw):
+            raise WorkerFailed(f"the worker answered {len(raw)} rows for {int(counts.sum())}")
+        rows = [
+            shape.split(raw[start : start + count], int(length), outputs)
+            for start, count, length in zip(starts.tolist(), counts.tolist(), lengths.tolist(), strict=True)
+        ]
+        return Outputs(rows, sequences, num_tokens)
 
     async def embed_documents(
         self, documents: Sequence[Sequence[str]], *, dimensions: int | None, priority: str | None = None

@@ -119,6 +119,11 @@ class Tokenization:
     def max_length(self) -> int | None:
         return self.spec.max_seq_length
 
+    def token_ids(self, tokens: tuple[str, ...]) -> frozenset[int]:
+        """The ids of `tokens` in the vocabulary (those it has)."""
+        ids = (self._untruncated.token_to_id(token) for token in tokens)
+        return frozenset(i for i in ids if i is not None)
+
     def prompt(self, prompt_name: str | None) -> str:
         try:
             return self.spec.resolve_prompt(prompt_name)

@@ -90,7 +90,9 @@ class UnaryTransport:
         batch = pack(part.token_ids, part.token_type_ids, part.spans)
         request_id = part.request_id
         if kind == "embed":
-            embedded = pb.EmbedRequest(batch=batch, request_id=request_id, priority=part.priority)  # type: ignore[arg-type]
+            embedded = pb.EmbedRequest(
+                batch=batch, request_id=request_id, priority=part.priority, outputs=part.outputs
+            )  # type: ignore[arg-type]
             response = await self._stub.Embed(embedded, timeout=timeout_s, metadata=self._metadata)
             # a worker without span pooling answers one row per sequence: refused here
             return decode_embeddings(response, part.num_rows)
@@ -301,6 +303,8 @@ class FrameTransport(asyncio.Protocol):
         )
         if kind == "score":
             message.token_type_ids = _types(parts)
+        if any(part.outputs for part in parts):
+            message.outputs = np.array([part.outputs for part in parts], "u1").tobytes()
         if any(part.spans is not None for part in parts):
             bounds = [b for part in parts for b in (part.spans or [None] * part.num_sequences)]
             message.num_spans = np.array([0 if b is None else len(b) - 1 for b in bounds], "<u4").tobytes()

@@ -45,6 +45,7 @@ from kembed.gateway.pacing import Window, paced
 from kembed.gateway.transports import FrameTransport, Transport, UnaryTransport, close_quietly, data_port_host
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
+from kembed.proto.outputs import OutputShape
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -492,11 +493,13 @@ class WorkerPool:
         spans: Sequence[np.ndarray | None] | None = None,
         *,
         priority: int = pb.PRIORITY_INTERACTIVE,
+        outputs: int = 0,
     ) -> np.ndarray:
         """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order; with `spans`
         (per sequence None or its span bounds), one row per span instead, in order. A sequence is
-        never split across chunks, so its spans travel with it."""
-        return await self._run("embed", sequences, None, spans, request_id, deadline, priority)
+        never split across chunks, so its spans travel with it. `outputs` (an Output bitmask): each
+        sequence's rows as kembed.proto.outputs lays them out, sequence after sequence."""
+        return await self._run("embed", sequences, None, spans, request_id, deadline, priority, outputs)
 
     async def score(
         self,
@@ -520,6 +523,7 @@ class WorkerPool:
         request_id: str,
         deadline: float,
         priority: int,
+        outputs: int = 0,
     ) -> np.ndarray:
         """A request's rows: its sequences in chunks, each chunk on a replica, the rows in order."""
         chunks = split_into_chunks(
@@ -543,6 +547,13 @@ class WorkerPool:
             if spans is not None:
                 made.spans = spans[own]
                 made.num_rows = num_rows(made.spans)
+            if outputs:
+                info = self.info
+                assert info is not None, "a request for several outputs was checked against Info"
+                shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
+                lengths = np.array([len(s) for s in made.token_ids])
+                made.outputs = outputs
+                made.num_rows = int(shape.rows_of(lengths, np.full(len(lengths), outputs)).sum())
             return made
 
         # A request of one chunk is refused at once if every queue is full (its client backs off); one

@@ -35,7 +35,7 @@ from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import to_host
-from kembed.worker.engine.payload import PayloadIndex, assemble
+from kembed.worker.engine.payload import PayloadIndex, assemble, to_device
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
@@ -228,8 +228,9 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         if self.attention.plans_batches:  # flashinfer: plan on the slot's pinned offsets
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
         if batch.payload is not None:  # every head in the graph, each sequence's outputs gathered after
+            index = to_device(batch.payload, self.device)  # queued before the replay, copied meanwhile
             flat = self.multi_graphs.run(batch.bucket, batch.bucket)
-            return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload)))
+            return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload, index)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the

@@ -83,11 +83,22 @@ class PayloadIndex:
         )
 
 
-def assemble(flat: torch.Tensor, index: PayloadIndex) -> torch.Tensor:
+def to_device(index: PayloadIndex, device: torch.device) -> torch.Tensor:
+    """The index on `device`. On a GPU it goes through pinned memory, so the copy is queued on the
+    stream and the host goes on (a pageable copy would wait for the work ahead of it): call it
+    before the forward, and the copy runs before it."""
+    host = torch.from_numpy(index.index)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def assemble(flat: torch.Tensor, index: PayloadIndex, idx: torch.Tensor | None = None) -> torch.Tensor:
     """The batch's answer [num_rows, width] float32 from its flat block (on the block's device, in
-    its stream order; no host synchronisation)."""
+    its stream order; no host synchronisation). `idx`: the index already on the device (`to_device`)."""
     width, nr, nw = index.width, index.num_row_copies, index.num_word_copies
-    idx = torch.from_numpy(index.index).to(flat.device, non_blocking=True)
+    if idx is None:
+        idx = to_device(index, flat.device)
     payload = flat.new_zeros(index.num_rows, width)
     num_matrix_rows = flat.numel() // width
     matrix = flat[: num_matrix_rows * width].view(num_matrix_rows, width)

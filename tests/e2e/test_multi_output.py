@@ -1,0 +1,130 @@
+"""Several outputs a text through a real gateway and worker: BGE-M3's dense, sparse and ColBERT in
+one `/v1/embeddings` request against FlagEmbedding's computation, TEI's `/embed_sparse`, `/embed_all`
+against sentence-transformers' `token_embeddings` on the bundled model, and what is refused."""
+
+import base64
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from processes import start_stack
+
+from kembed.proto.outputs import DENSE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from m3_model import build_m3_dir, m3_reference
+
+TEXTS = ["w1 w2 w3 w2", "w7", "w5 w9 w11 w13 w15 w17 w19 w21 nothere w5"]
+
+
+@pytest.fixture(scope="module")
+def m3_dir(tmp_path_factory):
+    return build_m3_dir(tmp_path_factory.mktemp("m3") / "tiny-m3")
+
+
+@pytest.fixture(scope="module")
+def m3_stack(log_dir, m3_dir):
+    started = start_stack(log_dir, num_workers=1, model_dir=m3_dir, worker_model_dir=m3_dir)
+    yield started
+    for proc in started.processes:
+        proc.stop()
+
+
+def _ids(m3_dir: Path, texts: list[str]) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(m3_dir / "tokenizer.json"))
+    return [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+def _cos(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_one_request_gets_dense_sparse_and_colbert_as_flagembedding(m3_stack, m3_dir):
+    reference = m3_reference(m3_dir, _ids(m3_dir, TEXTS))
+    body = {"input": TEXTS, "outputs": ["dense", "sparse", "colbert"]}
+    answer = httpx.post(f"{m3_stack.url}/v1/embeddings", json=body, timeout=60).json()
+    for item, ref in zip(answer["data"], reference, strict=True):
+        assert _cos(item["embedding"], ref["dense"]) >= 0.999
+        colbert = np.array(item["colbert_embedding"])
+        assert colbert.shape == ref["colbert"].shape and _cos(colbert, ref["colbert"]).min() >= 0.999
+        sparse = item["sparse_embedding"]
+        assert sparse["indices"] == sorted(ref["sparse"]) and sparse["indices"] == sorted(
+            set(sparse["indices"])
+        )
+        assert (
+            np.abs(np.array(sparse["values"]) - [ref["sparse"][i] for i in sparse["indices"]]).max() <= 1e-3
+        )
+    assert answer["usage"]["prompt_tokens"] == sum(len(ids) for ids in _ids(m3_dir, TEXTS))
+
+
+def test_colbert_vectors_come_in_the_dense_encodings(m3_stack):
+    def colbert(encoding: str) -> list:
+        body = {"input": TEXTS[:1], "outputs": ["colbert"], "encoding_format": encoding}
+        answer = httpx.post(f"{m3_stack.url}/v1/embeddings", json=body, timeout=60).json()
+        assert "embedding" not in answer["data"][0]
+        return answer["data"][0]["colbert_embedding"]
+
+    floats = np.array(colbert("float"), np.float32)
+    decoded = np.stack([np.frombuffer(base64.b64decode(v), "<f4") for v in colbert("base64")])
+    assert np.array_equal(decoded, floats)
+    bits = np.stack([np.frombuffer(base64.b64decode(v), np.uint8) for v in colbert("base64_binary")])
+    assert np.array_equal(np.unpackbits(bits, axis=1, bitorder="little")[:, : floats.shape[1]], floats > 0)
+    int8 = np.stack([np.frombuffer(base64.b64decode(v), np.int8) for v in colbert("base64_int8")])
+    assert int8.shape == floats.shape and _cos(int8, floats).min() >= 0.99
+
+
+def test_embed_sparse_answers_tei_shape(m3_stack, m3_dir):
+    reference = m3_reference(m3_dir, _ids(m3_dir, TEXTS))
+    answer = httpx.post(f"{m3_stack.url}/embed_sparse", json={"inputs": TEXTS}, timeout=60).json()
+    for entries, ref in zip(answer, reference, strict=True):
+        assert {e["index"] for e in entries} == set(ref["sparse"])
+        assert all(abs(e["value"] - ref["sparse"][e["index"]]) <= 1e-3 for e in entries)
+
+
+def test_info_says_which_outputs_the_model_has(m3_stack, stack):
+    assert httpx.get(f"{m3_stack.url}/info").json()["outputs"] == ["dense", "sparse", "colbert", "tokens"]
+    assert httpx.get(f"{stack.url}/info").json()["outputs"] == ["dense", "tokens"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/embeddings", {"input": ["a"], "outputs": ["sparse"]}, 400),
+        ("/v1/embeddings", {"input": ["a"], "outputs": ["dense", "colbert"]}, 400),
+        ("/embed_sparse", {"inputs": ["a"]}, 422),  # TEI's status for a request it cannot validate
+    ],
+    ids=["sparse", "colbert", "embed-sparse"],
+)
+def test_an_output_the_model_lacks_is_refused_naming_what_it_has(stack, path, body, status):
+    response = httpx.post(f"{stack.url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert "it has: dense, tokens" in response.text
+
+
+@pytest.mark.parametrize(
+    "outputs", [[], ["dense", "lexical"], "dense", [1]], ids=["empty", "unknown", "not-a-list", "number"]
+)
+def test_a_bad_outputs_field_is_a_4xx(stack, outputs):
+    response = httpx.post(f"{stack.url}/v1/embeddings", json={"input": ["a"], "outputs": outputs}, timeout=30)
+    assert 400 <= response.status_code < 500 and "outputs" in response.text
+
+
+def test_embed_all_matches_sentence_transformers_token_embeddings(stack, reference):
+    texts = ["A short one.", "Every token of this somewhat longer sentence gets its own vector."]
+    answer = httpx.post(f"{stack.url}/embed_all", json={"inputs": texts}, timeout=60).json()
+    tokens = reference.encode(texts, output_value="token_embeddings", convert_to_numpy=False)
+    for got, want in zip(answer, tokens, strict=True):
+        want = want.numpy()
+        assert np.array(got).shape == want.shape
+        assert _cos(got, want).min() >= 0.999
+
+
+def test_a_text_in_the_input_naming_outputs_takes_the_dense_path(stack):
+    body = {"input": ['say "outputs" here']}
+    answer = httpx.post(f"{stack.url}/v1/embeddings", json=body, timeout=30).json()
+    assert len(answer["data"][0]["embedding"]) == 384 and DENSE == 1
