@@ -65,6 +65,8 @@ def command(spec: EmbeddingModelSpec, request: JobRequest) -> list[str]:
         if spec.rollout.smoke_buckets:
             args += ["--buckets", ",".join(spec.rollout.smoke_buckets)]
         args += ["--min-cosine", repr(spec.rollout.min_cosine)]
+        if m.worker_device(spec) == "cuda":  # a GPU pod that serves on its CPU fails the gate
+            args += ["--expect-device", "cuda"]
         if spec.rollout.golden_config_map:
             args += ["--golden", GOLDEN_MOUNT]
     return [*args, "--timeout", str(timeout)]

@@ -5,9 +5,10 @@ runs the image's commands):
 - `stats --target ADDR`: per-bucket hit counts and capture state;
 - `prewarm --target ADDR... [--buckets 1x128,8x512] [--hot-from ADDR... --hot N]`: capture the listed
   buckets plus the N buckets the serving revision's workers hit most;
-- `smoke --target ADDR... [--buckets ...] [--min-cosine 0.999] [--golden FILE|DIR]`: replay captured
-  graphs against eager runs, and embed golden token ids against their expected embeddings; exits 1
-  with a readable report when any bucket or golden case fails.
+- `smoke --target ADDR... [--buckets ...] [--min-cosine 0.999] [--golden FILE|DIR] [--expect-device
+  cuda]`: check each worker serves on the device asked for (its Info), replay captured graphs against
+  eager runs, and embed golden token ids against their expected embeddings; exits 1 with a readable
+  report when any check fails.
 Exit status: 0 success, 1 a check failed, 2 a worker could not be reached or the arguments are wrong.
 Against workers with a shared token, each command sends it with every call: `--auth-token-file FILE`,
 else KEMBED_WORKER_AUTH_TOKEN (the worker's own setting, so a Job can take the worker's Secret).
@@ -175,6 +176,14 @@ def run_smoke(args: argparse.Namespace) -> int:
     failed = False
     golden = load_golden(args.golden) if args.golden else []
     for address in args.target:
+        if args.expect_device:
+            info = _stub(address, _connect_timeout(args)).Info(
+                pb.InfoRequest(), timeout=args.timeout, metadata=args.metadata
+            )
+            if info.device.split(":")[0] != args.expect_device:
+                print(f"smoke {address}: FAILED: serves on {info.device!r}, not {args.expect_device!r}")
+                failed = True
+                continue
         request = pb.SmokeTestRequest(
             buckets=[_pb(b) for b in args.buckets], min_cosine=args.min_cosine, seed=args.seed
         )
@@ -263,6 +272,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             )
             sub.add_argument(
                 "--seed", type=int, default=0, help="seed of the random test inputs (default: %(default)s)"
+            )
+            sub.add_argument(
+                "--expect-device",
+                choices=("cuda", "cpu"),
+                default=None,
+                help="fail a worker whose Info says it serves on another device (default: any)",
             )
             sub.add_argument(
                 "--golden",

@@ -72,3 +72,16 @@ def test_smoke_checks_golden_embeddings_and_fails_on_a_wrong_one(worker, referen
     assert failed.returncode == 1 and "FAIL golden swapped.json" in failed.stdout
     broken = admin("smoke", "--target", worker.workers[0], "--golden", str(tmp_path / "missing.json"))
     assert broken.returncode == 2 and "golden" in broken.stderr
+
+
+def test_smoke_fails_a_worker_serving_on_another_device_than_asked(worker):
+    """The operator asks `--expect-device cuda` of a GPU pod: one that serves on its CPU (a driver
+    mismatch under device auto) fails the gate, with what it serves on."""
+    on_cpu = admin("smoke", "--target", worker.workers[0], "--expect-device", "cuda", "--buckets", "1x128")
+    assert on_cpu.returncode == 1 and "serves on 'cpu', not 'cuda'" in on_cpu.stdout
+    assert (
+        admin(
+            "smoke", "--target", worker.workers[0], "--expect-device", "cpu", "--buckets", "1x128"
+        ).returncode
+        == 0
+    )
