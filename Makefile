@@ -24,6 +24,13 @@ PIP       := $(PY) -m pip install --disable-pip-version-check --progress-bar on 
 # and the other development targets add the dev extra (linters, test clients, reference libraries).
 RUN_STAMP := $(VENV)/.kembed-run-installed
 STAMP     := $(VENV)/.kembed-installed
+# The S3 side of `fetch-model` and an S3 server for its tests (moto's server mode, boto3 as the
+# client), in a folder of their own on PYTHONPATH only where the tests put it: botocore caps
+# python-dateutil below 3, which the kubernetes client (the operator, in the venv) needs. ~10 s, 115 MB.
+# (pip's resolver then warns of the venv's python-dateutil: the folder has its own.)
+S3_TOOLS       := $(VENV)/s3-tools
+S3_TOOLS_STAMP := $(S3_TOOLS)/.kembed-installed
+S3_TOOLS_SPEC  := 'moto[s3]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'boto3==1.44.8'
 
 .PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
@@ -88,10 +95,16 @@ run: $(RUN_STAMP)
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
-test: $(STAMP) lint prometheus-tools
+test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP)
 	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
 	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+$(S3_TOOLS_STAMP): $(STAMP)
+	@echo "== installing moto's S3 server and boto3 into $(S3_TOOLS) (the S3 fetch tests)"
+	rm -rf $(S3_TOOLS)
+	$(PIP) --quiet --target $(S3_TOOLS) $(S3_TOOLS_SPEC)
+	@touch $@
 
 # prometheus and promtool (Debian's `prometheus` package) for the metrics tests: a real Prometheus
 # scrapes real processes, promtool checks the alerts and the exposition. Installed only when promtool
