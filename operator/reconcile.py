@@ -31,6 +31,7 @@ import pydantic
 
 from kembed.operator import autoscaling as a
 from kembed.operator import golden as g
+from kembed.operator import images as im
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
@@ -206,7 +207,12 @@ def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
             for p in pods
             if p["metadata"]["labels"].get(n.REVISION_LABEL) == revision
         )
-        found[revision] = Workers(deployment["spec"].get("replicas", 1), tuple(addresses))
+        digests = frozenset(
+            d
+            for p in pods
+            if p["metadata"]["labels"].get(n.REVISION_LABEL) == revision and (d := im.pod_digest(p, "worker"))
+        )
+        found[revision] = Workers(deployment["spec"].get("replicas", 1), tuple(addresses), digests)
     return found
 
 
@@ -416,6 +422,15 @@ def reconcile(
             "no worker or gateway image: set spec.worker.image and spec.gateway.image "
             "or the operator's default images"
         )
+    if spec.rollout.require_digests:
+        refs = {"worker image": worker_image, "gateway image": gateway_image}
+        if spec.model.source.image is not None:
+            refs["model image"] = spec.model.source.image.reference
+        if missing := im.undigested(refs):
+            raise InvalidSpec(
+                f"rollout.requireDigests: {', '.join(missing)} has no digest; "
+                "name it as image@sha256:<digest>"
+            )
     revision = revision_of(spec, worker_image)
     job_states, job_bodies = read_jobs(cluster, owner)
     golden_records = judge_golden(cluster, owner, spec, job_states, job_bodies)
@@ -455,7 +470,10 @@ def carry_out(
     if plan.deploy is not None:
         apply(cluster, m.engine_config_map(owner, spec, plan.deploy))
         apply(cluster, m.worker_service(owner, spec, plan.deploy))
-        workers = m.worker_deployment(owner, spec, plan.deploy, worker_image)
+        image = (
+            im.by_digest(worker_image, plan.worker_image_digest) if plan.worker_image_digest else worker_image
+        )
+        workers = m.worker_deployment(owner, spec, plan.deploy, image)
         apply(cluster, a.with_replicas(workers, plan.worker_replicas))
     if plan.autoscaled is not None:
         apply(cluster, a.scaled_object(owner, spec, plan.autoscaled))

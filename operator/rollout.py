@@ -30,6 +30,7 @@ from kembed.operator.status import Condition, ConditionType, EmbeddingModelStatu
 
 JOB_DEADLINE_GRACE_S = 60  # past activeDeadlineSeconds, a Job still "running" is stuck: block anyway
 JOB_KINDS = ("prewarm", "smoke", "golden")
+LATER_GATE_FIELDS: dict[str, Any] = {"golden": "Check", "require_digests": False}  # gate_hash
 FAILED_REASONS = {"prewarm": "PrewarmFailed", "smoke": "SmokeTestFailed", "golden": "GoldenMismatch"}
 TIMED_OUT_REASONS = {
     "prewarm": "PrewarmTimedOut",
@@ -44,6 +45,7 @@ class Workers:
 
     replicas: int  # desired
     addresses: tuple[str, ...]  # ready pods' host:port, sorted
+    image_digests: frozenset[str] = frozenset()  # the worker image digests its ready pods run (sha256:...)
 
     @property
     def num_ready(self) -> int:
@@ -109,6 +111,8 @@ class Plan:
     golden: GoldenRecord | None = None  # a golden answer to keep (the candidate passed its whole gate)
     golden_revision: str = ""  # the revision it is recorded from
     golden_at: str = ""  # and when (RFC 3339): the oldest records go first
+    # `deploy`'s worker image named by this digest instead of the spec's tag (status.activeImagePinned)
+    worker_image_digest: str = ""
 
 
 def timestamp(now: datetime) -> str:
@@ -172,6 +176,7 @@ def _promoted_by_gateway(
     message = f"revision {rollout.revision} serves" + (f"; {active} retired" if active else "")
     promoted = status.model_copy(
         update={"active_revision": rollout.revision, "rollout": None, "candidate_revision": ""}
+        | _gated_image(rollout)
     )
     return promoted, (Event("Normal", "Promoted", message),)
 
@@ -253,6 +258,8 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
     wanted = _serving_replicas(world, active)
     is_short = workers.num_ready < wanted
     status = status.model_copy(update={"candidate_revision": "", "rollout": None})
+    status, drift = _image_drift(status, workers)
+    events = (*events, *drift)
     status = _counts(status, world, active)
     status = set_condition(status, "RolloutBlocked", False, "NotBlocked", "", world)
     status = set_condition(
@@ -290,7 +297,25 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
         events=events,
         worker_replicas=None if world.spec.autoscaling.enabled else world.spec.worker.replicas,
         autoscaled=active if world.spec.autoscaling.enabled else None,
+        worker_image_digest=status.active_image_digest if status.active_image_pinned else "",
     )
+
+
+def _image_drift(
+    status: EmbeddingModelStatus, workers: Workers
+) -> tuple[EmbeddingModelStatus, tuple[Event, ...]]:
+    """A serving pod that runs another worker image than the revision passed its gate with (its tag
+    moved, and a node pulled it anew) pins the revision's Deployment to the gated digest: its rolling
+    update replaces such pods with the image that passed the gate."""
+    gated = status.active_image_digest
+    others = workers.image_digests - {gated}
+    if not gated or not others or status.active_image_pinned:
+        return status, ()
+    message = (
+        f"revision {status.active_revision}: a serving pod runs worker image {', '.join(sorted(others))}, "
+        f"not {gated} that passed the gate (its tag moved): its Deployment now names the gated digest"
+    )
+    return status.model_copy(update={"active_image_pinned": True}), (Event("Warning", "ImageDrift", message),)
 
 
 def _counts(status: EmbeddingModelStatus, world: World, serving: str) -> EmbeddingModelStatus:
@@ -344,7 +369,7 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
     golden = world.golden_records.get(("golden", candidate, rollout.attempt)) if is_gated else None
     rollout, events = step.rollout, events + list(step.events)
     if rollout.stage == "Promoting" and _is_gateway_on(world, candidate):
-        promoted = status.model_copy(update={"active_revision": candidate})
+        promoted = status.model_copy(update={"active_revision": candidate} | _gated_image(rollout))
         message = f"revision {candidate} serves" + (f"; {active} retired" if active else "")
         plan = _serve(
             world, promoted, (*events, *_recorded(golden, candidate), Event("Normal", "Promoted", message))
@@ -391,6 +416,11 @@ def _recorded(golden: GoldenRecord | None, revision: str) -> list[Event]:
     ]
 
 
+def _gated_image(rollout: RolloutState) -> dict[str, Any]:
+    """The status fields of a promoted revision's image: the digest its gated pods ran, not pinned."""
+    return {"active_image_digest": rollout.image_digest, "active_image_pinned": False}
+
+
 def gate_kinds(spec: EmbeddingModelSpec) -> tuple[str, ...]:
     """The Jobs of the SmokeTesting stage: the smoke test, and the golden check unless it is off."""
     return ("smoke",) if spec.rollout.golden == "Off" else ("smoke", "golden")
@@ -419,8 +449,9 @@ def gate_hash(spec: EmbeddingModelSpec) -> str:
     so that `kubectl scale` of a blocked model does not start its gate again."""
     shaped = spec.model_dump(mode="json")
     shaped["worker"].pop("replicas", None)
-    if shaped["rollout"].get("golden") == "Check":  # newer than spec_hash: its default keeps the hash
-        del shaped["rollout"]["golden"]
+    for name, default in LATER_GATE_FIELDS.items():  # newer than spec_hash: their defaults keep it
+        if shaped["rollout"].get(name) == default:
+            del shaped["rollout"][name]
     canonical = json.dumps(shaped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -478,8 +509,15 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     if rollout.stage == "Blocked":
         return _Step(rollout)
     if rollout.stage == "Deploying":
+        if is_ready and len(workers.image_digests) > 1:
+            digests = ", ".join(sorted(workers.image_digests))
+            message = (
+                f"the candidate's pods run different worker images ({digests}): the image's tag moved "
+                "while they started; name the image by digest (image@sha256:...)"
+            )
+            return _block(world, rollout, "ImageMismatch", message)
         if is_ready:
-            return prewarming(rollout)
+            return prewarming(replace_state(rollout, image_digest=next(iter(workers.image_digests), "")))
         if _age_s(rollout.stage_started_at, world.now) > spec.rollout.ready_timeout_seconds:
             message = (
                 f"{workers.num_ready}/{wanted} candidate workers ready after "

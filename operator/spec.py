@@ -405,6 +405,14 @@ class RolloutSpec(SpecModel):
         "replaces the record of its weights (an intended change of the output). Off: no golden Job. "
         "Needs the operator's pods/log read (the chart grants it).",
     )
+    require_digests: bool = Field(
+        False,
+        description="Refuse image references without a digest (image@sha256:...): the worker and gateway "
+        "images (the spec's or the operator's defaults) and an image-volume model source. Without it a "
+        "tag is allowed, and the operator keeps the digest the gated pods ran: a serving pod that runs "
+        "another (the tag moved, and a new node pulled it) pins the revision's Deployment to the gated "
+        "digest, with a Warning event ImageDrift, so that every pod runs what passed the gate.",
+    )
     ready_timeout_seconds: int = Field(
         1800,
         ge=10,

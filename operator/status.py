@@ -55,6 +55,11 @@ class RolloutState(SpecModel):
     )
     reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
     message: str = Field("", description="Details of the block.")
+    image_digest: str = Field(
+        "",
+        description="The worker image's digest the candidate's pods run (sha256:...), read from their "
+        "status when they became ready; empty where the runtime reports none.",
+    )
     replicas: int | None = Field(
         None,
         description="Worker pods the candidate runs through the gate under autoscaling: the serving "
@@ -81,6 +86,15 @@ class EmbeddingModelStatus(SpecModel):
         alias="bulkGatewayURL",
         description="In-cluster URL of the bulk gateway (spec.trafficClasses.bulkGateway), for indexing "
         "jobs; absent without one.",
+    )
+    active_image_digest: str = Field(
+        "",
+        description="The worker image's digest the serving revision passed its gate with (empty if unknown).",
+    )
+    active_image_pinned: bool = Field(
+        False,
+        description="Whether the serving revision's Deployment runs the gated digest instead of the spec's "
+        "tag: set when a serving pod ran another digest (the tag moved).",
     )
     rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
 

@@ -142,8 +142,11 @@ class FakeCluster:
             and (revision is None or o["metadata"]["labels"].get(n.REVISION_LABEL) == revision)
         ]
 
-    def run_workers(self, revision: str, ready: bool = True, ip_base: int = 10) -> None:
-        """The worker Deployment of `revision` gets its pods (ready or not)."""
+    def run_workers(
+        self, revision: str, ready: bool = True, ip_base: int = 10, image_ids: tuple[str, ...] = ()
+    ) -> None:
+        """The worker Deployment of `revision` gets its pods (ready or not); pod i reports running
+        image_ids[i] (none reported when not given)."""
         (deployment,) = self.named("Deployment", "worker", revision)
         name = deployment["metadata"]["name"]
         for key in [k for k, o in self.objects.items() if k[0] == "Pod" and o.get("_owner") == name]:
@@ -161,6 +164,10 @@ class FakeCluster:
                     "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
                 },
             }
+            if i < len(image_ids):
+                self.objects[("Pod", "ml", pod_name)]["status"]["containerStatuses"] = [
+                    {"name": "worker", "imageID": image_ids[i]}
+                ]
 
     def finish_job(
         self, component: str, succeeded: bool, report: str = "", seconds: float = 42, log: str = ""
