@@ -26,7 +26,8 @@ class GatewayConfig:
     headless Service (which lists the ready pods): re-resolved every worker_resolve_interval_s, a
     new address gets a channel and its own share of the work, a vanished one gets no new work and is
     closed once its requests are answered. With a plain Service each channel would stick to whichever
-    pod its connection reached, and a new pod would get nothing."""
+    pod its connection reached, and a new pod would get nothing. Several, comma-separated, are one
+    pool (the operator's stepwise rollout: two revisions that answer alike)."""
 
     worker_resolve_interval_s: float = 2.0
     """How often worker_service is resolved again, in seconds: a pod that became ready (or went)
@@ -256,6 +257,11 @@ class GatewayConfig:
     """Python/uvicorn log level name."""
 
     @property
+    def worker_services(self) -> tuple[str, ...]:
+        """worker_service's names, each `host:port`."""
+        return tuple(part.strip() for part in self.worker_service.split(",") if part.strip())
+
+    @property
     def static_workers(self) -> tuple[str, ...]:
         """The fixed worker addresses: those given, else the default when no service is given."""
         if self.worker_addresses or self.worker_service:
@@ -263,10 +269,10 @@ class GatewayConfig:
         return ("127.0.0.1:50051",)
 
     def __post_init__(self) -> None:
-        if self.worker_service:
-            host, _, port = self.worker_service.rpartition(":")
+        for service in self.worker_services:
+            host, _, port = service.rpartition(":")
             if not host or not port.isdigit():
-                raise ValueError(f"worker_service must be host:port, not {self.worker_service!r}")
+                raise ValueError(f"worker_service must be host:port (comma-separated), not {service!r}")
         if self.worker_resolve_interval_s <= 0:
             raise ValueError(
                 f"worker_resolve_interval_s must be positive, got {self.worker_resolve_interval_s}"

@@ -202,12 +202,14 @@ class WorkerPool:
         """Replicas for the addresses worker_service resolves to now: new ones added and probed,
         vanished ones leaving (no new work), leaving ones without outstanding work closed. A failed
         resolution changes nothing (the replicas known stay, their probes say if they serve)."""
-        host, _, port = self._config.worker_service.rpartition(":")
-        try:
-            addresses = await self._resolve(host.strip("[]"), int(port))
-        except OSError as error:
-            log.warning("cannot resolve worker service %s: %s", self._config.worker_service, error)
-            return
+        addresses: list[str] = []
+        for service in self._config.worker_services:
+            host, _, port = service.rpartition(":")
+            try:
+                addresses += await self._resolve(host.strip("[]"), int(port))
+            except OSError as error:
+                log.warning("cannot resolve worker service %s: %s", service, error)
+                return
         current = {r.address: r for r in self.replicas if r.is_discovered}
         added = [self._add(a, is_discovered=True) for a in addresses if a not in current]
         for replica in added:

@@ -41,13 +41,8 @@ class FakeDns:
 
 @contextlib.asynccontextmanager
 async def discovering_gateway(dns: FakeDns, **overrides) -> AsyncIterator[httpx.AsyncClient]:
-    config = GatewayConfig(
-        model_dir=bundled_model_dir(),
-        worker_service=SERVICE,
-        worker_resolve_interval_s=INTERVAL_S,
-        health_interval_s=INTERVAL_S,
-        **overrides,
-    )
+    settings = {"worker_service": SERVICE, "worker_resolve_interval_s": INTERVAL_S} | overrides
+    config = GatewayConfig(model_dir=bundled_model_dir(), health_interval_s=INTERVAL_S, **settings)
     app = create_app(config, resolve=dns)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -168,3 +163,43 @@ async def test_resolve_dns_gives_every_address_of_a_name_as_targets():
 def test_a_service_without_a_port_is_refused(service):
     with pytest.raises(ValueError, match="host:port"):
         GatewayConfig(model_dir=bundled_model_dir(), worker_service=service)
+
+
+class TwoNames(FakeDns):
+    """Two names, each with its own addresses (two revisions' headless Services)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_host: dict[str, list[str]] = {}
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        self.lookups.append((host, port))
+        return list(self.by_host.get(host, []))
+
+
+async def test_several_names_are_one_pool():
+    """The operator's stepwise rollout points the gateway at two revisions' Services at once."""
+    fakes = [FakeEmbedder() for _ in range(2)]
+    dns = TwoNames()
+    async with contextlib.AsyncExitStack() as stack:
+        first, second = [await stack.enter_async_context(serving(f)) for f in fakes]
+        dns.by_host = {"old.kembed.svc": [first], "new.kembed.svc": [second]}
+        client = await stack.enter_async_context(
+            discovering_gateway(dns, worker_service="old.kembed.svc:50051, new.kembed.svc:50051")
+        )
+        await until_ready(client)
+        assert {h for h, _ in dns.lookups} == {"old.kembed.svc", "new.kembed.svc"}
+        for _ in range(8):
+            assert (await client.post("/embed", json={"inputs": ["a", "b"]})).status_code == 200
+        assert all(f.sequences for f in fakes)
+        dns.by_host["old.kembed.svc"] = []  # the old revision scaled to none
+        await _until(lambda: _gone(client, first))
+
+
+async def _gone(client: httpx.AsyncClient, address: str) -> bool:
+    return address not in await workers_info(client)
+
+
+def test_each_name_must_be_host_and_port():
+    with pytest.raises(ValueError, match=r"'new\.kembed\.svc'"):
+        GatewayConfig(model_dir=bundled_model_dir(), worker_service="old.kembed.svc:50051,new.kembed.svc")
