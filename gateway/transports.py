@@ -91,8 +91,11 @@ class UnaryTransport:
         request_id = part.request_id
         if kind == "embed":
             embedded = pb.EmbedRequest(
-                batch=batch, request_id=request_id, priority=part.priority, outputs=part.outputs
-            )  # type: ignore[arg-type]
+                batch=batch,
+                request_id=request_id,
+                priority=part.priority,  # type: ignore[arg-type]
+                outputs=part.outputs,
+            )
             response = await self._stub.Embed(embedded, timeout=timeout_s, metadata=self._metadata)
             # a worker without span pooling answers one row per sequence: refused here
             return decode_embeddings(response, part.num_rows)

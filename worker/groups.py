@@ -289,7 +289,8 @@ def _outputs(seg: Segment) -> np.ndarray:
     group = seg.group
     if group.outputs is None:  # dense alone: a dense group beside a multi-output one
         return np.zeros(len(seg.seqs), np.uint8)
-    return group.outputs[seg.seqs]
+    picked: np.ndarray = group.outputs[seg.seqs]
+    return picked
 
 
 def _span(group: RequestGroup, seq: int) -> np.ndarray | None:

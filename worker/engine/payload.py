@@ -73,13 +73,13 @@ class PayloadIndex:
         asks = (outputs & SPARSE) > 0
         dst_words = _ranges(cursor[asks] * width, lengths[asks])
         src_words = _ranges(sparse_src + token_at[asks], lengths[asks])
-        dst, src = np.concatenate(dst_rows), np.concatenate(src_rows)
+        dst_all, src_all = np.concatenate(dst_rows), np.concatenate(src_rows)
         return cls(
             num_rows=int(rows.sum()),
             width=width,
-            num_row_copies=len(dst),
+            num_row_copies=len(dst_all),
             num_word_copies=len(dst_words),
-            index=np.concatenate([dst, src, dst_words, src_words]),
+            index=np.concatenate([dst_all, src_all, dst_words, src_words]),
         )
 
 
