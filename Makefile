@@ -31,6 +31,8 @@ STAMP     := $(VENV)/.kembed-installed
 S3_TOOLS       := $(VENV)/s3-tools
 S3_TOOLS_STAMP := $(S3_TOOLS)/.kembed-installed
 S3_TOOLS_SPEC  := 'moto[s3]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'boto3==1.44.8'
+# docs/clients.md's Node client (tests/clients/node), for make test
+NODE_CLIENTS   := tests/clients/node/node_modules/.kembed-installed
 
 .PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
 
@@ -48,7 +50,7 @@ $(RUN_STAMP): pyproject.toml
 $(STAMP): $(RUN_STAMP)
 	@echo "== installing the development tools into $(VENV): kembed[dev] (ruff, mypy, import-linter,"
 	@echo "   pytest, the OpenAI and Cohere clients, sentence-transformers to compare against, the"
-	@echo "   operator's kopf and kmock; ~20 s and 0.6 GB more)"
+	@echo "   operator's kopf and kmock, the clients docs/clients.md is tested with; ~40 s and 1 GB more)"
 	$(PIP) -e '.[gateway,worker,dev]'
 	@touch $@
 
@@ -95,7 +97,7 @@ run: $(RUN_STAMP)
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
-test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP)
+test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP) $(NODE_CLIENTS)
 	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
 	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
@@ -105,6 +107,13 @@ $(S3_TOOLS_STAMP): $(STAMP)
 	rm -rf $(S3_TOOLS)
 	$(PIP) --quiet --target $(S3_TOOLS) $(S3_TOOLS_SPEC)
 	@touch $@
+
+# The Node openai client that docs/clients.md's Node snippet is run with (tests/clients/node, pinned by
+# its lock file; ~3 s). Installed where npm is; without it, that one test says so and is skipped.
+$(NODE_CLIENTS): tests/clients/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix tests/clients/node --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "no npm on this machine: the Node client's test in tests/e2e/test_clients.py is skipped"; fi
 
 # prometheus and promtool (Debian's `prometheus` package) for the metrics tests: a real Prometheus
 # scrapes real processes, promtool checks the alerts and the exposition. Installed only when promtool
