@@ -272,7 +272,13 @@ class Routes:
             or self.service.tokenization.spec.vocab_size,
         )
         document = orjson.dumps(
-            openapi.build(self.version, has_api_key=bool(self.config.api_key), task=task, served=served)
+            openapi.build(
+                self.version,
+                has_api_key=bool(self.config.api_key),
+                task=task,
+                served=served,
+                outputs=None if info is None or info.task != "embed" else tuple(names_of(info.outputs or 1)),
+            )
         )
         if task is not None:
             self._openapi = document
@@ -321,7 +327,7 @@ def create_app(
     pool = WorkerPool(config, metrics, resolve)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics), heap)
     tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
-    cohere = CohereRoutes(routes.service, routes._body)  # /v2/: Cohere's v2 API (cohere.py)
+    cohere = CohereRoutes(routes.service, routes._body)  # Cohere's v2 API and v1's embed (cohere.py)
     perplexity = PerplexityRoutes(routes.service, routes._body)  # late chunking (perplexity.py)
 
     @contextlib.asynccontextmanager
@@ -363,6 +369,7 @@ def create_app(
         Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
         Route("/rerank", tei.rerank, methods=["POST"]),
         Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
+        Route("/v1/embed", cohere.embed_v1, methods=["POST"]),  # Cohere's v1 (cohere.Client)
         Route("/v2/embed", cohere.embed, methods=["POST"]),
         Route("/v2/rerank", cohere.rerank, methods=["POST"]),
         Route("/info", routes.info, methods=["GET"]),

@@ -44,6 +44,13 @@ class TeiOutputsRequest(BaseModel):
     prompt_name: str | None = None
 
 
+class TeiSparseValue(BaseModel):
+    """One entry of a sparse vector, TEI's shape."""
+
+    index: int
+    value: float
+
+
 class OutputsField(BaseModel):
     """The `outputs` extension of `/v1/embeddings`: which outputs each item carries."""
 

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
-from kembed.gateway.cohere import V2EmbedRequest, V2RerankRequest
+from kembed.gateway.cohere import V1EmbedRequest, V2EmbedRequest, V2RerankRequest
+from kembed.gateway.multi_output import TeiOutputsRequest, TeiSparseValue
 from kembed.gateway.openapi_limits import Served, constrain
 from kembed.gateway.perplexity import ContextualizedEmbeddingRequest
 from kembed.gateway.schemas import (
@@ -123,6 +124,14 @@ class V2EmbedResponse(BaseModel):
     response_type: Literal["embeddings_by_type"]
 
 
+class V1EmbedResponse(BaseModel):
+    id: str
+    embeddings: list[list[float]] | dict[str, list[list[float]] | list[list[int]] | list[str]]
+    texts: list[str]
+    meta: CohereMeta
+    response_type: Literal["embeddings_floats", "embeddings_by_type"]  # floats unless types were asked
+
+
 class V2RerankResult(BaseModel):
     index: int
     relevance_score: float
@@ -187,7 +196,10 @@ class Operation:
         if self.path in (
             "/v1/embeddings",
             "/v1/contextualizedembeddings",
+            "/v1/embed",
             "/embed",
+            "/embed_sparse",
+            "/embed_all",
             "/v2/embed",
             "/similarity",
         ):
@@ -215,10 +227,14 @@ ROUTES: tuple[Operation, ...] = (
               "(Perplexity)", ContextualizedEmbeddingRequest, ContextualizedEmbeddingList, OpenAIError),
     Operation("post", "/v1/rerank", "Rerank (Cohere v1 / Jina)", V1RerankRequest, V1RerankResponse,
               OpenAIError),
+    Operation("post", "/v1/embed", "Embeddings (Cohere v1)", V1EmbedRequest, V1EmbedResponse, OpenAIError),
     Operation("post", "/v2/embed", "Embeddings by type (Cohere v2)", V2EmbedRequest, V2EmbedResponse,
               CohereError),
     Operation("post", "/v2/rerank", "Rerank (Cohere v2)", V2RerankRequest, V2RerankResponse, CohereError),
     Operation("post", "/embed", "Embeddings (TEI)", EmbedRequest, _array(_FLOATS)),
+    Operation("post", "/embed_sparse", "Sparse (lexical) vectors: each token id's weight (TEI)",
+              TeiOutputsRequest, _array(_array(_ref("TeiSparseValue")))),
+    Operation("post", "/embed_all", "Every token's vector (TEI)", TeiOutputsRequest, _array(_array(_FLOATS))),
     Operation("post", "/rerank", "Rerank (TEI)", RerankRequest, _array(_ref("TeiRank"))),
     Operation("post", "/tokenize", "Tokens with UTF-8 byte offsets (TEI)", TokenizeRequest,
               _array(_array(_ref("Token")))),
@@ -261,8 +277,17 @@ _ERRORS = {
 }
 
 
+# the routes that need an output beyond dense (GET /info's `outputs`)
+_OUTPUT_ROUTES = {"/embed_sparse": "sparse", "/embed_all": "tokens"}
+
+
 def build(
-    version: str, *, has_api_key: bool, task: str | None = None, served: Served | None = None
+    version: str,
+    *,
+    has_api_key: bool,
+    task: str | None = None,
+    served: Served | None = None,
+    outputs: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The OpenAPI document of this gateway. With the workers' `task` known, only the routes the
     served model answers (an embedding model's rerank routes answer 501, and are left out); with
@@ -271,7 +296,8 @@ def build(
         EmbeddingRequest, EmbedRequest, TokenizeRequest, RerankRequest, V1RerankRequest, V2EmbedRequest,
         V2RerankRequest, SimilarityRequest, DecodeRequest, EmbeddingList, ModelList, Token, TeiRank,
         V1RerankResponse, V2EmbedResponse, V2RerankResponse, Info, Status, OpenAIError, TeiError, CohereError,
-        ContextualizedEmbeddingRequest, ContextualizedEmbeddingList,
+        ContextualizedEmbeddingRequest, ContextualizedEmbeddingList, V1EmbedRequest, V1EmbedResponse,
+        TeiOutputsRequest, TeiSparseValue,
     ]  # fmt: skip
     _, defs = models_json_schema(
         [(model, "validation") for model in models], ref_template="#/components/schemas/{model}"
@@ -283,6 +309,8 @@ def build(
     for op in ROUTES:
         if task is not None and op.task not in (None, task):
             continue
+        if outputs is not None and _OUTPUT_ROUTES.get(op.path, "dense") not in outputs:
+            continue  # the served model lacks the output this route answers
         response_schema = _ref(op.response.__name__) if isinstance(op.response, type) else op.response
         operation: dict[str, Any] = {
             "summary": op.summary,

@@ -89,6 +89,9 @@ def test_embed_sparse_answers_tei_shape(m3_stack, m3_dir):
 def test_info_says_which_outputs_the_model_has(m3_stack, stack):
     assert httpx.get(f"{m3_stack.url}/info").json()["outputs"] == ["dense", "sparse", "colbert", "tokens"]
     assert httpx.get(f"{stack.url}/info").json()["outputs"] == ["dense", "tokens"]
+    assert "/embed_sparse" in httpx.get(f"{m3_stack.url}/openapi.json").json()["paths"]
+    paths = httpx.get(f"{stack.url}/openapi.json").json()["paths"]
+    assert "/embed_sparse" not in paths and "/embed_all" in paths
 
 
 @pytest.mark.parametrize(

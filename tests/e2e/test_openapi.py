@@ -89,7 +89,8 @@ def test_every_operation_answers_as_documented(stack, mode):
     answered = run_operations(stack.url, mode, {None, "embed"})
     embedding_routes = {f"{o.method.upper()} {o.path}" for o in openapi.ROUTES if o.task != "score"}
     if mode is GenerationMode.POSITIVE:
-        assert set(answered) >= embedding_routes - {"GET /openapi.json"}
+        # the bundled model has no sparse head: /embed_sparse is not in its document
+        assert set(answered) >= embedding_routes - {"GET /openapi.json", "POST /embed_sparse"}
         # each operation served valid requests (every one refused was refused for its tokens);
         # generated chunks are often of characters the tokenizer drops (controls, private use)
         assert {label: counts for label, counts in answered.items() if counts[1] == 0} == {}
