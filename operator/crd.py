@@ -54,20 +54,32 @@ POD_SETTINGS_RULES = [
         "message": "podAnnotations: each key is an annotation key ([prefix/]name) and not kembed.dev/*",
     },
 ]
+# model_spec.PICKLED_SUFFIXES, as the fetch refuses them.
+NO_PICKLES = {
+    "rule": "self.files.all(f, !f.matches('(?i)[.](bin|pt|pth|pkl|pickle|ckpt|joblib)$'))",
+    "message": "files: pickled weights (.bin, .pt, .pth, .pkl, .ckpt) are refused: they run code when loaded",
+}
 # Cross-field rules, by model class name. CEL sees camelCase names and the defaults already applied.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "ModelSource": [
         {
-            "rule": "[has(self.pvc), has(self.hostPath), has(self.image)].exists_one(x, x)",
-            "message": "set exactly one model source: pvc, hostPath or image",
+            "rule": "[has(self.pvc), has(self.hostPath), has(self.image), has(self.huggingFace), "
+            "has(self.s3)].exists_one(x, x)",
+            "message": f"set exactly one model source: {model_spec.SOURCE_NAMES}",
         }
     ],
+    "HuggingFaceSource": [NO_PICKLES],
+    "S3Source": [NO_PICKLES],
     "ModelSpec": [
+        {
+            "rule": "!has(self.cache) || has(self.source.huggingFace) || has(self.source.s3)",
+            "message": "cache holds what a huggingFace or s3 source fetches; a mounted source needs none",
+        },
         {
             "rule": "self.linearDtype != 'fp8' || self.dtype in ['auto', 'bfloat16']",
             "message": "linearDtype fp8 computes in bfloat16 around its GEMMs: dtype must be auto or "
             "bfloat16",
-        }
+        },
     ],
     "WorkerSpec": [
         {
@@ -203,7 +215,7 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
 }
 # A JSON-schema twin of the one-source rule, so clients that ignore CEL (and the tests) see it too.
 ONE_OF: dict[str, list[dict[str, Any]]] = {
-    "ModelSource": [{"required": ["pvc"]}, {"required": ["hostPath"]}, {"required": ["image"]}],
+    "ModelSource": [{"required": [name]} for name in ("pvc", "hostPath", "image", "huggingFace", "s3")],
 }
 NAME_RULE = {
     "rule": "size(self.metadata.name) <= 40",

@@ -63,6 +63,8 @@ def model_volume(source: ModelSource) -> dict[str, Any]:
         }
     if source.host_path is not None:
         return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    if source.fetched is not None:  # made the fetched model by model_fetch.with_fetch
+        return {"name": "model", "emptyDir": {}}
     assert source.image is not None, "the CRD admits exactly one source"
     return {
         "name": "model",

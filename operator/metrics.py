@@ -64,6 +64,14 @@ class OperatorMetrics:
             buckets=JOB_BUCKETS,
             registry=r,
         )
+        self.model_fetch_failures = Counter(
+            "kembed_operator_model_fetch_failures",
+            "Fetches of a huggingFace or s3 source that failed (a resolve Job, a cache Job, a pod's fetch "
+            "init container), by source and reason (forbidden, not_found, checksum, disk_full, refused, "
+            "unverified, changed, network, other); each failed Job or container run once.",
+            ["source", "reason"],
+            registry=r,
+        )
         for result in RECONCILE_RESULTS:  # every series present from the start, at 0
             self.reconciles.labels(result)
         for result in ("promoted", "blocked"):
@@ -72,6 +80,7 @@ class OperatorMetrics:
             for result in JOB_RESULTS:
                 self.job_duration.labels(kind, result)
         self._seen_jobs: set[str] = set()
+        self._seen_fetch_failures: set[str] = set()
         self._lock = threading.Lock()  # kopf runs sync handlers on a thread pool
         self.phases = ModelPhases()
         r.register(self.phases)
@@ -84,10 +93,19 @@ class OperatorMetrics:
             self._seen_jobs.add(uid)
         self.job_duration.labels(kind, result).observe(seconds)
 
+    def _model_fetch_failed(self, uid: str, source: str, reason: str) -> None:
+        with self._lock:  # every reconcile sees a failed Job or container again: count each once
+            if uid in self._seen_fetch_failures:
+                return
+            self._seen_fetch_failures.add(uid)
+        self.model_fetch_failures.labels(source, reason).inc()
+
     def hooks(self) -> ReconcileHooks:
         """`reconcile`'s callbacks, bound to these metrics."""
         return ReconcileHooks(
-            rollout_ended=lambda result: self.rollouts.labels(result).inc(), job_ended=self._job_ended
+            rollout_ended=lambda result: self.rollouts.labels(result).inc(),
+            job_ended=self._job_ended,
+            model_fetch_failed=self._model_fetch_failed,
         )
 
 

@@ -34,6 +34,7 @@ from kembed.operator import golden as g
 from kembed.operator import images as im
 from kembed.operator import jobs as j
 from kembed.operator import manifests as m
+from kembed.operator import model_resolve as mr
 from kembed.operator import naming as n
 from kembed.operator import policies
 from kembed.operator.golden import GoldenRecord
@@ -95,6 +96,8 @@ class ReconcileHooks:
     rollout_ended: Callable[[str], None] = _ignore  # "promoted" | "blocked", once per transition
     job_ended: Callable[[str, str, str, float], None] = _ignore  # (uid, kind, result, seconds), each
     # reconcile while the finished Job exists: the receiver counts a uid once
+    model_fetch_failed: Callable[[str, str, str], None] = _ignore  # (uid, source, reason), each
+    # reconcile while the failure is seen: the receiver counts a uid once
 
 
 class InvalidSpec(Exception):
@@ -431,7 +434,13 @@ def reconcile(
                 f"rollout.requireDigests: {', '.join(missing)} has no digest; "
                 "name it as image@sha256:<digest>"
             )
-    revision = revision_of(spec, worker_image)
+    # A huggingFace or s3 source: what it resolves to is part of the revision (model_resolve.py).
+    fetched = mr.resolve(cluster, owner, spec, body.get("status"), now, worker_image)
+    generation = body["metadata"].get("generation", 0)
+    if fetched.is_pending:  # a changed source resolving, or failing to: the objects stay as they are
+        report_fetch_failures(fetched.failures, spec, hooks)
+        return mr.pending_status(body.get("status"), fetched, generation, now)
+    revision = revision_of(spec, worker_image, fetched.resolved)
     job_states, job_bodies = read_jobs(cluster, owner)
     golden_records = judge_golden(cluster, owner, spec, job_states, job_bodies)
     world = World(
@@ -447,12 +456,29 @@ def reconcile(
         golden_records=golden_records,
     )
     plan = decide(world, parse_status(body.get("status")))
-    carry_out(cluster, owner, spec, plan, worker_image, gateway_image, job_bodies, operator_namespace)
+    fetch, failures = mr.prepare(cluster, owner, spec, fetched, revision, plan.revisions, worker_image)
+    report_fetch_failures(failures, spec, hooks)
+    carry_out(
+        cluster, owner, spec, plan, worker_image, gateway_image, job_bodies, operator_namespace, fetch=fetch
+    )
     report_jobs(job_states, job_bodies, hooks)
     for event in plan.events:
         if event.reason in ROLLOUT_RESULTS:
             hooks.rollout_ended(ROLLOUT_RESULTS[event.reason])
-    return status_body(owner, spec, plan)
+    status = status_body(owner, spec, plan)
+    failed = mr.FetchState(fetched.status, fetched.resolved, failures=failures)
+    return mr.with_model_status(
+        status, failed, revision, plan.revisions, plan.status.active_revision, generation, now
+    )
+
+
+def report_fetch_failures(
+    failures: Iterable[mr.FetchFailure], spec: EmbeddingModelSpec, hooks: ReconcileHooks
+) -> None:
+    for failure in failures:  # the receiver counts a uid once
+        hooks.model_fetch_failed(
+            failure.uid, "huggingFace" if spec.model.source.hugging_face else "s3", failure.reason
+        )
 
 
 def carry_out(
@@ -464,7 +490,11 @@ def carry_out(
     gateway_image: str,
     job_bodies: Iterable[dict[str, Any]],
     operator_namespace: str = "",
+    *,
+    fetch: mr.ModelFetch = mr.NO_FETCH,
 ) -> None:
+    """`fetch`: a fetched source's pods get its fetch or cache volume, and are made only once a cache
+    Job has filled the cache (model_resolve.py)."""
     for component in m.gateway_components(spec):
         apply(cluster, m.gateway_service(owner, spec, component))
     if plan.deploy is not None:
@@ -473,19 +503,22 @@ def carry_out(
         image = (
             im.by_digest(worker_image, plan.worker_image_digest) if plan.worker_image_digest else worker_image
         )
-        workers = m.worker_deployment(owner, spec, plan.deploy, image)
-        apply(cluster, a.with_replicas(workers, plan.worker_replicas))
+        workers = fetch.fill(m.worker_deployment(owner, spec, plan.deploy, image), plan.deploy)
+        if fetch.is_ready(plan.deploy):
+            apply(cluster, a.with_replicas(workers, plan.worker_replicas))
     if plan.autoscaled is not None:
         apply(cluster, a.scaled_object(owner, spec, plan.autoscaled))
     for request in plan.jobs:
-        apply(cluster, j.job(owner, spec, request, worker_image, gateway_image))
+        apply(cluster, fetch.fill(j.job(owner, spec, request, worker_image, gateway_image), request.revision))
     keep_golden(cluster, owner, plan)  # before the status that moves on to Promoting is written
     is_gateway_autoscaled = spec.gateway.autoscaling.enabled
-    if plan.gateway is not None:  # only ever the revision the current spec describes
+    if plan.gateway is not None and fetch.is_ready(plan.gateway):  # the revision the spec describes
         gateway = m.gateway_deployment(owner, spec, plan.gateway, gateway_image)
+        gateway = fetch.fill(gateway, plan.gateway, skip_weights=True)  # a gateway reads no weights
         apply(cluster, a.with_replicas(gateway, None) if is_gateway_autoscaled else gateway)
         if spec.traffic_classes.bulk_gateway is not None:  # never autoscaled: bulkGateway.replicas
-            apply(cluster, m.gateway_deployment(owner, spec, plan.gateway, gateway_image, n.BULK_GATEWAY))
+            bulk = m.gateway_deployment(owner, spec, plan.gateway, gateway_image, n.BULK_GATEWAY)
+            apply(cluster, fetch.fill(bulk, plan.gateway, skip_weights=True))
     if is_gateway_autoscaled:
         apply(cluster, a.gateway_autoscaler(owner, spec))
     else:

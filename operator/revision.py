@@ -54,13 +54,19 @@ NOT_IN_REVISION = {
 
 
 # Model fields newer than the first revisions, likewise.
-LATER_MODEL_FIELDS = ("linear_dtype",)
+LATER_MODEL_FIELDS = ("linear_dtype", "cache")
+# Sources newer than the first revisions: in the hash only when set. How often one is resolved again
+# is not in it (what was resolved is).
+LATER_SOURCES = ("hugging_face", "s3")
+NOT_IN_SOURCE = {"refresh_seconds"}
 # Class fields added after revisions were first hashed (see LATER_WORKER_FIELDS).
 LATER_CLASS_FIELDS = ("interactive_lane", "lane_inflight_batches")
 
 
-def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
-    """The revision `spec` deploys, with `worker_image` the resolved image (spec or operator default)."""
+def revision_of(spec: EmbeddingModelSpec, worker_image: str, resolved_model: str = "") -> str:
+    """The revision `spec` deploys, with `worker_image` the resolved image (spec or operator default)
+    and, for a fetched source (Hub, S3), `resolved_model` what its name was resolved to (the commit
+    sha, the objects' digest: model_fetch.py), so that new weights behind a branch are a new revision."""
     at_default = {
         name
         for name in LATER_WORKER_FIELDS
@@ -71,9 +77,17 @@ def revision_of(spec: EmbeddingModelSpec, worker_image: str) -> str:
         for name in LATER_MODEL_FIELDS
         if getattr(spec.model, name) == ModelSpec.model_fields[name].get_default(call_default_factory=True)
     }
+    model = spec.model.model_dump(mode="json", exclude=model_at_default)
+    for name in LATER_SOURCES:
+        if model["source"][name] is None:
+            del model["source"][name]
+        else:
+            model["source"][name] = {k: v for k, v in model["source"][name].items() if k not in NOT_IN_SOURCE}
+    if resolved_model:
+        model["resolved"] = resolved_model
     shaping = {
         "image": worker_image,
-        "model": spec.model.model_dump(mode="json", exclude=model_at_default),
+        "model": model,
         "worker": spec.worker.model_dump(mode="json", exclude=NOT_IN_REVISION | at_default),
     }
     # The workers' class rule, left out at its defaults: revisions from before it existed keep their

@@ -9,10 +9,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kembed.operator.model_spec import ModelStatus
 from kembed.operator.spec_base import SpecModel
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Prewarmed", "SmokeTestPassed", "RolloutBlocked", "Degraded", "Autoscaling"
+    "Ready",
+    "Progressing",
+    "Prewarmed",
+    "SmokeTestPassed",
+    "RolloutBlocked",
+    "Degraded",
+    "Autoscaling",
+    "ModelFetchFailed",
 ]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
 Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
@@ -24,7 +32,9 @@ class Condition(SpecModel):
     type: ConditionType = Field(
         description="Ready, Progressing, Prewarmed, SmokeTestPassed, RolloutBlocked, Degraded or "
         "Autoscaling (with spec.autoscaling: False, reason KedaMissing, when the cluster serves no "
-        "ScaledObject)."
+        "ScaledObject) or ModelFetchFailed (a huggingFace or s3 source: True naming the source, the file "
+        "and the error, with reason Forbidden, NotFound, ChecksumMismatch, DiskFull, Refused, "
+        "Unverified, SourceChanged or Unreachable)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, machine-readable.")
@@ -106,6 +116,9 @@ def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
     except ValueError:
         return EmbeddingModelStatus()
 
+    model: ModelStatus | None = Field(
+        None, description="What a huggingFace or s3 source resolved to, and what is served."
+    )
 
 def dump(model: BaseModel) -> dict[str, Any]:
     """camelCase JSON-ready dict, unset optionals left out."""

@@ -157,6 +157,8 @@ def test_cel_rules_name_fields_that_exist():
         "EnvVarSource": spec["worker"]["properties"]["env"]["items"]["properties"]["valueFrom"],
         "EnvFromSource": spec["worker"]["properties"]["envFrom"]["items"],
         "PodSecuritySpec": spec["worker"]["properties"]["securityContext"],
+        "HuggingFaceSource": spec["model"]["properties"]["source"]["properties"]["huggingFace"],
+        "S3Source": spec["model"]["properties"]["source"]["properties"]["s3"],
     }
     for pod_rule in POD_SETTINGS_RULES:  # the pod settings' rules are on both components
         assert pod_rule in spec["worker"]["x-kubernetes-validations"]
@@ -173,7 +175,9 @@ def test_cel_rules_name_fields_that_exist():
         assert by_class[name]["x-kubernetes-validations"] == rules
         for rule in rules:
             # a field chain, less a method called on it (self.maxUnavailable.matches(...))
-            for chain in re.findall(r"self((?:\.[A-Za-z]+)+?)(?=\.[A-Za-z]+\(|[^.A-Za-z(]|$)", rule["rule"]):
+            for chain in re.findall(
+                r"self((?:\.[A-Za-z][A-Za-z0-9]*)+?)(?=\.[A-Za-z]+\(|[^.A-Za-z0-9(]|$)", rule["rule"]
+            ):
                 node = by_class[name]
                 for part in chain.strip(".").split("."):
                     assert part in node["properties"], f"{name}: {rule['rule']} names {part}"
