@@ -1,4 +1,5 @@
-"""Cohere's v2 API: `POST /v2/embed` and `POST /v2/rerank`, as `cohere.ClientV2` and litellm call them.
+"""Cohere's v2 API: `POST /v2/embed` and `POST /v2/rerank`, as `cohere.ClientV2` and litellm call them;
+and v1's `POST /v1/embed`, as `cohere.Client` calls it (v1's `/v1/rerank` is in app.py).
 
 Request models and handlers over the shared `EmbeddingService`; errors are raised as everywhere else
 and rendered by the app's one handler in Cohere's shape (`{"message"}`, errors.py). Cohere publishes
@@ -21,11 +22,12 @@ from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.model_files import Direction
 from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
-from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
+from kembed.gateway.service import PRIORITY_HEADER, Embedded, EmbeddingService
 from kembed.gateway.vectors import pack_bits, quantize_int8, rank, to_base64
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 _META = {"api_version": {"version": "2"}}
+_META_V1 = {"api_version": {"version": "1"}}
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 InputType = Literal["search_query", "search_document", "classification", "clustering", "image"]
@@ -65,6 +67,20 @@ class V2EmbedRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     truncate: Literal["NONE", "START", "END"] = "END"  # Cohere's default
     priority: int | None = Field(default=None, ge=0)
+
+
+class V1EmbedRequest(BaseModel):
+    """`POST /v1/embed`, Cohere's v1 shape (`cohere.Client().embed`): `texts`, the same options as
+    v2 but `inputs`, `output_dimension` and `max_tokens`. Without `embedding_types` the answer is
+    v1's `embeddings_floats` (the float vectors as a list), with them v2's `embeddings_by_type`."""
+
+    model_config = _STRICT
+    model: str | None = None
+    texts: list[str] | None = None
+    images: list[Any] | None = None
+    input_type: InputType | None = None
+    embedding_types: list[EmbeddingType] | None = None
+    truncate: Literal["NONE", "START", "END"] = "END"  # Cohere's default
 
 
 class V2RerankRequest(BaseModel):
@@ -162,6 +178,16 @@ async def _cut(
     return cut
 
 
+def _by_type(texts: list[str], embedded: Embedded, types: list[EmbeddingType]) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4().hex,
+        "embeddings": encode_types(embedded.vectors, types),
+        "texts": texts,
+        "meta": _META | {"billed_units": {"input_tokens": embedded.num_tokens}},
+        "response_type": "embeddings_by_type",
+    }
+
+
 class CohereRoutes:
     """The handlers of the two Cohere routes, bound to the shared service and to the app's body reader
     (its JSON media-type check and size cap)."""
@@ -172,11 +198,34 @@ class CohereRoutes:
 
     async def embed(self, request: Request) -> Response:
         body = parse(V2EmbedRequest, await self._read_body(request))
+        texts, embedded = await self._embed(body, request)
+        default: list[EmbeddingType] = ["float"]
+        return json_response(_by_type(texts, embedded, list(dict.fromkeys(body.embedding_types or default))))
+
+    async def embed_v1(self, request: Request) -> Response:
+        """Cohere's v1 embed: v2's, answered in v1's float shape unless types are asked for."""
+        v1 = parse(V1EmbedRequest, await self._read_body(request))
+        body = V2EmbedRequest.model_construct(**v1.model_dump())  # the same fields, checked already
+        if body.texts is None:
+            raise InvalidInput("send `texts`, a list of strings", param="texts")
+        texts, embedded = await self._embed(body, request)
+        if body.embedding_types:
+            return json_response(_by_type(texts, embedded, list(dict.fromkeys(body.embedding_types))))
+        return json_response(
+            {
+                "id": uuid.uuid4().hex,
+                "embeddings": embedded.vectors,
+                "texts": texts,
+                "meta": _META_V1 | {"billed_units": {"input_tokens": embedded.num_tokens}},
+                "response_type": "embeddings_floats",
+            }
+        )
+
+    async def _embed(self, body: V2EmbedRequest, request: Request) -> tuple[list[str], Embedded]:
+        """The texts of an embed request and their vectors, as both versions take them."""
         self.service.check_model(body.model)
         texts = _texts(body)
         param = "texts" if body.texts is not None else "inputs"
-        default: list[EmbeddingType] = ["float"]
-        types = list(dict.fromkeys(body.embedding_types or default))
         dimensions = body.output_dimension
         if dimensions is not None:
             served = self.service.worker_info().dimensions
@@ -207,15 +256,7 @@ class CohereRoutes:
         except PayloadTooLarge as error:  # say it in this API's words
             message = error.message.replace("send truncate=true", 'send truncate "END" or "START"')
             raise PayloadTooLarge(message, param=error.param) from None
-        return json_response(
-            {
-                "id": uuid.uuid4().hex,
-                "embeddings": encode_types(embedded.vectors, types),
-                "texts": texts,
-                "meta": _META | {"billed_units": {"input_tokens": embedded.num_tokens}},
-                "response_type": "embeddings_by_type",
-            }
-        )
+        return texts, embedded
 
     async def rerank(self, request: Request) -> Response:
         body = parse(V2RerankRequest, await self._read_body(request))

@@ -65,6 +65,10 @@ def _nullable(schema: Schema) -> Schema:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+def _allows_null(schema: Schema) -> bool:
+    return {"type": "null"} in schema.get("anyOf", [])
+
+
 def _bounded(schema: Schema, **bounds: int | None) -> Schema:
     return schema | {name: value for name, value in bounds.items() if value is not None}
 
@@ -161,6 +165,7 @@ _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
         "input": _inputs, "model": _model, "dimensions": _dimensions, "prompt_name": _prompt_name,
     },
     "EmbedRequest": {"inputs": _inputs, "dimensions": _dimensions, "prompt_name": _prompt_name},
+    "TeiOutputsRequest": {"inputs": _inputs, "prompt_name": _prompt_name},  # /embed_sparse, /embed_all
     "TokenizeRequest": {"inputs": _tokenize_inputs, "prompt_name": _prompt_name},
     "SimilarityRequest": {"prompt_name": _prompt_name},
     "SentencePair": {"sentences": _pair_sentences},
@@ -173,12 +178,17 @@ _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
         "input_type": _cohere_input_type, "output_dimension": _dimensions,
     },
     "V2EmbedInput": {"content": _text_content},
+    "V1EmbedRequest": {
+        "model": _model, "texts": _texts, "images": _no_images, "input_type": _cohere_input_type,
+    },
     "V2RerankRequest": {"model": _model, "documents": _texts, "relevant_spans": _no_span_mode},
     "ContextualizedEmbeddingRequest": {"model": _model, "dimensions": _dimensions, "input": _documents},
 }  # fmt: skip
 
-# Rules across a model's fields: Cohere's `texts` or `inputs`, exactly one of them sent (not null).
+# Rules across a model's fields: Cohere's `texts` or `inputs`, exactly one of them sent (not null);
+# v1's `texts` (the v1 SDK's images are refused).
 _WHOLE: dict[str, Schema] = {
+    "V1EmbedRequest": {"required": ["texts"]},
     "V2EmbedRequest": {
         "oneOf": [
             {"required": [sent], "properties": {sent: {"type": "array"}, other: {"type": "null"}}}
@@ -190,17 +200,19 @@ _WHOLE: dict[str, Schema] = {
 
 def constrain(schemas: dict[str, Schema], served: Served) -> None:
     """`schemas` (the document's components, by model name) with every field in `_FIELDS` replaced
-    by the rule the server checks it by; each field's title, description and default kept."""
+    by the rule the server checks it by; each field's title and description kept, and its default
+    unless that is a null the rule does not take (a field that must be sent, or left out)."""
     for model, fields in _FIELDS.items():
         schema = schemas.get(model)
         if schema is None:
             continue
         properties = schema["properties"]
         for name, rule in fields.items():
-            kept = {
-                key: properties[name][key]
-                for key in ("title", "description", "default")
-                if key in properties[name]
-            }
-            properties[name] = kept | rule(served)
+            checked = rule(served)
+            kept = {key: properties[name][key] for key in ("title", "description") if key in properties[name]}
+            if "default" in properties[name] and (
+                properties[name]["default"] is not None or _allows_null(checked)
+            ):
+                kept["default"] = properties[name]["default"]  # a null default only where null is taken
+            properties[name] = kept | checked
         schema.update(_WHOLE.get(model, {}))

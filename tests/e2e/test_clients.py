@@ -37,6 +37,7 @@ EMBEDDING_SNIPPETS = {
     "litellm-openai": 128,
     "litellm-cohere": 384,
     "cohere-v2": 384,
+    "cohere-v1": 384,
     "huggingface-hub": 384,
 }
 
@@ -149,7 +150,6 @@ def test_tiktoken_ids_as_langchain_sends_them_are_refused_naming_the_setting(sta
 def test_the_settings_the_page_warns_about_fail_as_it_says(stack, monkeypatch):
     """What the page says happens without each setting."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price list fetched at import
-    import cohere
     import litellm
     from llama_index.embeddings.openai import OpenAIEmbedding
 
@@ -165,5 +165,3 @@ def test_the_settings_the_page_warns_about_fail_as_it_says(stack, monkeypatch):
         )
     with pytest.raises(litellm.BadRequestError, match="inputs: Field required"):
         litellm.embedding(model=f"cohere/{MODEL_NAME}", api_base=stack.url, api_key="unused", input=["a"])
-    with cohere.Client(api_key="unused", base_url=stack.url) as v1, pytest.raises(cohere.NotFoundError):
-        v1.embed(model=MODEL_NAME, texts=["a"], input_type="search_document")

@@ -1,4 +1,4 @@
-"""Cohere's v2 API (`/v2/embed`, `/v2/rerank`) driven by the real `cohere.AsyncClientV2` over fake
+"""Cohere's v2 API (`/v2/embed`, `/v2/rerank`) and v1's embed driven by the real `cohere` clients over fake
 workers: every embedding type decodes and agrees with the float vectors, prompts follow `input_type`,
 truncation and token limits, ranking, and refusals in Cohere's error shape."""
 
@@ -267,3 +267,28 @@ async def test_wrong_method_and_bad_json_answer_in_cohere_shape(gateway_with):
         bad_json = await client.post("/v2/rerank", content=b"{", headers={"Content-Type": "application/json"})
     assert wrong_method.status_code == 405 and set(wrong_method.json()) == {"message"}
     assert bad_json.status_code == 400 and "malformed JSON" in bad_json.json()["message"]
+
+
+async def test_the_v1_client_gets_floats_or_the_types_it_asks_for(gateway_with):
+    """Cohere's v1 `Client.embed` (`/v1/embed`): v1's float list without `embedding_types`, v2's
+    by-type object with them, the same vectors as the OpenAI route; images and no texts refused."""
+    async with gateway_with(FakeEmbedder()) as client:
+        sdk = cohere.AsyncClient(
+            api_key="unused", base_url="http://gateway", httpx_client=client, max_retries=0
+        )
+        floats = await sdk.embed(model="fake-minilm", texts=TEXTS, input_type="search_document")
+        # by type through plain HTTP: the v1 SDK's merge of typed answers trips pydantic's deprecation
+        typed = await client.post("/v1/embed", json={"texts": TEXTS, "embedding_types": ["float", "int8"]})
+        expected = await openai_vectors(client, TEXTS)
+        with pytest.raises(cohere.BadRequestError):
+            await sdk.embed(images=["data:image/png;base64,AAAA"])
+        with pytest.raises(cohere.BadRequestError):
+            await sdk.embed(texts=TEXTS, input_type="image")
+    assert (
+        floats.response_type == "embeddings_floats" and typed.json()["response_type"] == "embeddings_by_type"
+    )
+    got = np.array(floats.embeddings, dtype=np.float32)
+    assert cosine(got, expected).min() >= 0.9999
+    by_type = typed.json()["embeddings"]
+    np.testing.assert_array_equal(np.array(by_type["float"], dtype=np.float32), got)
+    np.testing.assert_array_equal(by_type["int8"], encode_types(got, ["int8"])["int8"])
