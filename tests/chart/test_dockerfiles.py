@@ -67,7 +67,8 @@ def test_image_starts_its_service_without_the_source_tree_on_sys_path(image):
 @pytest.mark.parametrize("image", ["gateway", "operator"])
 def test_cpu_images_install_their_extra_and_no_torch(image):
     text = dockerfile(image)
-    assert f'pip install ".[{image}]"' in text
+    # the gateway's pods fetch a Hub or S3 model's tokenizer with fetch-model (the fetch extra)
+    assert f'pip install ".[{image}{",fetch" if image == "gateway" else ""}]"' in text
     assert "python:3.12-slim" in text
     assert '! /opt/kembed/bin/python -P -c "import torch"' in text
 
@@ -78,5 +79,5 @@ def test_worker_image_is_cuda_with_a_pinned_torch():
     assert re.search(r"^ARG TORCH_VERSION=[0-9]+\.[0-9]+\.[0-9]+$", text, re.M)
     assert '"torch==${TORCH_VERSION}"' in text
     # torch first from PyTorch's CUDA index, then the worker extra (which must not replace it).
-    assert text.index('"torch==${TORCH_VERSION}"') < text.index('pip install ".[worker,flash]"')
+    assert text.index('"torch==${TORCH_VERSION}"') < text.index('pip install ".[worker,flash,fetch]"')
     assert "assert torch.version.cuda" in text
