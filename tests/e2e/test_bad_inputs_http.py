@@ -130,7 +130,7 @@ def test_a_worker_that_dies_is_routed_around(log_dir):
     ("method", "path", "status"),
     [
         ("GET", "/v1/embeddings", 405),
-        ("POST", "/v1/embed", 404),
+        ("POST", "/v1/embedding", 404),  # a typo of /v1/embeddings (/v1/embed is Cohere v1's)
         ("POST", "/v2/embeddings", 404),
         ("GET", "/nope", 404),
     ],
