@@ -322,7 +322,10 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
         "KEMBED_GATEWAY_MODEL_DIR": MODEL_MOUNT,
         "KEMBED_GATEWAY_HOST": "0.0.0.0",
         "KEMBED_GATEWAY_PORT": str(GATEWAY_PORT),
-        "KEMBED_GATEWAY_WORKER_SERVICE": worker_service_address(owner, spec, revision),
+        # "<a>+<b>": a stepwise rollout's two interchangeable revisions, one pool (rollout.py)
+        "KEMBED_GATEWAY_WORKER_SERVICE": ",".join(
+            worker_service_address(owner, spec, part) for part in revision.split("+")
+        ),
         "KEMBED_GATEWAY_CHUNK_TOKENS": str(g.chunk_tokens),
         "KEMBED_GATEWAY_MAX_CHUNK_SEQUENCES": str(g.max_chunk_sequences),
         "KEMBED_GATEWAY_MAX_REQUEST_BYTES": str(g.max_request_bytes),

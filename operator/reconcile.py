@@ -40,19 +40,10 @@ from kembed.operator import policies
 from kembed.operator.golden import GoldenRecord
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
-from kembed.operator.rollout import (
-    JOB_KINDS,
-    Event,
-    Gateway,
-    JobKey,
-    JobState,
-    Plan,
-    Workers,
-    World,
-    decide,
-)
+from kembed.operator.rollout import JOB_KINDS, decide
 from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
+from kembed.operator.world import Event, Gateway, JobKey, JobState, Plan, Workers, World
 
 APPLIED_HASH = "kembed.dev/applied-hash"
 APPLIED_KEYS = "kembed.dev/applied-keys"  # the keys of the body last applied (module docstring)
@@ -365,7 +356,8 @@ def read_gateway(cluster: Cluster, owner: Owner, components: Iterable[str] = ("g
     for pod in cluster.list("Pod", owner.namespace, {n.MODEL_LABEL: owner.name}):
         if pod["metadata"].get("labels", {}).get(n.COMPONENT_LABEL) in GATEWAY_COMPONENTS:
             in_use.add(pod["metadata"].get("annotations", {}).get(n.REVISION_LABEL, ""))
-    in_use.discard("")
+    # A stepwise rollout's gateway points at two revisions at once, annotated "<serving>+<candidate>".
+    in_use = {revision for value in in_use for revision in value.split("+")} - {""}
     return dataclasses.replace(main, is_rolled_out=is_rolled_out, in_use=frozenset(in_use))
 
 
@@ -506,6 +498,10 @@ def carry_out(
         workers = fetch.fill(m.worker_deployment(owner, spec, plan.deploy, image), plan.deploy)
         if fetch.is_ready(plan.deploy):
             apply(cluster, a.with_replicas(workers, plan.worker_replicas))
+    serving = plan.status.active_revision
+    if plan.serving_replicas is not None and serving and serving != plan.deploy:  # a stepwise rollout
+        scale = {"spec": {"replicas": plan.serving_replicas}}
+        cluster.patch("Deployment", owner.namespace, n.workers_name(owner, serving), scale)
     if plan.autoscaled is not None:
         apply(cluster, a.scaled_object(owner, spec, plan.autoscaled))
     for request in plan.jobs:

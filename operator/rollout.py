@@ -18,101 +18,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from kembed.operator import stepwise
 from kembed.operator.golden import GoldenRecord
 from kembed.operator.jobs import JobRequest
 from kembed.operator.spec import EmbeddingModelSpec
 from kembed.operator.status import Condition, ConditionType, EmbeddingModelStatus, RolloutState
+from kembed.operator.world import Event, Plan, Workers, World
 
 JOB_DEADLINE_GRACE_S = 60  # past activeDeadlineSeconds, a Job still "running" is stuck: block anyway
 JOB_KINDS = ("prewarm", "smoke", "golden")
-LATER_GATE_FIELDS: dict[str, Any] = {"golden": "Check", "require_digests": False}  # gate_hash
+LATER_GATE_FIELDS: dict[str, Any] = {"golden": "Check", "require_digests": False, "max_surge_replicas": None}
 FAILED_REASONS = {"prewarm": "PrewarmFailed", "smoke": "SmokeTestFailed", "golden": "GoldenMismatch"}
 TIMED_OUT_REASONS = {
     "prewarm": "PrewarmTimedOut",
     "smoke": "SmokeTestTimedOut",
     "golden": "SmokeTestTimedOut",
 }
-
-
-@dataclass(frozen=True)
-class Workers:
-    """One revision's worker Deployment, as observed."""
-
-    replicas: int  # desired
-    addresses: tuple[str, ...]  # ready pods' host:port, sorted
-    image_digests: frozenset[str] = frozenset()  # the worker image digests its ready pods run (sha256:...)
-
-    @property
-    def num_ready(self) -> int:
-        return len(self.addresses)
-
-
-@dataclass(frozen=True)
-class JobState:
-    phase: Literal["Running", "Succeeded", "Failed"]
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class Gateway:
-    revision: str  # the revision its pod template points at
-    is_rolled_out: bool  # every gateway pod runs the current template and is available
-    num_ready: int
-    # every revision a gateway pod (of any gateway of the model, any template) points at, and the
-    # templates' own: none of them is deleted (`decide`)
-    in_use: frozenset[str] = frozenset()
-
-
-JobKey = tuple[str, str, int]  # (kind, revision, attempt)
-
-
-@dataclass(frozen=True)
-class World:
-    """Everything the decision depends on; built by `reconcile` from the API server."""
-
-    spec: EmbeddingModelSpec
-    generation: int
-    revision: str  # what the spec asks for
-    now: datetime
-    workers: Mapping[str, Workers] = field(default_factory=dict)
-    jobs: Mapping[JobKey, JobState] = field(default_factory=dict)
-    gateway: Gateway | None = None
-    is_autoscaler_missing: bool = False  # autoscaling asked for, and the cluster serves no ScaledObject
-    # golden Jobs that passed with an answer to keep once the whole gate passes (golden.py's judge)
-    golden_records: Mapping[JobKey, GoldenRecord] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What must exist afterwards. `reconcile` creates what is missing and deletes the rest."""
-
-    status: EmbeddingModelStatus
-    revisions: frozenset[str]  # worker revisions kept; the others are deleted
-    deploy: str | None  # revision whose workers are rendered from the current spec
-    gateway: str | None  # revision the gateway is rendered for; None leaves it as it is
-    jobs: tuple[JobRequest, ...] = ()  # rollout Jobs that must exist
-    keep_jobs: frozenset[JobKey] = frozenset()  # finished Jobs kept (logs of a block); others deleted
-    events: tuple[Event, ...] = ()
-    # Pods asked of `deploy`'s Deployment; None leaves the field to the autoscaler (spec.autoscaling).
-    worker_replicas: int | None = None
-    autoscaled: str | None = None  # revision whose ScaledObject must exist; every other one is deleted
-    golden: GoldenRecord | None = None  # a golden answer to keep (the candidate passed its whole gate)
-    golden_revision: str = ""  # the revision it is recorded from
-    golden_at: str = ""  # and when (RFC 3339): the oldest records go first
-    # `deploy`'s worker image named by this digest instead of the spec's tag (status.activeImagePinned)
-    worker_image_digest: str = ""
 
 
 def timestamp(now: datetime) -> str:
@@ -342,6 +267,13 @@ def _candidate_replicas(world: World, rollout: RolloutState) -> int:
     """Pods the candidate runs through the gate: fixed at its start under autoscaling, else the spec's,
     and at least one: a revision asked to run on none is gated on one pod all the same (scaled to
     none once it serves), so that a later scale-up never serves a revision no gate has seen."""
+    if rollout.step_replicas is not None:  # a stepwise rollout (stepwise.py)
+        return rollout.step_replicas
+    return _full_replicas(world, rollout)
+
+
+def _full_replicas(world: World, rollout: RolloutState) -> int:
+    """The candidate's pods once it is whole (without steps, from the start)."""
     if world.spec.autoscaling.enabled and rollout.replicas is not None:
         return rollout.replicas
     return max(1, world.spec.worker.replicas)
@@ -355,10 +287,10 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
     rollout = status.rollout if status.rollout and status.rollout.revision == candidate else None
     events: list[Event] = list(earlier)
     if rollout is None:
-        rollout = _start(world, attempt=1)
+        rollout = _start(world, attempt=1, active=active)
         events.append(Event("Normal", "RolloutStarted", f"rolling out revision {candidate}"))
     elif rollout.stage == "Blocked" and _is_changed_since_block(world, rollout):
-        rollout = _start(world, attempt=rollout.attempt + 1)
+        rollout = _start(world, attempt=rollout.attempt + 1, active=active)
         events.append(Event("Normal", "RolloutRetried", f"spec changed: retrying revision {candidate}"))
     if world.spec.autoscaling.enabled and rollout.replicas is None:  # also when turned on mid-rollout
         rollout = replace_state(rollout, replicas=_starting_replicas(world, active))
@@ -388,11 +320,13 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
     status = _rollout_conditions(world, status, rollout)
     is_blocked = rollout.stage == "Blocked"
     keep_jobs = frozenset((kind, candidate, rollout.attempt) for kind in JOB_KINDS)
+    gateway, serving_replicas = stepwise.gateway_and_serving(world, rollout, active)
     return Plan(
         status=status.model_copy(update={"phase": "Blocked" if is_blocked else "Progressing"}),
         revisions=frozenset(r for r in (active, None if is_blocked else candidate) if r),
         deploy=None if is_blocked else candidate,
-        gateway=candidate if rollout.stage == "Promoting" else None,
+        gateway=gateway,
+        serving_replicas=serving_replicas,
         jobs=step.jobs,
         keep_jobs=keep_jobs,
         events=tuple(events),
@@ -426,13 +360,23 @@ def gate_kinds(spec: EmbeddingModelSpec) -> tuple[str, ...]:
     return ("smoke",) if spec.rollout.golden == "Off" else ("smoke", "golden")
 
 
-def _start(world: World, attempt: int) -> RolloutState:
+def _start(world: World, attempt: int, active: str) -> RolloutState:
+    surge = world.spec.rollout.max_surge_replicas
+    # In steps only beside a serving revision, without the autoscaler (which owns its replicas), and
+    # when a step is smaller than the whole.
+    is_stepwise = (
+        surge is not None
+        and bool(active)
+        and not world.spec.autoscaling.enabled
+        and surge < max(1, world.spec.worker.replicas)
+    )
     return RolloutState(
         revision=world.revision,
         stage="Deploying",
         attempt=attempt,
         generation=world.generation,
         stage_started_at=timestamp(world.now),
+        step_replicas=surge if is_stepwise else None,
     )
 
 
@@ -498,12 +442,13 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
     hot_from = world.workers[active].addresses if active in world.workers else ()
 
     def request(kind: str, state: RolloutState) -> JobRequest:
-        return JobRequest(
-            kind, candidate, state.attempt, tuple(state.targets), hot_from if kind == "prewarm" else ()
-        )
+        # The golden Job compares each pod with the first: a pod gated in an earlier step goes first.
+        targets = (*state.gated[:1], *state.targets) if kind == "golden" else tuple(state.targets)
+        return JobRequest(kind, candidate, state.attempt, targets, hot_from if kind == "prewarm" else ())
 
     def prewarming(state: RolloutState) -> _Step:
-        state = _enter(world, state, "Prewarming", targets=list(workers.addresses))
+        fresh = [a for a in workers.addresses if a not in state.gated]  # without steps: all of them
+        state = _enter(world, state, "Prewarming", targets=fresh)
         return _Step(state, jobs=(request("prewarm", state),))
 
     if rollout.stage == "Blocked":
@@ -527,8 +472,10 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
         return _Step(rollout)
     if rollout.stage in ("Prewarming", "SmokeTesting"):
         kinds = ("prewarm",) if rollout.stage == "Prewarming" else gate_kinds(spec)
-        if tuple(rollout.targets) != workers.addresses:  # a pod restarted: its graphs are gone
-            again = replace_state(rollout, attempt=rollout.attempt + 1)
+        if tuple(sorted({*rollout.gated, *rollout.targets})) != workers.addresses:
+            # a pod restarted (its graphs are gone) or went: the pods not gated yet are gated again
+            gated = [a for a in rollout.gated if a in workers.addresses]
+            again = replace_state(rollout, attempt=rollout.attempt + 1, gated=gated)
             return prewarming(again) if is_ready else _Step(_enter(world, again, "Deploying", targets=[]))
         states = {kind: world.jobs.get((kind, candidate, rollout.attempt)) for kind in kinds}
         for kind, state in states.items():
@@ -563,9 +510,24 @@ def _step(world: World, rollout: RolloutState, active: str) -> _Step:
         message = f"revision {candidate}: graph replay matches eager runs" + (
             f"; {golden.message}" if golden is not None and golden.message else ""
         )
-        return _Step(
-            _enter(world, rollout, "Promoting"), events=(Event("Normal", "SmokeTestPassed", message),)
-        )
+        passed = Event("Normal", "SmokeTestPassed", message)
+        if rollout.step_replicas is not None:
+            is_alike = (
+                golden is not None and ("golden", candidate, rollout.attempt) not in world.golden_records
+            )
+            after, notes = stepwise.after_gate(
+                world, rollout, active, is_alike, _full_replicas(world, rollout)
+            )
+            if after.stage != "Promoting":
+                return _Step(_enter(world, after, after.stage), events=(passed, *notes))
+        return _Step(_enter(world, rollout, "Promoting"), events=(passed,))
+    if rollout.stage == "Mixing":
+        if _age_s(rollout.stage_started_at, world.now) > spec.rollout.promote_timeout_seconds:
+            return _block(world, rollout, "PromoteTimedOut", _promote_timeout_message(world, rollout))
+        if not stepwise.is_gateway_mixed(world, rollout, active):
+            return _Step(rollout)
+        after, notes = stepwise.next_step(world, rollout, active, _full_replicas(world, rollout))
+        return _Step(_enter(world, after, after.stage), events=notes)
     assert rollout.stage == "Promoting", rollout.stage
     if _age_s(rollout.stage_started_at, world.now) > spec.rollout.promote_timeout_seconds:
         return _block(world, rollout, "PromoteTimedOut", _promote_timeout_message(world, rollout))
@@ -576,7 +538,7 @@ def _rollout_conditions(
     world: World, status: EmbeddingModelStatus, rollout: RolloutState
 ) -> EmbeddingModelStatus:
     stage, candidate, active = rollout.stage, rollout.revision, status.active_revision
-    order = ["Deploying", "Prewarming", "SmokeTesting", "Promoting"]
+    order = ["Deploying", "Prewarming", "SmokeTesting", "Mixing", "Promoting"]
     reached = order.index(stage) if stage in order else -1
     is_blocked = stage == "Blocked"
     if is_blocked:

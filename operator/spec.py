@@ -405,6 +405,20 @@ class RolloutSpec(SpecModel):
         "replaces the record of its weights (an intended change of the output). Off: no golden Job. "
         "Needs the operator's pods/log read (the chart grants it).",
     )
+    max_surge_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="Roll out in steps, for clusters without a second set of GPUs: the new revision starts "
+        "on this many pods beside the serving ones and passes the whole gate there; if it answers the "
+        "golden texts as the serving weights do (the same weights, rollout.golden Check), the gateway "
+        "serves from both revisions' pods while each step scales the serving revision down and the new "
+        "one up by this many, each step's new pods gated by their own prewarm, smoke and golden Jobs "
+        "(the golden Job compares them with a pod gated before). At most worker.replicas + this many "
+        "GPUs' worth of pods run. A revision that answers otherwise (new weights) is never mixed: it "
+        "grows to full size beside the serving one, as without this field. Unset: the new revision "
+        "runs at full size beside the serving one (twice the GPUs) and the gateway switches at once. "
+        "Ignored under spec.autoscaling, which owns the replicas.",
+    )
     require_digests: bool = Field(
         False,
         description="Refuse image references without a digest (image@sha256:...): the worker and gateway "

@@ -23,7 +23,7 @@ ConditionType = Literal[
     "ModelFetchFailed",
 ]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Blocked", "Invalid"]
-Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Promoting", "Blocked"]
+Stage = Literal["Deploying", "Prewarming", "SmokeTesting", "Mixing", "Promoting", "Blocked"]
 
 
 class Condition(SpecModel):
@@ -47,8 +47,15 @@ class RolloutState(SpecModel):
     """The rollout in flight, kept in status so a restarted operator resumes it where it was."""
 
     revision: str = Field(description="Candidate revision.")
-    stage: Stage = Field(description="Deploying, Prewarming, SmokeTesting, Promoting or Blocked.")
-    attempt: int = Field(1, description="Attempt at this revision; part of the Job names.")
+    stage: Stage = Field(
+        description="Deploying, Prewarming, SmokeTesting, Mixing (a stepwise rollout: the gateway moving "
+        "onto both revisions' pods), Promoting or Blocked."
+    )
+    attempt: int = Field(
+        1,
+        description="The gate's run at this revision (a retry, a restarted pod, a stepwise rollout's "
+        "step); part of the Job names.",
+    )
     generation: int = Field(
         0,
         description="metadata.generation the attempt started at (or was blocked at).",
@@ -65,6 +72,16 @@ class RolloutState(SpecModel):
     )
     reason: str = Field("", description="Why the rollout is blocked (empty otherwise).")
     message: str = Field("", description="Details of the block.")
+    step_replicas: int | None = Field(
+        None,
+        description="A stepwise rollout (rollout.maxSurgeReplicas): the candidate's pods in this step. "
+        "Unset: all of them at once.",
+    )
+    gated: list[str] = Field(
+        default_factory=list,
+        description="A stepwise rollout: the candidate's pods that passed the gate in earlier steps "
+        "(targets are this step's new ones).",
+    )
     image_digest: str = Field(
         "",
         description="The worker image's digest the candidate's pods run (sha256:...), read from their "
@@ -107,6 +124,9 @@ class EmbeddingModelStatus(SpecModel):
         "tag: set when a serving pod ran another digest (the tag moved).",
     )
     rollout: RolloutState | None = Field(None, description="The rollout in flight, if any.")
+    model: ModelStatus | None = Field(
+        None, description="What a huggingFace or s3 source resolved to, and what is served."
+    )
 
 
 def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
@@ -116,9 +136,6 @@ def parse_status(raw: dict[str, Any] | None) -> EmbeddingModelStatus:
     except ValueError:
         return EmbeddingModelStatus()
 
-    model: ModelStatus | None = Field(
-        None, description="What a huggingFace or s3 source resolved to, and what is served."
-    )
 
 def dump(model: BaseModel) -> dict[str, Any]:
     """camelCase JSON-ready dict, unset optionals left out."""

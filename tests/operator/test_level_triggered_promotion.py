@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_fakes import example
 
-from kembed.operator.rollout import Gateway, JobState, Workers, World, decide, gate_hash, timestamp
+from kembed.operator.rollout import decide, gate_hash, timestamp
 from kembed.operator.spec import parse_spec
 from kembed.operator.status import EmbeddingModelStatus, RolloutState
+from kembed.operator.world import Gateway, JobState, Workers, World
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 A, B, C = "aaaaaaaa", "bbbbbbbb", "cccccccc"

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_fakes import example
 
-from kembed.operator.rollout import Gateway, JobState, Workers, World, decide, timestamp
+from kembed.operator.rollout import decide, timestamp
 from kembed.operator.spec import parse_spec
 from kembed.operator.status import EmbeddingModelStatus, RolloutState
+from kembed.operator.world import Gateway, JobState, Workers, World
 
 SPEC = parse_spec(example("minilm-cpu.yaml")["spec"])  # one worker replica, timeouts 1800/900/600 s
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
