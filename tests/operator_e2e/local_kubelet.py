@@ -139,6 +139,7 @@ class LocalKubelet:
         self._names = itertools.count(1)
         self._dns_turn = 0
         self.jobs: dict[str, JobRun] = {}
+        self.init_runs: list[tuple[str, str, int]] = []  # (owner, init container, exit code)
         self.errors: list[str] = []
         self.is_holding_jobs = threading.Event()  # set: Jobs stay pending, as if no node had room
         self._stop = threading.Event()
@@ -311,7 +312,10 @@ class LocalKubelet:
         code = pod.popen.returncode
         run.exit_codes.append(code)
         message = ""
-        if code != 0:
+        written = Path(pod.scratch.name) / "termination-log"  # the container's terminationMessagePath
+        if written.is_file() and written.read_text().strip():
+            message = written.read_text()[-4096:]
+        elif code != 0:
             with pod.log.open("rb") as log:
                 log.seek(0, 2)
                 log.seek(max(0, log.tell() - TERMINATION_TAIL_BYTES))
@@ -368,6 +372,12 @@ class LocalKubelet:
         scratch = tempfile.TemporaryDirectory(prefix="pod-")
         ip = next(self._ips)
         mounts = self._mounts(pod_spec, container, Path(scratch.name))
+        termination_log = Path(scratch.name) / "termination-log"
+        mounts[container.get("terminationMessagePath", "/dev/termination-log")] = termination_log
+        for init in pod_spec.get("initContainers", []):
+            if not self._run_init(pod_spec, init, Path(scratch.name), owner_name):
+                scratch.cleanup()
+                return None  # the kubelet runs it again (its back-off): the next pass
         env: dict[str, str] = {}
         for source in container.get("envFrom", []):
             name = source["configMapRef"]["name"]
@@ -451,6 +461,32 @@ class LocalKubelet:
         self._write_pod(pod, template, phase="Running" if owner_kind == "Job" else "Pending", is_ready=False)
         return pod
 
+    def _run_init(
+        self, pod_spec: dict[str, Any], init: dict[str, Any], scratch: Path, owner_name: str
+    ) -> bool:
+        """An init container run to its end before the pod's container starts (the pod's volumes
+        shared); its failure is recorded with its termination message."""
+        mounts = self._mounts(pod_spec, init, scratch)
+        report = scratch / f"termination-log-{init['name']}"
+        mounts[init.get("terminationMessagePath", "/dev/termination-log")] = report
+        env = {
+            item["name"]: self._translate(item["value"], mounts, "127.0.0.1") for item in init.get("env", [])
+        }
+        args = [self._translate(a, mounts, "127.0.0.1") for a in init["command"] + init.get("args", [])]
+        if args[0] in ENTRY_POINTS:
+            args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
+        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        log = self._log_dir / f"{owner_name}-{init['name']}-{next(self._names)}.log"
+        with log.open("w") as out:
+            code = subprocess.run(args, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=300).returncode
+        self.init_runs.append((owner_name, init["name"], code))
+        if code != 0:
+            message = report.read_text() if report.exists() else ""
+            self.errors.append(
+                f"init container {init['name']} of {owner_name} exited {code}: {message} {log}"
+            )
+        return code == 0
+
     def _write_pod(
         self,
         pod: LocalPod,
@@ -496,7 +532,7 @@ class LocalKubelet:
                 local = self._host_paths[volume["hostPath"]["path"]]
             elif "emptyDir" in volume:
                 local = scratch / mount["name"]
-                local.mkdir()
+                local.mkdir(exist_ok=True)  # one volume, seen by the init containers and the main one
             else:
                 raise NotImplementedError(f"volume {volume}: only hostPath and emptyDir are played")
             mounts[mount["mountPath"]] = local / mount.get("subPath", "")
