@@ -274,6 +274,10 @@ def worker_deployment(owner: Owner, spec: EmbeddingModelSpec, revision: str, ima
             # What a worker computes never changes in place (a new revision is a new Deployment); only
             # what the revision leaves out does (pod labels, annotations, pull secrets: revision.py).
             "revisionHistoryLimit": 1,
+            # Such an in-place roll (or a restart) never takes a serving pod down before its
+            # replacement is ready: one spare GPU at a time, not Kubernetes' default of a quarter of
+            # the pods unavailable at once.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "selector": {"matchLabels": n.selector(owner, "worker", revision)},
             "template": {
                 "metadata": pf.template_metadata(w, n.labels(owner, "worker", revision)),

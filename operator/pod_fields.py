@@ -56,9 +56,13 @@ def pull_and_identity(pod: PodSettings) -> dict[str, Any]:
 
 def job_pod_fields(worker: PodSettings) -> dict[str, Any]:
     """What the rollout Jobs take from the workers' pods: they run the worker image (its pull secrets),
-    under the workers' service account (what it is granted, its pull secrets). Not the runtime class
-    or placement: a Job is a small gRPC client that needs no GPU."""
-    return {k: v for k, v in pull_and_identity(worker).items() if k != "runtimeClassName"}
+    under the workers' service account (what it is granted, its pull secrets), and tolerate what the
+    workers tolerate (a cluster of tainted GPU nodes only would leave them Pending otherwise). Not the
+    runtime class, node selector or affinity: a Job is a small gRPC client that needs no GPU."""
+    fields = {k: v for k, v in pull_and_identity(worker).items() if k != "runtimeClassName"}
+    if worker.tolerations:
+        fields["tolerations"] = [dict(t) for t in worker.tolerations]
+    return fields
 
 
 def golden_pod_fields(gateway: PodSettings) -> dict[str, Any]:

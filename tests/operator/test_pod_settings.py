@@ -154,8 +154,10 @@ def test_the_jobs_follow_the_workers_pull_secrets_account_user_and_metadata():
         assert "runAsUser" not in pod["securityContext"]
         assert template["metadata"]["labels"]["team"] == "search"
         assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
-        # A gRPC client: no GPU runtime, no placement, none of the workers' variables.
-        assert {"runtimeClassName", "nodeSelector", "tolerations", "affinity"}.isdisjoint(pod)
+        # A gRPC client: no GPU runtime, no placement but the workers' tolerations (a cluster of
+        # tainted GPU nodes only), none of the workers' variables.
+        assert {"runtimeClassName", "nodeSelector", "affinity"}.isdisjoint(pod)
+        assert pod["tolerations"] == SETTINGS["tolerations"]
         assert "POD_NAME" not in {e["name"] for e in pod["containers"][0]["env"]}
 
 
