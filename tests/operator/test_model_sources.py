@@ -16,8 +16,8 @@ from operator_fakes import IMAGES, Driver, example
 
 from kembed.operator import manifests as m
 from kembed.operator import model_fetch as mf
-from kembed.operator.naming import Owner
 from kembed.operator.metrics import OperatorMetrics
+from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
 from kembed.operator.spec import parse_spec
 
