@@ -26,6 +26,9 @@ SLO_ROUTES = (
     "/v2/rerank",
     "/v1/contextualizedembeddings",
     "/similarity",
+    "/v1/embed",
+    "/embed_sparse",
+    "/embed_all",
 )
 # The routes that do work (those and tokenize): probes, /info and /metrics are left out of latency
 # and throughput, which they would only dilute.
