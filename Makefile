@@ -31,6 +31,8 @@ STAMP     := $(VENV)/.kembed-installed
 S3_TOOLS       := $(VENV)/s3-tools
 S3_TOOLS_STAMP := $(S3_TOOLS)/.kembed-installed
 S3_TOOLS_SPEC  := 'moto[s3]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'boto3==1.44.8'
+# docs/clients.md's litellm snippets (tests/e2e/test_clients.py), installed without its dependencies
+LITELLM_SPEC   := litellm==1.110.2
 # docs/clients.md's Node client (tests/clients/node), for make test
 NODE_CLIENTS   := tests/clients/node/node_modules/.kembed-installed
 
@@ -52,6 +54,7 @@ $(STAMP): $(RUN_STAMP)
 	@echo "   pytest, the OpenAI and Cohere clients, sentence-transformers to compare against, the"
 	@echo "   operator's kopf and kmock, the clients docs/clients.md is tested with; ~40 s and 1 GB more)"
 	$(PIP) -e '.[gateway,worker,dev]'
+	$(PIP) --no-deps '$(LITELLM_SPEC)'  # without boto3: see the dev extra in pyproject.toml
 	@touch $@
 
 # Ctrl-C (or SIGTERM) stops the workers and the gateway, waits for them and says "kembed stopped";
