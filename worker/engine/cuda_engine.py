@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kembed.proto.outputs import TOKENS
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
@@ -157,7 +158,16 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         # lazily (on a bucket's second such batch): the dense graphs above stay as they were.
         multi_stream = None if stream is None else torch.cuda.Stream(priority=stream.priority)
         self.multi_graphs = GraphCache(
-            self._forward_outputs_static, CapturePolicy(max_graphs, use_graphs, table=buckets), multi_stream
+            lambda bucket: self._forward_outputs_static(bucket, self.model.facts.outputs & ~TOKENS),
+            CapturePolicy(max_graphs, use_graphs, table=buckets),
+            multi_stream,
+        )
+        # and with every token's vector too, for batches asking them (the token vectors double
+        # the flat block: the graphs above leave them out)
+        self.token_graphs = GraphCache(
+            lambda bucket: self._forward_outputs_static(bucket, self.model.facts.outputs),
+            CapturePolicy(max_graphs, use_graphs, table=buckets),
+            multi_stream,
         )
         # A lane's steps run on the lane's launcher thread while its owner may capture its graphs on
         # another: one thread at a time in any of the entry points below.
@@ -186,17 +196,13 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         num_seqs, num_tokens = len(lengths), int(lengths.sum())
         own = self.buckets.lookup(num_seqs, num_tokens)
         if outputs is not None:  # its own bucket, in the multi-output graphs
-            batch = pad_batch(token_ids, lengths, token_type_ids, own)
-            facts = self.model.facts
+            facts, runs_in = self.model.facts, own or Bucket(num_seqs, num_tokens)
+            # token vectors (the largest part of the flat block) only in the graphs of batches asking them
+            has = facts.outputs if (outputs & TOKENS).any() else facts.outputs & ~TOKENS
             index = PayloadIndex.build(
-                lengths,
-                outputs,
-                facts.output_shape,
-                facts.outputs,
-                batch.bucket.num_seqs + 1,
-                batch.bucket.num_tokens,
+                lengths, outputs, facts.output_shape, has, runs_in.num_seqs + 1, runs_in.num_tokens
             )
-            return dataclasses.replace(batch, payload=index)
+            return pad_batch(token_ids, lengths, token_type_ids, own, payload=index)
         bucket = self.policy.serving_bucket(own, num_seqs, num_tokens)
         return pad_batch(token_ids, lengths, token_type_ids, bucket, own)
 
@@ -229,7 +235,8 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
         if batch.payload is not None:  # every head in the graph, each sequence's outputs gathered after
             index = to_device(batch.payload, self.device)  # queued before the replay, copied meanwhile
-            flat = self.multi_graphs.run(batch.bucket, batch.bucket)
+            graphs = self.token_graphs if batch.payload.has & TOKENS else self.multi_graphs
+            flat = graphs.run(batch.bucket, batch.bucket)
             return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload, index)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
@@ -265,10 +272,10 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         )
         return out
 
-    def _forward_outputs_static(self, bucket: Bucket) -> torch.Tensor:
+    def _forward_outputs_static(self, bucket: Bucket, outputs: int) -> torch.Tensor:
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = self.static.views(bucket)
         return self.model.forward_outputs(
-            input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket)
+            input_ids, position_ids, token_type_ids, self._meta(cu_seqlens, seq_ids, bucket), outputs
         )
 
     def _step_unbucketed(self, batch: PaddedBatch) -> ResultHandle:
@@ -284,9 +291,10 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
         meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
         if batch.payload is not None:
-            output = assemble(
-                self.model.forward_outputs(input_ids, position_ids, token_type_ids, meta), batch.payload
+            flat = self.model.forward_outputs(
+                input_ids, position_ids, token_type_ids, meta, batch.payload.has
             )
+            output = assemble(flat, batch.payload)
         elif batch.spans is None:
             output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
         else:

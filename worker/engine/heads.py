@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS
+from kembed.worker.engine.payload import zero_rows
 from kembed.worker.errors import InvalidInput
 
 HEAD_FILES = ("sparse_linear", "colbert_linear")
@@ -89,8 +90,9 @@ class M3Heads(nn.Module):
 class FlatLayout:
     """Where each output of a bucket of `num_seqs` slots and `num_tokens` tokens sits in the flat
     block, in words: dense [num_seqs, dense], colbert [num_tokens, colbert], tokens [num_tokens,
-    hidden], sparse [num_tokens]; the kinds the model lacks take no room. The vectors come first
-    and have the dense width, so the block's head is one row matrix."""
+    hidden], zero rows [payload.zero_rows, dense], sparse [num_tokens]; the kinds the model lacks
+    take no room. The vectors come first and have the dense width, so the block's head is one row
+    matrix."""
 
     outputs: int
     num_seqs: int
@@ -105,9 +107,10 @@ class FlatLayout:
             (DENSE, self.num_seqs * self.dense),
             (COLBERT, self.num_tokens * self.colbert),
             (TOKENS, self.num_tokens * self.hidden),
+            (0, zero_rows(self.num_tokens, self.dense) * self.dense),
             (SPARSE, self.num_tokens),
         ):
-            if self.outputs & kind:
+            if self.outputs & kind or not kind:
                 offsets[kind] = at
                 at += size
         return offsets

@@ -1,10 +1,13 @@
 """A multi-output batch's answer: each sequence's outputs gathered from the flat block a
-multi-output forward writes (heads.py) into its rows, as kembed/proto/outputs.py lays them out.
+multi-output forward writes (heads.FlatLayout) into its rows, as kembed/proto/outputs.py lays them out.
 
-The index is built on the host when the batch is packed (numpy, a few arrays the size of the
-batch's tokens); the gather runs on the device after the forward (a replay, or an eager run): one
-row gather for the vectors (dense, ColBERT, token vectors: all of the rows' width) and one word
-gather for the sparse weights, into a zeroed [num_rows, width] block.
+The index is built on the host when the batch is packed: a dozen numpy calls whatever the batch's
+size, and fewer when every sequence asks the same outputs (the masks are then scalars). On the
+device the answer is two gathers after the forward (a replay, or an eager run), nothing zeroed:
+one `index_select` of a source row for every answer row (dense, ColBERT, token vectors; a sparse
+or padding row takes one of the flat block's zero rows), then one `index_copy_` of the sparse
+weights into their rows. On H200 the old form (a zeroed block, two advanced-index assignments,
+an index built per output kind) cost 0.21-0.31 ms of host time a batch: docs/benchmarks.md.
 """
 
 from dataclasses import dataclass
@@ -17,12 +20,15 @@ from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS, OutputShape
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """starts[i] + [0, counts[i]) for each i, back to back (int64)."""
-    counts = counts.astype(np.int64)
     total = int(counts.sum())
-    if total == 0:
-        return np.empty(0, np.int64)
     firsts = np.cumsum(counts) - counts
-    return np.repeat(starts.astype(np.int64) - firsts, counts) + np.arange(total, dtype=np.int64)
+    return np.repeat(starts - firsts, counts) + np.arange(total, dtype=np.int64)
+
+
+def zero_rows(num_tokens: int, width: int) -> int:
+    """Zero rows the flat block of `num_tokens` tokens ends its row matrix with: as many as one
+    sequence's sparse weights take (a row source for every answer row, none zeroed apart)."""
+    return -(-num_tokens // width)
 
 
 @dataclass(frozen=True)
@@ -31,11 +37,11 @@ class PayloadIndex:
 
     num_rows: int  # rows of the answer
     width: int
-    num_row_copies: int
-    num_word_copies: int
-    index: (
-        np.ndarray
-    )  # int64 [2 * num_row_copies + 2 * num_word_copies]: dst rows, src rows, dst words, src words
+    num_words: int  # sparse weights copied
+    has: int  # the kinds the flat block holds (what the forward is asked for)
+    # int64 [num_rows + 2 * num_words]: each answer row's source row, then the sparse weights'
+    # destination words in the answer and source words in the flat block
+    index: np.ndarray
 
     @classmethod
     def build(
@@ -47,40 +53,78 @@ class PayloadIndex:
         num_slots: int,  # sequence slots of the flat block's dense rows
         num_tokens: int,  # tokens of the flat block
     ) -> "PayloadIndex":
+        width, num_seqs = shape.width, len(lengths)
+        if num_seqs == 1:  # a query alone: Python numbers, a handful of aranges
+            return cls._build_one(
+                int(lengths[0]), int(outputs[0]) or DENSE, width, has, num_slots, num_tokens
+            )
         lengths = lengths.astype(np.int64)
-        outputs = np.where(outputs == 0, DENSE, outputs).astype(np.int64)
-        width = shape.width
-        rows = shape.rows_of(lengths, outputs)
-        row_at = np.cumsum(rows) - rows  # each sequence's first answer row
+        masks: np.ndarray | int = np.where(outputs == 0, DENSE, outputs).astype(np.int64)
+        if num_seqs and (masks == masks[0]).all():  # type: ignore[index]
+            masks = int(masks[0])  # type: ignore[index]  # the fast path: scalars below
+        colbert_src, tokens_src, zeros_src, sparse_src = _sources(has, num_slots, num_tokens, width)
         token_at = np.cumsum(lengths) - lengths  # each sequence's first token in the block
-        # the flat block's row matrix: dense slots, then each vector output's tokens
-        colbert_src = num_slots
-        tokens_src = colbert_src + (num_tokens if has & COLBERT else 0)
-        sparse_src = (tokens_src + (num_tokens if has & TOKENS else 0)) * width
-        dst_rows, src_rows = [], []
-        is_dense = (outputs & DENSE) > 0
-        dst_rows.append(row_at[is_dense])
-        src_rows.append(np.flatnonzero(is_dense))
-        cursor = row_at + is_dense  # the next free row of each sequence
-        for kind, src, count, skip in (
-            (COLBERT, colbert_src, lengths - 1, 1),
-            (TOKENS, tokens_src, lengths, 0),
-        ):
-            asks = (outputs & kind) > 0
-            dst_rows.append(_ranges(cursor[asks], count[asks]))
-            src_rows.append(_ranges(src + token_at[asks] + skip, count[asks]))
-            cursor = cursor + np.where(asks, count, 0)
-        asks = (outputs & SPARSE) > 0
-        dst_words = _ranges(cursor[asks] * width, lengths[asks])
-        src_words = _ranges(sparse_src + token_at[asks], lengths[asks])
-        dst_all, src_all = np.concatenate(dst_rows), np.concatenate(src_rows)
-        return cls(
-            num_rows=int(rows.sum()),
-            width=width,
-            num_row_copies=len(dst_all),
-            num_word_copies=len(dst_words),
-            index=np.concatenate([dst_all, src_all, dst_words, src_words]),
+        is_dense, is_colbert, is_tokens, is_sparse = (
+            (masks & kind) > 0 for kind in (DENSE, COLBERT, TOKENS, SPARSE)
         )
+        num_sparse = is_sparse * lengths  # words
+        # per sequence four runs of source rows: its dense slot, ColBERT tokens 1.., token vectors,
+        # zero rows for its sparse weights (the rows of proto/outputs.py in its order)
+        counts = np.empty((num_seqs, 4), np.int64)
+        counts[:, 0] = is_dense
+        counts[:, 1] = is_colbert * (lengths - 1)
+        counts[:, 2] = is_tokens * lengths
+        counts[:, 3] = -(-num_sparse // width)
+        starts = np.empty((num_seqs, 4), np.int64)
+        starts[:, 0] = np.arange(num_seqs)
+        starts[:, 1] = colbert_src + token_at + 1
+        starts[:, 2] = tokens_src + token_at
+        starts[:, 3] = zeros_src
+        src_rows = _ranges(starts.ravel(), counts.ravel())
+        rows = counts.sum(1)
+        sparse_at = (np.cumsum(rows) - counts[:, 3]) * width  # each sequence's first sparse word
+        if isinstance(masks, int):
+            asks: slice | np.ndarray = slice(None) if is_sparse else slice(0)
+        else:
+            asks = np.flatnonzero(is_sparse)
+        lengths, sparse_at = lengths[asks], sparse_at[asks]
+        dst_words = _ranges(sparse_at, lengths)
+        src_words = dst_words + np.repeat(sparse_src + token_at[asks] - sparse_at, lengths)
+        return cls(
+            num_rows=len(src_rows),
+            width=width,
+            num_words=len(dst_words),
+            has=has,
+            index=np.concatenate([src_rows, dst_words, src_words]),
+        )
+
+    @classmethod
+    def _build_one(
+        cls, length: int, mask: int, width: int, has: int, num_slots: int, num_tokens: int
+    ) -> "PayloadIndex":
+        """`build` for a batch of one sequence."""
+        colbert_src, tokens_src, zeros_src, sparse_src = _sources(has, num_slots, num_tokens, width)
+        num_sparse = length if mask & SPARSE else 0
+        parts = [
+            np.zeros(1 if mask & DENSE else 0, np.int64),  # its dense slot, 0
+            np.arange(colbert_src + 1, colbert_src + length if mask & COLBERT else 0, dtype=np.int64),
+            np.arange(tokens_src, tokens_src + length if mask & TOKENS else 0, dtype=np.int64),
+            np.full(-(-num_sparse // width), zeros_src, np.int64),
+        ]
+        num_rows = sum(len(p) for p in parts)
+        sparse_at = (num_rows - len(parts[3])) * width
+        parts.append(np.arange(sparse_at, sparse_at + num_sparse, dtype=np.int64))
+        parts.append(np.arange(sparse_src, sparse_src + num_sparse, dtype=np.int64))
+        return cls(num_rows, width, num_sparse, has, np.concatenate(parts))
+
+
+def _sources(has: int, num_slots: int, num_tokens: int, width: int) -> tuple[int, int, int, int]:
+    """The flat block's row matrix (heads.FlatLayout): where its ColBERT rows, token rows and zero
+    rows start (rows), and its sparse weights (words)."""
+    colbert_src = num_slots
+    tokens_src = colbert_src + (num_tokens if has & COLBERT else 0)
+    zeros_src = tokens_src + (num_tokens if has & TOKENS else 0)
+    return colbert_src, tokens_src, zeros_src, (zeros_src + zero_rows(num_tokens, width)) * width
 
 
 def to_device(index: PayloadIndex, device: torch.device) -> torch.Tensor:
@@ -96,13 +140,12 @@ def to_device(index: PayloadIndex, device: torch.device) -> torch.Tensor:
 def assemble(flat: torch.Tensor, index: PayloadIndex, idx: torch.Tensor | None = None) -> torch.Tensor:
     """The batch's answer [num_rows, width] float32 from its flat block (on the block's device, in
     its stream order; no host synchronisation). `idx`: the index already on the device (`to_device`)."""
-    width, nr, nw = index.width, index.num_row_copies, index.num_word_copies
+    width, nr, nw = index.width, index.num_rows, index.num_words
     if idx is None:
         idx = to_device(index, flat.device)
-    payload = flat.new_zeros(index.num_rows, width)
     num_matrix_rows = flat.numel() // width
     matrix = flat[: num_matrix_rows * width].view(num_matrix_rows, width)
-    payload[idx[:nr]] = matrix[idx[nr : 2 * nr]]
+    payload = matrix.index_select(0, idx[:nr])
     if nw:
-        payload.view(-1)[idx[2 * nr : 2 * nr + nw]] = flat[idx[2 * nr + nw :]]
+        payload.view(-1).index_copy_(0, idx[nr : nr + nw], flat.index_select(0, idx[nr + nw :]))
     return payload

@@ -15,6 +15,7 @@ from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS, OutputShape
 from kembed.worker.engine.attention import AttentionMetadata
 from kembed.worker.engine.dense import Dense, DenseSpec
 from kembed.worker.engine.heads import M3Heads
+from kembed.worker.engine.payload import zero_rows
 from kembed.worker.engine.pooling import pool
 
 
@@ -72,8 +73,10 @@ class ServedModel(nn.Module):
         position_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
         meta: AttentionMetadata,
+        outputs: int | None = None,
     ) -> torch.Tensor:  # [flat words] float32, heads.FlatLayout
-        """Every output the model has from one pass, as one flat block (multi-output batches)."""
+        """The model's outputs (`outputs`: those kinds of them; None: all) from one pass, as one flat
+        block (multi-output batches)."""
         raise NotImplementedError(f"{type(self).__name__} has one output")
 
 
@@ -136,15 +139,19 @@ class PooledEmbedder(ServedModel):
         position_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
         meta: AttentionMetadata,
+        outputs: int | None = None,
     ) -> torch.Tensor:
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        outputs = self.facts.outputs
+        outputs = self.facts.outputs if outputs is None else outputs & self.facts.outputs
         parts = [self.project(pool(hidden, meta, self.pooling).float()).flatten()]
         if outputs & COLBERT:
             assert self.heads is not None
             parts.append(self.heads.colbert_vectors(hidden).flatten())
         if outputs & TOKENS:
             parts.append(hidden.float().flatten())
+        # zero rows: the source of the answer's sparse and padding rows (payload.py)
+        width = self.facts.output_size
+        parts.append(hidden.new_zeros(zero_rows(hidden.shape[0], width) * width, dtype=torch.float32))
         if outputs & SPARSE:
             assert self.heads is not None
             parts.append(self.heads.sparse_weights(hidden))

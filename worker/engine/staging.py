@@ -98,6 +98,7 @@ def pad_batch(
     token_type_ids: np.ndarray | None,
     bucket: Bucket | None,
     own_bucket: Bucket | None = None,
+    payload: "PayloadIndex | None" = None,
 ) -> PaddedBatch:
     """Lay the batch out in `bucket` (None: its exact shape, unbucketed). `own_bucket` is the
     table's bucket for the batch when pad-up chose a larger one (default: `bucket`)."""
@@ -134,6 +135,7 @@ def pad_batch(
         token_type_ids=types,
         seq_ids=seq_ids,
         cu_seqlens=cu_seqlens,
+        payload=payload,
     )
 
 
