@@ -63,7 +63,22 @@ class KubeCluster:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        data = self._send(
+            method, path, body, query, {"Accept": "application/json", "Content-Type": content_type}
+        )
+        if data is None:
+            return None
+        return json.loads(data) if data else {}
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: list[tuple[str, str]] | None,
+        headers: dict[str, str],
+    ) -> bytes | None:
+        """The answer's body; None on a 404; ClusterError on another failure."""
         method, url, headers, payload, _ = self._api.param_serialize(
             method,
             path,
@@ -76,14 +91,14 @@ class KubeCluster:
             response = self._api.call_api(
                 method, url, header_params=headers, body=payload, _request_timeout=self._timeout_s
             )
-            data = response.read()
+            data: bytes = response.read()
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise ClusterError(0, f"{method} {path}: {error}") from None
         if response.status == 404:
             return None
         if response.status >= 400:
             raise ClusterError(response.status, f"{method} {path}: {data[:500]!r}")
-        return json.loads(data) if data else {}
+        return data
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call("GET", _path(kind, namespace, name))
@@ -98,28 +113,12 @@ class KubeCluster:
         ]
 
     def pod_log(self, namespace: str, name: str, container: str) -> str | None:
-        """A pod's container log (the last MAX_LOG_BYTES of it); None if the pod is gone."""
-        path = f"{_path('Pod', namespace, name)}/log"
+        """A pod's container log (its first MAX_LOG_BYTES); None if the pod is gone."""
         query = [("container", container), ("limitBytes", str(MAX_LOG_BYTES))]
-        method, url, headers, _, _ = self._api.param_serialize(
-            "GET",
-            path,
-            query_params=query,
-            header_params={"Accept": "text/plain"},
-            auth_settings=["BearerToken"],
+        data = self._send(
+            "GET", f"{_path('Pod', namespace, name)}/log", None, query, {"Accept": "text/plain"}
         )
-        try:
-            response = self._api.call_api(
-                method, url, header_params=headers, _request_timeout=self._timeout_s
-            )
-            data = response.read()
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise ClusterError(0, f"GET {path}: {error}") from None
-        if response.status == 404:
-            return None
-        if response.status >= 400:
-            raise ClusterError(response.status, f"GET {path}: {data[:500]!r}")
-        return bytes(data).decode(errors="replace")
+        return None if data is None else bytes(data).decode(errors="replace")
 
     def serves(self, kind: str, namespace: str) -> bool:
         """Whether the API server serves `kind` at all (a CRD's kind: its CRD is installed). A

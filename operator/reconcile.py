@@ -37,13 +37,13 @@ from kembed.operator import manifests as m
 from kembed.operator import model_resolve as mr
 from kembed.operator import naming as n
 from kembed.operator import policies
-from kembed.operator.golden import GoldenRecord
+from kembed.operator.job_results import job_key, judge_golden, read_jobs
 from kembed.operator.naming import Owner
 from kembed.operator.revision import revision_of
-from kembed.operator.rollout import JOB_KINDS, decide
+from kembed.operator.rollout import decide
 from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
-from kembed.operator.world import Event, Gateway, JobKey, JobState, Plan, Workers, World
+from kembed.operator.world import Event, Gateway, JobState, Plan, Workers, World
 
 APPLIED_HASH = "kembed.dev/applied-hash"
 APPLIED_KEYS = "kembed.dev/applied-keys"  # the keys of the body last applied (module docstring)
@@ -210,98 +210,6 @@ def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
     return found
 
 
-def _failure_message(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> str:
-    condition: dict[str, Any] = next(
-        (c for c in job.get("status", {}).get("conditions", []) if c.get("type") == "Failed"), {}
-    )
-    parts = [f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".strip()]
-    for pod in _job_pods(cluster, owner, job):
-        for status in pod.get("status", {}).get("containerStatuses", []):
-            report = status.get("state", {}).get("terminated", {}).get("message", "").strip()
-            if report:
-                parts.append(report[-1500:])  # a condition message should stay readable
-                break
-    return "\n".join(parts)
-
-
-def read_jobs(
-    cluster: Cluster, owner: Owner
-) -> tuple[dict[tuple[str, str, int], JobState], list[dict[str, Any]]]:
-    found: dict[tuple[str, str, int], JobState] = {}
-    bodies: list[dict[str, Any]] = []
-    for kind in JOB_KINDS:
-        for job in cluster.list("Job", owner.namespace, n.selector(owner, kind)):
-            labels = job["metadata"]["labels"]
-            key = (kind, labels.get(n.REVISION_LABEL, ""), int(labels.get(n.ATTEMPT_LABEL, "0")))
-            conditions = {c.get("type"): c.get("status") for c in job.get("status", {}).get("conditions", [])}
-            if conditions.get("Complete") == "True":
-                found[key] = JobState("Succeeded")
-            elif conditions.get("Failed") == "True":
-                found[key] = JobState("Failed", _failure_message(cluster, owner, job))
-            else:
-                found[key] = JobState("Running")
-            bodies.append(job)
-    return found, bodies
-
-
-def _job_pods(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> list[dict[str, Any]]:
-    labels = {k: v for k, v in job["metadata"]["labels"].items() if k.startswith("kembed.dev/")}
-    labels[n.COMPONENT_LABEL] = job["metadata"]["labels"][n.COMPONENT_LABEL]
-    return cluster.list("Pod", owner.namespace, labels)
-
-
-def judge_golden(
-    cluster: Cluster,
-    owner: Owner,
-    spec: EmbeddingModelSpec,
-    states: dict[JobKey, JobState],
-    bodies: list[dict[str, Any]],
-) -> dict[JobKey, GoldenRecord]:
-    """Turn each succeeded golden Job into its verdict (golden.py): its answer, read from its pod's
-    log, against the record kept for the same weights. A mismatch, or a log without a record, fails
-    it (the gate cannot vouch for the revision); one that passes may bring an answer to keep."""
-    to_keep: dict[JobKey, GoldenRecord] = {}
-    succeeded = [
-        b
-        for b in bodies
-        if b["metadata"]["labels"][n.COMPONENT_LABEL] == "golden" and states[_job_key(b)].phase == "Succeeded"
-    ]
-    if not succeeded:
-        return to_keep
-    kept = g.kept(cluster.list("ConfigMap", owner.namespace, n.selector(owner, "golden")))
-    for job in succeeded:
-        key = _job_key(job)
-        try:
-            record = _read_record(cluster, owner, job)
-        except g.UnreadableRecord as error:
-            states[key] = JobState("Failed", f"{error} (may the operator read pods/log?)")
-            continue
-        verdict = g.judge(record, kept.get(record.weights_id), spec.rollout.golden, spec.rollout.min_cosine)
-        states[key] = JobState("Succeeded" if verdict.passed else "Failed", verdict.message)
-        if verdict.record is not None:
-            to_keep[key] = verdict.record
-    return to_keep
-
-
-def _read_record(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> GoldenRecord:
-    for pod in _job_pods(cluster, owner, job):
-        if pod.get("status", {}).get("phase") != "Succeeded":
-            continue
-        log = cluster.pod_log(owner.namespace, pod["metadata"]["name"], "golden")
-        if log is not None:
-            return g.from_log(log)
-    raise g.UnreadableRecord(f"Job {job['metadata']['name']} succeeded, but no pod of it has a log")
-
-
-def _job_key(job: dict[str, Any]) -> JobKey:
-    labels = job["metadata"]["labels"]
-    return (
-        labels[n.COMPONENT_LABEL],
-        labels.get(n.REVISION_LABEL, ""),
-        int(labels.get(n.ATTEMPT_LABEL, "0")),
-    )
-
-
 def keep_golden(cluster: Cluster, owner: Owner, plan: Plan) -> None:
     """Write the golden record the plan keeps, then drop the oldest past golden.MAX_RECORDS."""
     if plan.golden is None:
@@ -331,9 +239,8 @@ def report_jobs(
 ) -> None:
     """Tell `hooks` the duration of every finished Job."""
     for job in bodies:
-        labels = job["metadata"]["labels"]
-        kind = labels.get(n.COMPONENT_LABEL, "")
-        key = (kind, labels.get(n.REVISION_LABEL, ""), int(labels.get(n.ATTEMPT_LABEL, "0")))
+        key = job_key(job)
+        kind = key[0]
         state = job_states.get(key)
         seconds = _job_seconds(job)
         if state is not None and state.phase != "Running" and seconds is not None:
@@ -570,13 +477,7 @@ def _retire(cluster: Cluster, owner: Owner, plan: Plan, job_bodies: Iterable[dic
     """Delete what the plan no longer keeps: old revisions (after the gateway left them) and Jobs."""
     wanted_jobs = {(r.kind, r.revision, r.attempt) for r in plan.jobs} | plan.keep_jobs
     for job in job_bodies:
-        labels = job["metadata"]["labels"]
-        key = (
-            labels[n.COMPONENT_LABEL],
-            labels.get(n.REVISION_LABEL, ""),
-            int(labels.get(n.ATTEMPT_LABEL, "0")),
-        )
-        if key not in wanted_jobs:
+        if job_key(job) not in wanted_jobs:
             cluster.delete("Job", owner.namespace, job["metadata"]["name"])
     for deployment in cluster.list("Deployment", owner.namespace, n.selector(owner, "worker")):
         revision = deployment["metadata"]["labels"].get(n.REVISION_LABEL, "")
