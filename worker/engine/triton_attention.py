@@ -32,7 +32,7 @@ Tile = tuple[int, int, int, int, bool]  # query rows, keys per step, warps, pipe
 
 
 def tiles(num_tokens: int, num_slots: int, head_dim: int) -> Tile:
-    """The tile for a bucket's shape, as measured on an H200 (tests/bench/bench_triton_attention.py)."""
+    """The tile for a bucket's shape, as measured on an H200 (lab/bench_triton_attention.py)."""
     if num_tokens >= LONG_SLOTS * max(num_slots - 1, 1):
         return 128, 64, 8, 3, True
     return (64, 64, 4, 3, True) if head_dim <= 64 else (64, 32, 4, 3, True)

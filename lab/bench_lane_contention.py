@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "bench")]  # bench_gpu, and percentile
 from bench_gateway_path import percentile  # noqa: E402
 from bench_gpu import write_model_dir  # noqa: E402
 from graph_timing import capture, per_call_us  # noqa: E402

@@ -31,7 +31,7 @@ MAX_SPLIT_K = 8  # more partial tiles cost more workspace traffic than the extra
 # Bytes of pipelined operand tiles per program: H100/H200 give a block up to 227 KiB of shared memory;
 # the rest stays free for the epilogue's layout conversion and a second resident program on small tiles.
 SMEM_BUDGET = 160 * 1024
-# Rough H200 figures for ordering candidates before measurements exist (tests/bench/bench_small_gemm.py).
+# Rough H200 figures for ordering candidates before measurements exist (lab/bench_small_gemm.py).
 HBM_BYTES_PER_S = 4.3e12
 L2_BYTES_PER_S = 12e12
 MMA_FLOPS = 400e12

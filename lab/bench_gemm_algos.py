@@ -9,7 +9,7 @@ down) at 16..8192 tokens on a GPU, each timed as CUDA-graph replays of 20 calls 
 Prints one line per shape and a per-layer sum. Then, at 8192 rows, torch's GEMM against the fastest
 of every algorithm configuration cuBLASLt has (`cublasLtMatmulAlgoGetIds`, each tile and stage count)
 that runs a block per output tile rather than a persistent block per SM, with each kernel's grid
-from a profiler trace. `python -P tests/bench/bench_gemm_algos.py` (~2 min).
+from a profiler trace. `python -P lab/bench_gemm_algos.py` (~2 min).
 """
 
 import ctypes

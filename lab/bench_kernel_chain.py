@@ -4,7 +4,7 @@ than L2 holds) and one value the previous kernel wrote, captured as one graph; p
 replays (median of 3 rounds), against the time to read the weight at 4.3 TB/s. Variants: plain launch;
 PDL launch (`launch_pdl=True`) waiting (`gdc_wait`) before any load; PDL launch loading the weight
 before the wait (only the previous kernel's output is read after it).
-`python -P tests/bench/bench_kernel_chain.py` on a GPU of compute capability >= 9.0 (~10 s).
+`python -P lab/bench_kernel_chain.py` on a GPU of compute capability >= 9.0 (~10 s).
 """
 
 import sys

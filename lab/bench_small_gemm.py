@@ -6,7 +6,7 @@ error < 1e-2, failures printed and skipped) and timed as CUDA-graph replays of 2
 own copy of the weight (more than L2 holds, as a model's layers are), against F.linear (+ GELU) captured
 the same way. Prints a markdown table (best config, speed-up, weight-read floor at 4.3 TB/s), and the
 default config's time so the heuristic can be judged.
-`python -P tests/bench/bench_small_gemm.py [--out FILE]` on a GPU; under 3 minutes on an H200.
+`python -P lab/bench_small_gemm.py [--out FILE]` on a GPU; under 3 minutes on an H200.
 """
 
 import argparse

@@ -9,7 +9,7 @@ HBM, as in a real step), through
 Both are checked against float32 eager on the same weights (cosine per row, max abs error), then
 timed by CUDA events over graph replays in interleaved rounds; printed: µs per block, median round
 (worst round).
-`python -P tests/bench/bench_persistent_mlp.py`
+`python -P lab/bench_persistent_mlp.py`
 """
 
 import argparse

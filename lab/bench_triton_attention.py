@@ -7,7 +7,7 @@ slot, empty slots), timed as CUDA-graph replays of 10 calls: torch's varlen kern
 = the bucket's tokens (what the engine passes), our kernel with the tile `tiles` picks and with
 others, and, given `--old FILE`, an earlier version of the kernel module. Each output is checked
 against torch's kernel with the exact max_seqlen (relative error of the whole output).
-`python -P tests/bench/bench_triton_attention.py [--old path/to/triton_attention.py]`
+`python -P lab/bench_triton_attention.py [--old path/to/triton_attention.py]`
 """
 
 import argparse

@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E501  (lambdas are timed at once, inside the loop; wide measurement printouts)
 """FlashAttention 4 (flash-attn-4) against torch's varlen kernel on bucket-like batches: first-call
 compile time, relative error, graph-replay time with max_seqlen = pow2(longest) and = bucket tokens,
-and replay == eager. `python -P tests/bench/bench_attention_backends.py` on a Hopper/Blackwell GPU."""
+and replay == eager. `python -P lab/bench_attention_backends.py` on a Hopper/Blackwell GPU."""
 
 import sys
 import time

@@ -1,4 +1,4 @@
-"""Would fp8 GEMMs keep embeddings within cosine 0.999 of float32? `python -P tests/bench/fp8_accuracy.py`
+"""Would fp8 GEMMs keep embeddings within cosine 0.999 of float32? `python -P lab/fp8_accuracy.py`
 (CPU, a few minutes): the bundled all-MiniLM-L6-v2 (real, trained weights) through sentence-transformers in
 float32, then again with chosen nn.Linear layers computing in float8 e4m3 as an H100/H200 fp8 GEMM
 would (inputs quantized per token, weights per output channel, fp32 accumulation; or finer: 1 x G
@@ -15,7 +15,7 @@ from sentence_transformers import SentenceTransformer
 
 from kembed.worker.config import bundled_model_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 from corpus import texts  # the e2e tests' 240 texts: edge cases, 8 scripts, code, >20 past 256 tokens
 
 E4M3_MAX = 448.0
