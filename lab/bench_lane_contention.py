@@ -37,10 +37,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "bench")]  # bench_gpu, and percentile
-from bench_gateway_path import percentile  # noqa: E402
 from bench_gpu import write_model_dir  # noqa: E402
 from graph_timing import capture, per_call_us  # noqa: E402
 from sm_partition import split_sms  # noqa: E402
+from timing import cell, environment, percentile  # noqa: E402
 
 from kembed.worker.config import WorkerConfig  # noqa: E402
 from kembed.worker.engine import bert  # noqa: E402
@@ -174,8 +174,7 @@ def contend(lane, query, launch: Callable[[], object] | None, seconds: float, wi
 
 
 def fmt(values: list[float], unit: str, higher_is_better: bool = False) -> str:
-    worst = min(values) if higher_is_better else max(values)
-    return f"{unit.format(statistics.median(values))} ({unit.format(worst)})"
+    return cell(values, unit, higher_is_better)
 
 
 def main() -> None:
@@ -261,7 +260,7 @@ def main() -> None:
         recapture(lane, query.bucket, lane_group.stream(high), lane_group.stream(high))
         name = f"bulk steps of 16 x 512 on {bulk_group.num_sms} SMs, the lane on {lane_group.num_sms}"
         rows.update(measure(args, lane, query, {name: lambda: main_path.step(bulk[8192])}))
-    device = f"BGE-M3, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    device = f"BGE-M3, {environment()}"
     print(
         f"\nA lane step of {args.queries} x 14 tokens beside other work ({device}); "
         f"median of {args.rounds} rounds (worst):\n"

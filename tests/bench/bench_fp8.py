@@ -21,15 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "worker")]  # `python -P` adds neither
-from bench_gpu import cos_min, percentiles, run_clients, time_engine, write_model_dir  # noqa: E402
+from bench_gpu import cos_min, run_clients, time_engine, write_model_dir  # noqa: E402
 from real_minilm import CARRY_HINT, float32_rows, real_minilm_dir, tokenized_corpus  # noqa: E402
+from timing import environment, p50_p99  # noqa: E402
 
 LINEAR_DTYPES = ("auto", "fp8")  # auto: bf16, the model's dtype
 LABELS = {"auto": "bf16", "fp8": "fp8"}
@@ -112,7 +112,7 @@ def suite_latency(name: str, engines: dict, rng: np.random.Generator, iters: int
         for linear_dtype, engine in engines.items():
             print(f"  latency {name} 1x{tokens} {LABELS[linear_dtype]}", flush=True)
             engine.prewarm([engine.pack(seq.astype(np.int32), np.array([tokens], np.int32)).bucket])
-            results[linear_dtype] = percentiles(time_engine(engine, [seq], iters))
+            results[linear_dtype] = p50_p99(time_engine(engine, [seq], iters))
         (b50, b99), (f50, f99) = results["auto"], results["fp8"]
         rows.append(
             f"| {name} | 1 × {tokens} | {b50:.3f} | {b99:.3f} | {f50:.3f} | {f99:.3f} | {b50 / f50:.2f}× |"
@@ -128,8 +128,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=30, help="batches of 100 sequences per round")
     parser.add_argument("--iters", type=int, default=200, help="steps per latency figure")
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    print(f"{props.name}, torch {torch.__version__}, transformers {transformers.__version__}\n", flush=True)
+    print(f"{environment('transformers')}\n", flush=True)
     rng = np.random.default_rng(0)
     accuracy = suite_accuracy(args.backend)
     throughput, latency = [], []

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` adds no script folder
+from timing import cell, percentile, table_header, table_row
+
 HERE = Path(__file__).resolve().parent
 WORDS = ["what", "is", "the", "fastest", "way", "to", "serve", "text", "embeddings", "for", "semantic",
          "search", "at", "scale"]  # fmt: skip
@@ -143,10 +146,6 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - idle - iowait) / os.sysconf("SC_CLK_TCK")
 
 
-def percentile(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
-
-
 def measure(
     port: int, processes: list[subprocess.Popen], concurrency: int, requests_each: int, max_other_load: float
 ) -> tuple[float, float, float, float, float]:
@@ -225,22 +224,19 @@ def main() -> None:
         uvloop.run(clients(gateway_port, 16, 100))  # warm-up: connections, caches, lazy imports
         print(f"step {args.step_ms} ms; gateway {' '.join(args.gateway_arg) or '(defaults)'}; "
               f"worker {' '.join(args.worker_arg) or '(defaults)'}", flush=True)  # fmt: skip
-        print(
-            "\n| concurrent clients | p50 ms | p99 ms | requests/s | gateway CPU µs/request "
-            "| worker CPU µs/request |\n|---:|---:|---:|---:|---:|---:|"
-        )
+        print("\n" + table_header("concurrent clients", "p50 ms", "p99 ms", "requests/s",
+                                   "gateway CPU µs/request", "worker CPU µs/request"))  # fmt: skip
         for concurrency in args.concurrency:
             rounds = [
                 measure(gateway_port, processes, concurrency, args.requests, args.max_other_load)
                 for _ in range(args.rounds)
             ]
             # each cell: the median round, and in brackets the worst (for requests/s, the lowest)
-            cells = []
-            for column, values in enumerate(zip(*rounds, strict=True)):
-                worst = min(values) if column == 2 else max(values)
-                digits = 2 if column < 2 else 0
-                cells.append(f"{statistics.median(values):.{digits}f} ({worst:.{digits}f})")
-            print(f"| {concurrency} | {' | '.join(cells)} |", flush=True)
+            cells = [
+                cell(values, "{:.2f}" if column < 2 else "{:.0f}", is_higher_better=column == 2)
+                for column, values in enumerate(zip(*rounds, strict=True))
+            ]
+            print(table_row(concurrency, *cells), flush=True)
         if args.profile:
             profile(args, gateway_port, {"gateway": gateway, "worker": worker})
     finally:

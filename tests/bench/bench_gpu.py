@@ -36,6 +36,9 @@ import numpy as np
 import torch
 import transformers
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` adds no script folder
+from timing import environment, p50_p99, time_ms
+
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 from kembed.worker.scheduler import Scheduler
@@ -152,20 +155,9 @@ def cos_min(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
 
 
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 def time_calls(call: Callable[[], object], iters: int) -> list[float]:
     """Milliseconds of each of `iters` calls, each started with the GPU idle."""
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        out.append((time.perf_counter() - start) * 1e3)
-    return out
+    return time_ms(call, iters, before=torch.cuda.synchronize)
 
 
 def time_engine(engine, seqs, iters: int) -> list[float]:
@@ -188,7 +180,7 @@ def interleaved(
 
 def p50_cell(rounds: list[list[float]], digits: int = 3) -> tuple[str, float]:
     """("median / worst" of the rounds' p50s, the median)."""
-    p50s = [percentiles(r)[0] for r in rounds]
+    p50s = [p50_p99(r)[0] for r in rounds]
     median = statistics.median(p50s)
     return f"{median:.{digits}f} / {max(p50s):.{digits}f}", median
 
@@ -220,7 +212,7 @@ def compare_step(engine, seqs, forward, iters: int, rounds: int):
     contenders["eager"] = (lambda: forward(batch_cpu.cuda()).cpu(), max(20, iters // 4))
     samples = interleaved(contenders, rounds)
     ours, ours_p50 = p50_cell(samples["kembed"])
-    p99 = statistics.median(percentiles(r)[1] for r in samples["kembed"])
+    p99 = statistics.median(p50_p99(r)[1] for r in samples["kembed"])
     eager, eager_p50 = p50_cell(samples["eager"], 2)
     cells = [ours, f"{p99:.3f}", f"{cold:.1f}"]
     if graph is not None:
@@ -340,7 +332,7 @@ def suite_saturation(name, engine, rng, iters: int) -> list[str]:
                 ).bucket
             ]
         )
-        p50, _ = percentiles(time_engine(engine, seqs, iters))
+        p50, _ = p50_p99(time_engine(engine, seqs, iters))
         rows.append(f"| {name} | {tokens} ({num_seqs} seqs) | {p50:.3f} | {tokens / p50 / 1e3:.2f} |")
     return rows
 
@@ -366,9 +358,8 @@ def main() -> None:
     if args.suites - set(SUITES):
         parser.error(f"unknown --suites {sorted(args.suites - set(SUITES))}; they are {', '.join(SUITES)}")
     rng = np.random.default_rng(0)
-    props = torch.cuda.get_device_properties(0)
     print(
-        f"{props.name}, torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"{environment('transformers')}; "
         f"latency and scoring: {args.rounds} interleaved rounds of {args.iters} calls (HF eager "
         f"{max(20, args.iters // 4)}), p50 as the median over rounds / the worst round\n"
     )

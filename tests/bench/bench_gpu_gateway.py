@@ -17,7 +17,6 @@ import asyncio
 import json
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gateway_path
 from bench_gpu import write_model_dir
+from timing import cell, p50_p99, table_row
 
 from kembed.worker.config import bundled_model_dir
 
@@ -269,10 +269,10 @@ def main() -> None:
                 is_prewarmed = True
             # The first traffic a fresh worker sees (after the prewarm a rollout runs): 16 clients,
             # then the warm-up; the first gateway process's figure is the after-a-rollout one.
-            first = sorted(run_clients(args, port, 16, 50))
+            first = run_clients(args, port, 16, 50)
+            first_p50, first_p99 = p50_p99(first)
             first_rows.append(
-                f"| {processes} | {statistics.median(first):.2f} "
-                f"| {first[min(len(first) - 1, int(0.99 * len(first)))]:.2f} | {first[-1]:.2f} |"
+                table_row(processes, f"{first_p50:.2f}", f"{first_p99:.2f}", f"{max(first):.2f}")
             )
             run_clients(args, port, 16, 50)  # warm-up: connections, any bucket prewarm missed
             for concurrency in (1, 2, 4, 8, 16):
@@ -285,23 +285,22 @@ def main() -> None:
                 p50s, p99s, rates, num_requests = [], [], [], 0
                 for _ in range(args.rounds):  # each round timed alone: its own p50, p99, rate
                     started = time.perf_counter()
-                    latencies = sorted(run_clients(args, port, concurrency, args.requests))
+                    latencies = run_clients(args, port, concurrency, args.requests)
                     rates.append(len(latencies) / (time.perf_counter() - started))
-                    p50s.append(statistics.median(latencies))
-                    p99s.append(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))])
+                    p50, p99 = p50_p99(latencies)
+                    p50s.append(p50)
+                    p99s.append(p99)
                     num_requests += len(latencies)
                 metrics_after = {k: v for url in metric_urls for k, v in scrape(url).items()}
                 gateway_cpu, worker_cpu = (
                     (bench_gateway_path.cpu_seconds(p.pid) - before) * 1e6 / num_requests
                     for p, before in zip((gateway, worker), cpu_before, strict=True)
                 )
-                p50, p99 = statistics.median(p50s), statistics.median(p99s)
-                rows.append(
-                    f"| {processes} | {concurrency} | {p50:.2f} ({max(p50s):.2f}) "
-                    f"| {p99:.2f} ({max(p99s):.2f}) "
-                    f"| {statistics.median(rates):.0f} ({min(rates):.0f}) | {gateway_cpu:.0f} "
-                    f"| {worker_cpu:.0f} | {args.rounds} x {num_requests // args.rounds} |"
-                )
+                rate = cell(rates, "{:.0f}", is_higher_better=True)
+                rows.append(table_row(
+                    processes, concurrency, cell(p50s), cell(p99s), rate, f"{gateway_cpu:.0f}",
+                    f"{worker_cpu:.0f}", f"{args.rounds} x {num_requests // args.rounds}",
+                ))  # fmt: skip
                 print(rows[-1], flush=True)
                 stages = [
                     stage_quantiles(metrics_before, metrics_after, metric, where)

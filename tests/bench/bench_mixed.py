@@ -45,8 +45,9 @@ import uvloop
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_gateway_path import WORDS, cpu_seconds, free_port, percentile, spawn  # noqa: E402
+from bench_gateway_path import WORDS, cpu_seconds, free_port, spawn  # noqa: E402
 from mixed_clients import Done, bulk_loops, closed_loop, http_request, open_loop, ready  # noqa: E402
+from timing import percentile, worst  # noqa: E402
 
 from kembed.worker.config import bundled_model_dir  # noqa: E402
 
@@ -403,8 +404,8 @@ def table(results: dict[str, list[dict[str, Phase]]]) -> str:
         for name in names:
             columns = list(zip(*(figures(r) for r in results[name]), strict=True))  # one per figure
             medians = " / ".join(unit.format(statistics.median(values)) for values in columns)
-            worst = " / ".join(unit.format(min(v) if is_higher_better else max(v)) for v in columns)
-            cells.append(f"{medians} ({worst})")
+            worsts = " / ".join(unit.format(worst(v, is_higher_better)) for v in columns)
+            cells.append(f"{medians} ({worsts})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

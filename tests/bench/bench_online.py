@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen
+from timing import cell as rounds_cell
 
 from kembed.worker.config import bundled_model_dir
 
@@ -175,8 +176,8 @@ def worker_counts(port: int) -> dict[str, float]:
     return values
 
 
-def cell(values: list[float], digits: int = 2, worst=max) -> str:
-    return f"{statistics.median(values):.{digits}f} ({worst(values):.{digits}f})"
+def cell(values: list[float], digits: int = 2, is_higher_better: bool = False) -> str:
+    return rounds_cell(values, f"{{:.{digits}f}}", is_higher_better)
 
 
 def main() -> None:
@@ -210,7 +211,7 @@ def main() -> None:
         rates = engine_rates(path, args.device, texts, args.engine_batches, args.rounds, args.engine_iters)
         print("\n| queries a step | engine queries/s |\n|---:|---:|")
         for n, values in rates.items():
-            print(f"| {n} | {cell(values, 0, min)} |")
+            print(f"| {n} | {cell(values, 0, is_higher_better=True)} |")
         median_rates = {n: statistics.median(v) for n, v in rates.items()}
     worker_port, metrics_port = free_port(), free_port()
     worker = spawn(
@@ -256,7 +257,8 @@ def main() -> None:
                 batch = statistics.median(batches)
                 engine = engine_rate_at(median_rates, batch)
                 rows.append(
-                    f"| {processes} | {clients} | {cell(rate, 0, min)} | {cell([r.p50_ms for r in runs])} "
+                    f"| {processes} | {clients} | {cell(rate, 0, is_higher_better=True)} "
+                    f"| {cell([r.p50_ms for r in runs])} "
                     f"| {cell([r.p99_ms for r in runs])} | {cell([r.p999_ms for r in runs])} "
                     f"| {cell([r.group_cpu_us['gateway'] for r in runs], 0)} "
                     f"| {cell([r.group_cpu_us['worker'] for r in runs], 0)} "

@@ -26,7 +26,8 @@ import numpy as np
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gateway_path import cpu_seconds, percentile
+from bench_gateway_path import cpu_seconds
+from timing import cell, percentile, table_row
 
 from kembed.gateway.batches import Part
 from kembed.gateway.transports import FrameTransport, UnaryTransport
@@ -135,11 +136,8 @@ def main() -> None:
         print(f"step {args.step_ms} ms\n")
         print("| load | transport | p50 µs | p99 µs | worker CPU µs/request |\n|---|---|---:|---:|---:|")
         for (label, transport), rounds in results.items():
-            cells = []
-            for column in range(3):
-                values = [r[column] for r in rounds]
-                cells.append(f"{statistics.median(values):.0f} ({max(values):.0f})")
-            print(f"| {label} | {transport} | {' | '.join(cells)} |")
+            cells = [cell([r[column] for r in rounds], "{:.0f}") for column in range(3)]
+            print(table_row(label, transport, *cells))
     finally:
         worker.terminate()
         worker.wait(20)

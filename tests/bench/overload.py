@@ -26,6 +26,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -P` adds no script folder
+from timing import percentile as quantile
+
 SENTENCE = (
     "semantic search over dense vector embeddings lets a question find passages that share its meaning "
     "rather than its exact words and ranks them by cosine similarity before a reranker looks again"
@@ -41,11 +44,6 @@ def free_port() -> int:
 
 def text(i: int, num_words: int = 200) -> str:
     return " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(num_words))
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def closed_loop(
