@@ -246,7 +246,7 @@ class GatewayConfig:
     off this process's GIL and event loop, spawned on the first such request; each holds its own
     copy of the tokenizer (~100 MB for BGE-M3's). Off by default: on a 2-core machine it did not
     lower a query's latency beside bulk (the cores, not the GIL, were short there), though it raised
-    bulk throughput beside queries (docs/benchmarks.md); worth trying where the gateway has cores to
+    bulk throughput beside queries (docs/benchmarks-history.md); worth trying where the gateway has cores to
     spare. 0: bulk requests are tokenized on the tokenization threads like the others."""
 
     max_grpc_message_bytes: int = 64 * MIB

@@ -2,7 +2,7 @@
 """Where a BGE-M3 layer's time goes on a GPU: torch varlen attention with max_seqlen baked at the
 bucket's token count vs the real longest sequence (BGE-M3 and Qwen3 heads), the layer's GEMMs, GELU
 separate vs cuBLASLt epilogue, residual add + LayerNorm; each timed as CUDA-graph replays.
-`python -P lab/bench_layer_kernels.py` on a GPU (docs/benchmarks.md, "Where the time goes")."""
+`python -P lab/bench_layer_kernels.py` on a GPU (docs/benchmarks-history.md)."""
 
 import random
 

@@ -1,6 +1,6 @@
 # ruff: noqa: B023  (lambdas are captured at once, inside the loop)
 """Small-M GEMM (small_gemm_kernel.py, a Triton split-K kernel kept here as an experiment: on the H200 it
-lost to cuBLAS in 38 of 40 shapes, docs/benchmarks.md) against cuBLAS on the projections of BGE-M3 and
+lost to cuBLAS in 38 of 40 shapes, docs/benchmarks-history.md) against cuBLAS on the projections of BGE-M3 and
 Qwen3-0.6B, for 16..512 tokens: every candidate config is checked against float32 torch (relative
 error < 1e-2, failures printed and skipped) and timed as CUDA-graph replays of 20 calls, each call on its
 own copy of the weight (more than L2 holds, as a model's layers are), against F.linear (+ GELU) captured

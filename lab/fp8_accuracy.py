@@ -3,7 +3,7 @@
 float32, then again with chosen nn.Linear layers computing in float8 e4m3 as an H100/H200 fp8 GEMM
 would (inputs quantized per token, weights per output channel, fp32 accumulation; or finer: 1 x G
 input groups and G x G weight blocks, emulated by quantize-dequantize). Prints the per-row cosine
-against the float32 embeddings for each variant. A measurement for docs/benchmarks.md, not a test.
+against the float32 embeddings for each variant. A measurement for docs/benchmarks-history.md, not a test.
 """
 
 import argparse

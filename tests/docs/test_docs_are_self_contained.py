@@ -14,7 +14,7 @@ from kembed.operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOP_LEVEL = ("docs", "tests", "worker", "gateway", "operator", "proto", "monitoring", "charts")
+TOP_LEVEL = ("docs", "tests", "worker", "gateway", "operator", "proto", "monitoring", "charts", "lab")
 
 # `[text](target)` and `![alt](target)`; the text may run over lines.
 LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
