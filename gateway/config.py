@@ -42,9 +42,9 @@ class GatewayConfig:
 
     processes: int = 1
     """Gateway processes serving `port` (SO_REUSEPORT; the kernel spreads connections over them). One
-    process does its HTTP, JSON, tokenization and worker I/O on one core, ~0.16-0.3 ms of CPU per
-    single-query request; more processes serve more requests per second where cores are free
-    (docs/benchmarks.md). Each keeps its own connection to each worker replica. Metrics are summed
+    process does its HTTP, JSON, tokenization and worker I/O on one event loop, so one core bounds
+    its requests per second; more processes serve more where cores are free (docs/benchmarks.md,
+    online serving). Each keeps its own connection to each worker replica. Metrics are summed
     over the processes."""
 
     served_model_names: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ stream whose steps run beside the main one's), a lane path: two instances of thi
 
 A batch whose step only replays a captured graph (`can_launch_inline`) is launched from the event
 loop while the launcher thread is idle (`is_inline`), saving the hand-off to that thread (a thread
-wake-up: 60-130 µs on a GPU host); other batches, and every call that captures or runs eagerly, go
+wake-up, on the path of every query); other batches, and every call that captures or runs eagerly, go
 through the launcher thread. The rows of one such batch at a time are polled for on the loop
 (`ResultHandle.is_ready`, a CUDA event query that never blocks), saving the waiter thread's
 wake-up of the loop as well; a second batch in flight is waited for on the waiter thread (the CUDA
@@ -36,8 +36,7 @@ IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a tim
 # A batch of at most this many sequences alone on the device is polled for on the loop: a few queries
 # on a worker that is otherwise idle, whose every tenth of a millisecond shows. A larger batch, or one
 # behind another, is waited for on the waiter thread, asleep: polling spins the loop for the whole
-# step, and a busy worker would spend a core on it (H200, 8 gateway processes, 23,700 queries/s:
-# 55 µs of worker CPU a query while every batch alone was polled).
+# step, and a busy worker would spend a core on it.
 POLL_MAX_SEQUENCES = 16
 Launched = tuple[np.ndarray, float, float]
 """A batch's rows, when its step returned and when its rows were on the host (perf_counter)."""
@@ -211,9 +210,9 @@ class DevicePath:
 def _poll(is_ready: Callable[[], bool]) -> asyncio.Future[None]:
     """Resolves once `is_ready()`; asks once per turn of the loop, so the loop keeps reading sockets
     and running other callbacks meanwhile (a turn with callbacks pending polls its sockets without
-    sleeping). On the H200 host, against the waiter thread: the resume stage at one client 0.04-0.06
-    ms against 0.09, and less worker CPU per request at 2-16 clients. On a CPU engine there is
-    nothing to poll (it never launches inline)."""
+    sleeping). Against the waiter thread it saves that thread's wake-up of the loop and its hand-over
+    of the GIL (docs/benchmarks-history.md). On a CPU engine there is nothing to poll (it never
+    launches inline)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
 

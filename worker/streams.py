@@ -3,9 +3,9 @@ plain TCP connection of frames (frames.py), answered by the same code.
 
 A gateway process keeps one such connection per replica open and sends every chunk over it; the
 answer to a request is a `StreamResponse` with the request's id, in completion order. It saves what a
-unary RPC costs per call on both sides (an HTTP/2 stream, headers, call objects, the interceptor):
-on the H200 host the hop alone took 1.16 ms over a gRPC stream against 1.58 unary for a lone caller,
-and 0.68 ms over frames (docs/benchmarks.md).
+unary RPC costs per call on both sides (an HTTP/2 stream, headers, call objects, the interceptor);
+frames also save grpc.aio's wake-ups of the event loop from its own thread (docs/benchmarks.md, the
+request path).
 
 - Each request runs in its own task, so a slow batch never holds up the reading of the next one.
 - grpc.aio allows one write in flight per call: a stream's answers are written under one lock.

@@ -1,9 +1,8 @@
 """`auto` attention on the GPU: time every usable varlen backend on the model's attention shape at
 start, per range of bucket sizes, and route each bucket to the fastest.
 
-No backend wins everywhere (measured on an H200, docs/benchmarks.md): FlashAttention 4 is far
-ahead for grouped-query heads of 128 and for long batches, torch's bundled flash kernel can be
-ahead on many short sequences, and our own Triton kernel beat torch's at every size tried.
+No backend wins everywhere, and which wins depends on the GPU, the head shape and the batch
+(docs/benchmarks-history.md): so the choice is measured on the serving GPU, not fixed.
 Probes are laid out exactly as the CUDA engine lays out a bucket (padding slot, empty sequence
 slots, max_seqlen = the bucket's token count) and timed as CUDA-graph replays, which is how they
 run when serving. The result is a frozen, logged `AttentionPlan`; the

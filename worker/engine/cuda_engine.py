@@ -16,8 +16,8 @@ one that none holds runs eagerly and waits for `capture_deferred`, called when t
 The interactive lane (`lane`): a second engine over the same weights, for small batches of queries,
 with its own stream (of the device's highest priority), static inputs, pinned ring, graphs and their
 memory pool and capture stream. Its steps run on the GPU beside the bulk steps instead of behind
-them: on an H200 (BGE-M3 shape) a 4 x 16-token query step took 3.9 ms p50 beside back-to-back
-8192-token steps, against 20.6 ms queued behind them on one stream, at 8 % of the bulk throughput.
+them, so a query waits for the SMs the bulk step leaves it, not for the bulk steps already queued
+(docs/benchmarks.md, mixed traffic).
 The owner prewarms, captures and reports for both; each is driven by one thread at a time (a lock).
 """
 

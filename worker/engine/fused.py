@@ -1,8 +1,8 @@
 """Fused GPU steps of the encoder layers, each with the plain eager form on the CPU.
 
-Measured on an H200 for a BGE-M3 layer (docs/benchmarks.md): the FFN's GELU as a separate kernel
-costs 2 µs at 128 tokens and 46 µs at 8192, and the residual add before each LayerNorm is one more
-pass over the activations. On CUDA:
+The FFN's GELU as a separate kernel is one more launch and one more pass over the intermediate
+activations (4x the hidden width), and the residual add before each LayerNorm one more pass over
+the activations (docs/benchmarks-history.md). On CUDA:
 - `linear_activation` runs the up-projection with bias and GELU in one cuBLASLt call
   (`torch._addmm_activation`, GELU epilogue). That epilogue is the tanh approximation of GELU; for
   models trained with the exact (erf) GELU the difference stays far inside cosine 0.999 of the

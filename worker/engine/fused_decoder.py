@@ -1,10 +1,11 @@
 """Fused Triton kernels for Qwen3-style decoder layers (RMSNorm, per-head q/k norm + RoPE, SiLU gate).
 
-Unfused, a Qwen3 layer runs ~50 small kernels (float32 casts, powers, means, rsqrt, the halves of
-RoPE, concatenations), which made a 0.6B model 3.5× slower per layer than BGE-M3 on an H200
-(docs/benchmarks.md). Here each of those stretches is one kernel, computing in float32 registers and
-rounding once on the way out; the GEMMs and attention stay as they are. Every function has a
-plain-torch twin in qwen3.py (the CPU path and the reference the GPU tests compare against).
+Unfused, a Qwen3 layer runs ~50 small kernels (float32 casts, powers, means, rsqrt, the halves of RoPE,
+concatenations), each a launch and a pass over the activations, which made a small decoder's layer
+several times slower than BGE-M3's (docs/benchmarks-history.md). Here each of those stretches is one
+kernel, computing in float32 registers and rounding once on the way out; the GEMMs and attention stay as
+they are. Every function has a plain-torch twin in qwen3.py (the CPU path and the reference the GPU
+tests compare against).
 With fp8 linears (fp8.py), `rms_norm_fp8` also writes the normalised rows quantised to e4m3 for the
 next GEMM, and the SiLU gate is `activation_quantize(gate_up, "silu_mul")`.
 """

@@ -17,9 +17,8 @@ class LazyTensor(ResultHandle):
 
     CUDA's default synchronisation spins a core until the event fires, a whole step's worth of CPU
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
-    the driver instead, and wakes it later. Measured on the H200 host through the gateway: at one
-    client a batch's device stage and hand-off took 1.00-1.03 ms spinning (three runs), 1.23
-    blocking; at 16 clients blocking halved the worker's CPU per request (359 to 150 µs). So every
+    the driver instead, and wakes it later, which costs a lone batch a slower wake-up but under load
+    saves the worker about half its CPU per request (docs/benchmarks-history.md). So every
     event blocks, and a small batch alone on the device is polled for on the event loop instead
     (a query, no spin of its own: device_path.py), which wakes as fast as a spin.
     """

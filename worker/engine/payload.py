@@ -6,8 +6,9 @@ size, and fewer when every sequence asks the same outputs (the masks are then sc
 device the answer is two gathers after the forward (a replay, or an eager run), nothing zeroed:
 one `index_select` of a source row for every answer row (dense, ColBERT, token vectors; a sparse
 or padding row takes one of the flat block's zero rows), then one `index_copy_` of the sparse
-weights into their rows. On H200 the old form (a zeroed block, two advanced-index assignments,
-an index built per output kind) cost 0.21-0.31 ms of host time a batch: docs/benchmarks.md.
+weights into their rows. Zeroing a block, advanced-index assignments and an index per output kind
+cost host time in every batch, which is what the dense step is compared against
+(docs/benchmarks.md, BGE-M3's sparse and ColBERT outputs).
 """
 
 from dataclasses import dataclass

@@ -1,17 +1,16 @@
 """`triton`: a varlen attention kernel of our own, built for the short sequences embedding batches hold.
 
 At 128 tokens a BGE-M3 layer's attention is a few MFLOP, yet torch's varlen flash kernel and
-FlashAttention 4 take 6-7 µs of a CUDA graph for it (docs/benchmarks.md), where a small kernel costs
-~2 µs. This kernel does the flash-attention forward in one program per (query block, head): the
-sequence's keys in blocks, an online softmax in float32 registers, grouped-query heads read from
-their shared key/value head, causal or not. It schedules from `cu_seqlens` on the device (no host
-sync, CUDA-graph capturable): the grid holds as many query blocks as any packing of the bucket can
-need (its tokens / block + its sequence slots), and each program finds its sequence and block from
-a prefix sum of the sequences' block counts, so a bucket of many short sequences launches no
-programs for the long sequence it could have held. Key blocks wholly inside the sequence (and, when
-causal, before the query block) skip the masks; causal programs take their sequence's query blocks
-last first, the longest rows first. The query block is 128 rows where the bucket's sequence slots
-average 256 tokens or more, 64 below.
+FlashAttention 4 take several times what a small kernel costs in a CUDA graph for it (docs/benchmarks-
+history.md). This kernel does the flash-attention forward in one program per (query block, head): the
+sequence's keys in blocks, an online softmax in float32 registers, grouped-query heads read from their
+shared key/value head, causal or not. It schedules from `cu_seqlens` on the device (no host sync, CUDA-
+graph capturable): the grid holds as many query blocks as any packing of the bucket can need (its tokens
+/ block + its sequence slots), and each program finds its sequence and block from a prefix sum of the
+sequences' block counts, so a bucket of many short sequences launches no programs for the long sequence
+it could have held. Key blocks wholly inside the sequence (and, when causal, before the query block)
+skip the masks; causal programs take their sequence's query blocks last first, the longest rows first.
+The query block is 128 rows where the bucket's sequence slots average 256 tokens or more, 64 below.
 """
 
 import math
@@ -32,7 +31,7 @@ Tile = tuple[int, int, int, int, bool]  # query rows, keys per step, warps, pipe
 
 
 def tiles(num_tokens: int, num_slots: int, head_dim: int) -> Tile:
-    """The tile for a bucket's shape, as measured on an H200 (lab/bench_triton_attention.py)."""
+    """The tile for a bucket's shape: the fastest found per shape by lab/bench_triton_attention.py."""
     if num_tokens >= LONG_SLOTS * max(num_slots - 1, 1):
         return 128, 64, 8, 3, True
     return (64, 64, 4, 3, True) if head_dim <= 64 else (64, 32, 4, 3, True)
