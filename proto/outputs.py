@@ -71,3 +71,39 @@ class OutputShape:
         if outputs & SPARSE:
             out["sparse"] = words[at : at + length]
         return out
+
+
+def vocabulary_words(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vocabulary-indexed sparse rows [num_seqs, vocab] (SPLADE, InfoResponse.sparse_vocabulary) as
+    the words that travel: per row n, its n nonzero ids (increasing), their n weights, all float32
+    (ids exact below 2**24). Returns (words of each row [num_seqs] int64, the words [total])."""
+    mask = rows > 0
+    counts = mask.sum(1, dtype=np.int64)  # [num_seqs]
+    sizes = 1 + 2 * counts
+    starts = np.cumsum(sizes) - sizes  # each row's count word
+    words = np.empty(int(sizes.sum()), np.float32)
+    words[starts] = counts
+    row_of, ids = np.nonzero(mask)  # row-major: each row's ids increasing
+    rank = np.arange(len(ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+    at = starts[row_of] + 1 + rank
+    words[at] = ids
+    words[at + counts[row_of]] = rows[row_of, ids]
+    return sizes, words
+
+
+def read_vocabulary(words: np.ndarray, num_seqs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`vocabulary_words`' words back into each sequence's (ids int64, weights float32);
+    ValueError if they do not hold `num_seqs` sequences exactly."""
+    answer: list[tuple[np.ndarray, np.ndarray]] = []
+    at = 0
+    for _ in range(num_seqs):
+        if at >= len(words):
+            raise ValueError(f"sparse words for {len(answer)} sequences, not {num_seqs}")
+        n = int(words[at])
+        if n < 0 or at + 1 + 2 * n > len(words):
+            raise ValueError(f"a sparse vector of {n} weights overruns its {len(words)} words")
+        answer.append((words[at + 1 : at + 1 + n].astype(np.int64), words[at + 1 + n : at + 1 + 2 * n]))
+        at += 1 + 2 * n
+    if at != len(words):
+        raise ValueError(f"{len(words) - at} sparse words past {num_seqs} sequences")
+    return answer

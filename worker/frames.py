@@ -45,6 +45,7 @@ from kembed.worker.groups import RequestGroup
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.validation import frame_is_clean, sequences_problem, spans_of, token_types_problem
+from kembed.worker.vocabulary import check_asks, compact
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ class FrameConnection(asyncio.Protocol):
                 assert group.ids is not None
                 ids.append(group.ids[requests])
                 num_rows, own = group.rows_of(requests)
+                if self._service.is_sparse_vocabulary:  # its nonzero weights alone leave the worker
+                    num_rows, own = compact(num_rows, own)
                 counts.append(num_rows)
                 parts.append(own)
             result.ids = _joined(ids, "<u8")
@@ -251,6 +254,7 @@ class FrameService:
     def __init__(self, scheduler: Scheduler, info: ModelInfo) -> None:
         self.scheduler = scheduler
         self._info = info
+        self.is_sparse_vocabulary = info.sparse_vocabulary  # answers compacted (vocabulary.py)
         self.connections: set[FrameConnection] = set()
         self._is_draining = False
         self._drained = asyncio.Event()  # set once draining and nothing is in flight
@@ -358,12 +362,17 @@ class FrameService:
         request asks for dense rows alone. InvalidInput for the whole frame when a request asks for
         an output the model lacks, or with span pooling or scores."""
         if not message.outputs:
+            if self._info.sparse_vocabulary:
+                check_asks(self._info, 0)
             return None
         outputs = np.frombuffer(message.outputs, "u1")
         if len(outputs) != len(num_sequences):
             raise InvalidInput(
                 f"a frame's outputs has {len(outputs)} values for {len(num_sequences)} requests"
             )
+        if self._info.sparse_vocabulary:  # its rows as dense ones, compacted when answered
+            check_asks(self._info, outputs)
+            return None
         if (outputs <= DENSE).all():
             return None
         if message.kind != pb.FRAME_KIND_EMBED or message.num_spans:

@@ -33,6 +33,7 @@ from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
 from kembed.worker.streams import StreamServer
 from kembed.worker.validation import sequences_problem, spans_of, token_types_problem
+from kembed.worker.vocabulary import check_asks, compact
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             outputs=info.outputs,
             colbert_dimensions=info.colbert_dimensions,
             hidden_size=info.hidden_size,
+            sparse_vocabulary=info.sparse_vocabulary,
         )
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
@@ -263,7 +265,15 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
         token_ids, lengths = decode_batch(request.batch, self._info)
         spans = decode_spans(request.batch, lengths)
-        if request.outputs > DENSE:
+        if self._info.sparse_vocabulary:  # SPARSE alone, its nonzero weights alone answered
+            check_asks(self._info, request.outputs)
+            if spans is not None:
+                raise InvalidInput("span pooling asks for dense rows alone")
+            _, rows = compact(
+                np.array([len(lengths)]),
+                await self._scheduler.submit(token_ids, lengths, priority=request.priority),
+            )
+        elif request.outputs > DENSE:
             info = self._info
             lacking = request.outputs & ~info.outputs
             if lacking or spans is not None:

@@ -257,6 +257,7 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         outputs=facts.outputs,
         colbert_dimensions=facts.colbert_size,
         hidden_size=facts.hidden_size,
+        sparse_vocabulary=facts.sparse_vocabulary,
     )
     log.info(
         "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s in %.1fs",

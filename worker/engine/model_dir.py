@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from kembed.worker.engine.dense import DenseSpec, read_dense
+from kembed.worker.engine.splade import SpladeSpec, read_splade
 from kembed.worker.errors import InvalidInput
 
 # Prefixes under which task heads (BertForSequenceClassification, ...) store the encoder.
@@ -36,6 +37,7 @@ class ModelDir:
     pooling: str | None  # "cls" | "mean" | "last"; None: no sentence-transformers pipeline, family default
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
     dense: tuple[DenseSpec, ...] = ()  # Dense modules after pooling, in order (applied by the model)
+    splade: SpladeSpec | None = None  # a SparseEncoder's SpladePooling (splade.py); None: not one
 
     @property
     def model_type(self) -> str:
@@ -49,8 +51,29 @@ def read_model_dir(path: Path) -> ModelDir:
     if not config_file.is_file():
         raise InvalidInput(f"{path} is not a model directory: config.json is missing")
     config = json.loads(config_file.read_text())
+    splade = _read_splade_pipeline(path)
+    if splade is not None:
+        return ModelDir(path=path, config=config, pooling=None, normalize=False, splade=splade)
     pooling, dense, normalize = _read_pipeline(path)
     return ModelDir(path=path, config=config, pooling=pooling, normalize=normalize, dense=dense)
+
+
+def _read_splade_pipeline(path: Path) -> SpladeSpec | None:
+    """A sentence-transformers SparseEncoder's pipeline, MLMTransformer then SpladePooling (and
+    nothing else), as its SpladeSpec; None for any other directory."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None
+    modules = json.loads(modules_file.read_text())
+    names = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if "SpladePooling" not in names and "MLMTransformer" not in names:
+        return None
+    if names != ["MLMTransformer", "SpladePooling"]:
+        raise InvalidInput(
+            f"{modules_file}: a sparse encoder's pipeline is served as MLMTransformer then SpladePooling, "
+            f"not {', '.join(names)}"
+        )
+    return read_splade(path / modules[1].get("path", ""))
 
 
 def _read_pipeline(path: Path) -> tuple[str | None, tuple[DenseSpec, ...], bool]:

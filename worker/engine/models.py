@@ -10,6 +10,7 @@ from kembed.worker.engine.heads import M3Heads
 from kembed.worker.engine.model_dir import ModelDir, load_weights
 from kembed.worker.engine.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
 from kembed.worker.engine.served import PooledEmbedder, ServedModel
+from kembed.worker.engine.splade import SpladeEmbedder
 from kembed.worker.errors import InvalidInput
 
 
@@ -54,6 +55,12 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
         if model_dir.dense:
             raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
         return BertCrossEncoder.load(model_dir, attend)
+    if model_dir.splade is not None:
+        if family != "bert":
+            raise InvalidInput(f"{model_dir.path}: a SPLADE model is served on a BERT-family encoder")
+        splade = SpladeEmbedder(BertShape.from_config(model_dir.config), attend, model_dir.splade)
+        splade.load_hf_weights(load_weights(model_dir.path))
+        return splade
     embedder: PooledEmbedder
     if family == "bert":
         embedder = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))

@@ -31,6 +31,7 @@ class ModelFacts:
     outputs: int = 0  # the Output kinds it has (kembed.proto.outputs); 0 for scorers
     colbert_size: int = 0  # COLBERT vectors' size, 0 without that head
     hidden_size: int = 0  # TOKENS vectors' size, 0 without that output
+    sparse_vocabulary: bool = False  # SPARSE alone, one vocabulary-wide row a sequence (splade.py)
 
     @property
     def output_shape(self) -> OutputShape:

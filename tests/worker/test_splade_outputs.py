@@ -1,0 +1,96 @@
+"""SPLADE models (a masked-LM head, log(1 + ReLU) pooled over the tokens) in the engine against
+sentence-transformers' SparseEncoder, on small model directories with random weights, and their
+rows as the worker sends them (kembed.proto.outputs.vocabulary_words)."""
+
+import numpy as np
+import pytest
+from splade_model import build_splade_dir, splade_reference
+
+from kembed.proto.outputs import SPARSE, read_vocabulary, vocabulary_words
+from kembed.worker.config import WorkerConfig
+from kembed.worker.engine.engine import load_engine
+from kembed.worker.errors import InvalidInput
+from kembed.worker.info import ModelInfo
+from kembed.worker.vocabulary import check_asks, compact
+
+TEXTS = ["w1 w2 w3 w2", "w7", "w5 w9 w11 w13 w15 w17 w19 w21 nothere w5", "w0 w0 w0"]
+
+
+def _ids(path, texts):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+@pytest.fixture(scope="module", params=[("max", "relu"), ("sum", "log1p_relu")], ids=["max", "sum-log1p"])
+def splade_dir(request, tmp_path_factory):
+    pooling, activation = request.param
+    return build_splade_dir(
+        tmp_path_factory.mktemp("splade") / "tiny-splade", pooling=pooling, activation=activation
+    )
+
+
+def test_the_model_has_sparse_alone_by_vocabulary(splade_dir):
+    info = load_engine(WorkerConfig(model=splade_dir, device="cpu", dtype="float32")).info
+    assert (info.outputs, info.sparse_vocabulary, info.dimensions, info.vocab_size) == (
+        SPARSE,
+        True,
+        125,
+        125,
+    )
+
+
+def test_rows_match_sparse_encoder(splade_dir):
+    engine = load_engine(WorkerConfig(model=splade_dir, device="cpu", dtype="float32"))
+    sequences = _ids(splade_dir, TEXTS)
+    lengths = np.array([len(s) for s in sequences])
+    rows = engine.step(engine.pack(np.concatenate(sequences).astype(np.int32), lengths)).wait()
+    pairs = read_vocabulary(vocabulary_words(rows)[1], len(TEXTS))
+    for (ids, values), want in zip(pairs, splade_reference(splade_dir, TEXTS), strict=True):
+        assert ids.tolist() == sorted(want)
+        assert np.abs(values - [want[i] for i in ids.tolist()]).max() <= 1e-3
+
+
+def test_compact_counts_each_requests_words():
+    rows = np.zeros((3, 10), np.float32)
+    rows[0, [2, 7]] = [0.5, 1.5]
+    rows[2, 9] = 2.0
+    per_request, words = compact(np.array([2, 1]), rows)  # request 0: rows 0-1, request 1: row 2
+    assert per_request.tolist() == [1 + 4 + 1, 3] and words.shape == (9, 1)
+    assert words.ravel().tolist() == [2, 2, 7, 0.5, 1.5, 0, 1, 9, 2.0]
+
+
+@pytest.mark.parametrize(
+    "outputs", [0, 1, 3, np.array([2, 1], np.uint8)], ids=["none", "dense", "dense-sparse", "mixed"]
+)
+def test_anything_but_sparse_alone_is_refused(outputs):
+    info = ModelInfo(
+        "tiny", "bert", "embed", 125, 128, 125, "splade", False, "float32", "cpu", "sdpa", SPARSE
+    )
+    with pytest.raises(InvalidInput, match="it has: sparse"):
+        check_asks(info, outputs)
+    check_asks(info, np.array([SPARSE, SPARSE]))  # accepted
+
+
+def test_the_words_refuse_a_wrong_count():
+    _, words = vocabulary_words(np.array([[0, 1.0, 0]], np.float32))
+    with pytest.raises(ValueError):
+        read_vocabulary(words, 2)
+    with pytest.raises(ValueError):
+        read_vocabulary(np.concatenate([words, words[:1]]), 1)
+
+
+@pytest.mark.gpu
+def test_the_graph_replays_what_the_cpu_engine_computes(splade_dir):
+    cpu = load_engine(WorkerConfig(model=splade_dir, device="cpu", dtype="float32"))
+    gpu = load_engine(WorkerConfig(model=splade_dir, device="cuda", dtype="float32", prewarm="none"))
+    sequences = _ids(splade_dir, TEXTS)
+    lengths = np.array([len(s) for s in sequences])
+    ids = np.concatenate(sequences).astype(np.int32)
+    want = cpu.step(cpu.pack(ids, lengths)).wait()
+    for _ in range(3):  # eager, captured, replayed
+        got = gpu.step(gpu.pack(ids, lengths)).wait()
+        assert got.shape == want.shape
+        assert ((got > 0) == (want > 0)).all() and np.abs(got - want).max() <= 1e-3
+    assert gpu.graphs.num_replays >= 1
