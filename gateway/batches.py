@@ -35,7 +35,7 @@ class Part:
     deadline: float  # loop.time() by which its request must be answered
     priority: int = 1  # its request's class (the contract's Priority: 1 interactive, 2 bulk)
     spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
-    num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence
+    num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence; -1: the worker says
     outputs: int = 0  # the contract's Output bitmask (kembed.proto.outputs); 0: dense rows alone
     owner: str = ""  # the request this chunk is part of; empty: request_id
 

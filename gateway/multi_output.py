@@ -3,8 +3,10 @@ vectors): TEI's `/embed_sparse` and `/embed_all`, and `/v1/embeddings` with the 
 
 Sparse vectors are built here from the worker's per-token weights, as FlagEmbedding does for
 BGE-M3: each token id's largest weight, zero weights and the tokenizer's cls, eos, pad and unk
-tokens dropped. `/v1/embeddings` answers them as `{"indices", "values"}` (ids increasing: what
-Qdrant's and Milvus's sparse vectors take), TEI's route as `[{"index", "value"}]`.
+tokens dropped. A SPLADE model's come from the worker whole, its nonzero (vocabulary id, weight)
+pairs, as sentence-transformers' SparseEncoder computes them. `/v1/embeddings` answers them as
+`{"indices", "values"}` (ids increasing: what Qdrant's and Milvus's sparse vectors take), TEI's
+route as `[{"index", "value"}]`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,17 @@ class OutputsField(BaseModel):
     outputs: list[OutputName] | None = Field(default=None, min_length=1)
 
 
+def sparse_vector(
+    row: dict[str, np.ndarray], ids: np.ndarray, skip: frozenset[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """A sequence's sparse vector (ids increasing, their weights): a vocabulary-indexed model's
+    (SPLADE: the worker's nonzero pairs, as sentence-transformers' SparseEncoder gives them, special
+    tokens kept), else `lexical` of its per-token weights."""
+    if "sparse_ids" in row:
+        return row["sparse_ids"], row["sparse"]
+    return lexical(row["sparse"], ids, skip)
+
+
 def lexical(weights: np.ndarray, ids: np.ndarray, skip: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
     """(ids increasing, their weights): each id's largest positive weight, `skip` ids dropped."""
     keep = (weights > 0) & ~np.isin(ids, list(skip))
@@ -97,7 +110,7 @@ class OutputRoutes:
         skip = self._skip()
         answer = []
         for row, ids in zip(rows, sequences, strict=True):
-            indices, values = lexical(row["sparse"], ids, skip)
+            indices, values = sparse_vector(row, ids, skip)
             answer.append(
                 [{"index": int(i), "value": float(v)} for i, v in zip(indices, values, strict=True)]
             )
@@ -150,7 +163,7 @@ class OutputRoutes:
         if "sparse" in names:
             skip = self._skip()
             for item, row, ids in zip(items, got.rows, got.sequences, strict=True):
-                indices, values = lexical(row["sparse"], ids, skip)
+                indices, values = sparse_vector(row, ids, skip)
                 item["sparse_embedding"] = {"indices": indices.tolist(), "values": values.tolist()}
         if "colbert" in names:
             for item, row in zip(items, got.rows, strict=True):

@@ -34,7 +34,7 @@ from kembed.gateway.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
 from kembed.gateway.workers import WorkerPool
 from kembed.proto import embedder_pb2 as pb
-from kembed.proto.outputs import DENSE, OutputShape, names_of
+from kembed.proto.outputs import DENSE, OutputShape, names_of, read_vocabulary
 
 T = TypeVar("T")
 
@@ -340,6 +340,14 @@ class EmbeddingService:
             return raw, sequences, num_tokens
 
         raw, sequences, num_tokens = await self._run(run)
+        if info.sparse_vocabulary:  # SPLADE: each sequence's nonzero (id, weight) pairs
+            try:
+                pairs = read_vocabulary(raw.reshape(-1), len(sequences))
+            except ValueError as error:
+                raise WorkerFailed(f"the worker's sparse answer: {error}") from None
+            return Outputs(
+                [{"sparse_ids": ids, "sparse": values} for ids, values in pairs], sequences, num_tokens
+            )
         shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
         lengths = np.array([len(s) for s in sequences])
         counts = shape.rows_of(lengths, np.full(len(lengths), outputs))

@@ -98,7 +98,7 @@ class UnaryTransport:
             )
             response = await self._stub.Embed(embedded, timeout=timeout_s, metadata=self._metadata)
             # a worker without span pooling answers one row per sequence: refused here
-            return decode_embeddings(response, part.num_rows)
+            return decode_embeddings(response, response.num_sequences if part.num_rows < 0 else part.num_rows)
         scored = pb.ScoreRequest(batch=batch, request_id=request_id, priority=part.priority)  # type: ignore[arg-type]
         response = await self._stub.Score(scored, timeout=timeout_s, metadata=self._metadata)
         return decode_scores(response, part.num_sequences)

@@ -555,7 +555,11 @@ class WorkerPool:
                 shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
                 lengths = np.array([len(s) for s in made.token_ids])
                 made.outputs = outputs
-                made.num_rows = int(shape.rows_of(lengths, np.full(len(lengths), outputs)).sum())
+                made.num_rows = (
+                    -1  # vocabulary-indexed sparse vectors: as many words as their nonzero weights
+                    if info.sparse_vocabulary
+                    else int(shape.rows_of(lengths, np.full(len(lengths), outputs)).sum())
+                )
             return made
 
         # A request of one chunk is refused at once if every queue is full (its client backs off); one
