@@ -128,9 +128,10 @@ class SpladeEmbedder(ServedModel):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_seqs, vocab] float32
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        weights = torch.log1p(torch.relu(self.head(hidden).float()))  # [num_tokens, vocab]
+        # [num_tokens, vocab] float32, the largest activation of the step: made once, then in place
+        weights = self.head(hidden).float().relu_().log1p_()
         if self.spec.activation == "log1p_relu":
-            weights = torch.log1p(weights)
+            weights.log1p_()
         # Pooled per sequence by its tokens' seq_ids: a graph bucket's padding tokens belong to its
         # padding slot, whose row is dropped, so no real row sees them. Every weight is >= 0, so a
         # max over zeros is the max over the sequence's own tokens.
