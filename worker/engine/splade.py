@@ -129,7 +129,7 @@ class SpladeEmbedder(ServedModel):
     ) -> torch.Tensor:  # [num_seqs, vocab] float32
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
         # [num_tokens, vocab] float32, the largest activation of the step: made once, then in place
-        weights = self.head(hidden).float().relu_().log1p_()
+        weights: torch.Tensor = self.head(hidden).float().relu_().log1p_()
         if self.spec.activation == "log1p_relu":
             weights.log1p_()
         # Pooled per sequence by its tokens' seq_ids: a graph bucket's padding tokens belong to its
@@ -138,5 +138,7 @@ class SpladeEmbedder(ServedModel):
         pooled = weights.new_zeros(meta.num_seqs, weights.shape[1])  # [num_seqs, vocab]
         if self.spec.pooling == "max":
             rows = meta.seq_ids.unsqueeze(1).expand_as(weights)  # a view: each weight's row
-            return pooled.scatter_reduce_(0, rows, weights, "amax", include_self=True)
-        return pooled.index_add_(0, meta.seq_ids, weights)
+            pooled.scatter_reduce_(0, rows, weights, "amax", include_self=True)
+        else:
+            pooled.index_add_(0, meta.seq_ids, weights)
+        return pooled
