@@ -263,6 +263,7 @@ class Routes:
         # then lists only the routes the served model answers.
         info = self.service.pool.info
         task = info.task if info is not None else None
+        outputs = None if info is None or info.task != "embed" else tuple(names_of(info.outputs or 1))
         served = Served.of(
             self.config,
             self.service.served_names,
@@ -270,6 +271,7 @@ class Routes:
             dimensions=info.dimensions if info is not None else None,
             vocab_size=(info.vocab_size if info is not None else None)
             or self.service.tokenization.spec.vocab_size,
+            outputs=outputs,
         )
         document = orjson.dumps(
             openapi.build(
@@ -277,7 +279,7 @@ class Routes:
                 has_api_key=bool(self.config.api_key),
                 task=task,
                 served=served,
-                outputs=None if info is None or info.task != "embed" else tuple(names_of(info.outputs or 1)),
+                outputs=outputs,
             )
         )
         if task is not None:

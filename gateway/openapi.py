@@ -42,9 +42,27 @@ class EmbeddingObject(BaseModel):
     embedding: list[float] | str  # a string for the base64 encoding formats
 
 
+class SparseEmbedding(BaseModel):
+    """A sparse vector as vector databases take it: ids increasing, their weights."""
+
+    indices: list[int]
+    values: list[float]
+
+
+class EmbeddingItem(BaseModel):
+    """One item of `/v1/embeddings`: `embedding` unless `outputs` leaves dense out; the others for
+    the `outputs` asked."""
+
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str | None = None  # a string for the base64 encoding formats
+    sparse_embedding: SparseEmbedding | None = None
+    colbert_embedding: list[list[float]] | list[str] | None = None  # a vector per token but the first
+
+
 class EmbeddingList(BaseModel):
     object: Literal["list"]
-    data: list[EmbeddingObject]
+    data: list[EmbeddingItem]
     model: str
     usage: Usage
 
@@ -277,8 +295,13 @@ _ERRORS = {
 }
 
 
-# the routes that need an output beyond dense (GET /info's `outputs`)
-_OUTPUT_ROUTES = {"/embed_sparse": "sparse", "/embed_all": "tokens"}
+# the outputs an embedding route needs one of (GET /info's `outputs`); the others need dense
+_OUTPUT_ROUTES = {
+    "/embed_sparse": ("sparse",),
+    "/embed_all": ("tokens",),
+    "/v1/embeddings": ("dense", "sparse", "colbert"),  # with `outputs`, any of them
+    "/": ("dense",),  # an embedding model's root route is TEI's /embed
+}
 
 
 def build(
@@ -309,7 +332,8 @@ def build(
     for op in ROUTES:
         if task is not None and op.task not in (None, task):
             continue
-        if outputs is not None and _OUTPUT_ROUTES.get(op.path, "dense") not in outputs:
+        needs = _OUTPUT_ROUTES.get(op.path, ("dense",) if op.task == "embed" else ())
+        if outputs is not None and needs and not set(needs) & set(outputs):
             continue  # the served model lacks the output this route answers
         response_schema = _ref(op.response.__name__) if isinstance(op.response, type) else op.response
         operation: dict[str, Any] = {

@@ -21,6 +21,8 @@ from typing import Any
 
 from kembed.gateway.config import GatewayConfig
 
+OUTPUT_NAMES = ("dense", "sparse", "colbert")  # what `outputs` names (multi_output.OutputName)
+
 Schema = dict[str, Any]
 
 
@@ -38,6 +40,9 @@ class Served:
     max_tokenize_tokens: int
     max_context_documents: int
     max_context_chunks: int
+    # the outputs `/v1/embeddings`' `outputs` may ask for (the model's, of dense, sparse, colbert);
+    # None until a worker has answered
+    outputs: tuple[str, ...] | None = None
 
     @classmethod
     def of(
@@ -47,6 +52,7 @@ class Served:
         prompt_names: tuple[str, ...],
         dimensions: int | None,
         vocab_size: int | None,
+        outputs: tuple[str, ...] | None = None,
     ) -> Served:
         return cls(
             model_names=model_names,
@@ -58,6 +64,7 @@ class Served:
             max_tokenize_tokens=config.max_tokenize_tokens,
             max_context_documents=config.max_context_documents,
             max_context_chunks=config.max_context_chunks,
+            outputs=None if outputs is None else tuple(o for o in OUTPUT_NAMES if o in outputs),
         )
 
 
@@ -101,6 +108,19 @@ def _prompt_name(served: Served) -> Schema:
 
 def _dimensions(served: Served) -> Schema:
     return _nullable(_bounded({"type": "integer", "minimum": 1}, maximum=served.dimensions))
+
+
+def _outputs(served: Served) -> Schema:
+    """`/v1/embeddings`' extension field (gateway/multi_output.py): the model's outputs by name, at
+    least one; null or left out is the dense answer alone, where the model has one."""
+    names = OUTPUT_NAMES if served.outputs is None else served.outputs
+    listed: Schema = {"type": "array", "items": {"type": "string", "enum": list(names)}, "minItems": 1}
+    schema = listed if served.outputs is not None and "dense" not in served.outputs else _nullable(listed)
+    return schema | {
+        "title": "Outputs",
+        "description": "Outputs each item carries from one pass: `embedding` (dense), "
+        "`sparse_embedding` ({indices, values}), `colbert_embedding` (a vector per token but the first).",
+    }
 
 
 def _ref(name: str) -> Schema:
@@ -163,6 +183,7 @@ def _v2_inputs(served: Served) -> Schema:
 _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
     "EmbeddingRequest": {
         "input": _inputs, "model": _model, "dimensions": _dimensions, "prompt_name": _prompt_name,
+        "outputs": _outputs,
     },
     "EmbedRequest": {"inputs": _inputs, "dimensions": _dimensions, "prompt_name": _prompt_name},
     "TeiOutputsRequest": {"inputs": _inputs, "prompt_name": _prompt_name},  # /embed_sparse, /embed_all
@@ -209,10 +230,13 @@ def constrain(schemas: dict[str, Schema], served: Served) -> None:
         properties = schema["properties"]
         for name, rule in fields.items():
             checked = rule(served)
-            kept = {key: properties[name][key] for key in ("title", "description") if key in properties[name]}
-            if "default" in properties[name] and (
-                properties[name]["default"] is not None or _allows_null(checked)
-            ):
-                kept["default"] = properties[name]["default"]  # a null default only where null is taken
+            declared = properties.get(name, {})  # an extension field parsed apart has none (outputs)
+            kept = {key: declared[key] for key in ("title", "description") if key in declared}
+            if "default" in declared and (declared["default"] is not None or _allows_null(checked)):
+                kept["default"] = declared["default"]  # a null default only where null is taken
             properties[name] = kept | checked
         schema.update(_WHOLE.get(model, {}))
+    # a model without a dense output (SPLADE) answers `/v1/embeddings` only for the outputs it has
+    embeddings = schemas.get("EmbeddingRequest")
+    if embeddings is not None and served.outputs is not None and "dense" not in served.outputs:
+        embeddings["required"] = [*embeddings.get("required", []), "outputs"]

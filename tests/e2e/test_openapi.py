@@ -133,3 +133,13 @@ def test_the_document_is_served_and_marks_the_key_where_one_is_needed(stack):
     assert keyed["paths"]["/embed"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in keyed["paths"]["/health"]["get"]
     assert "security" not in keyed["paths"]["/docs"]["get"]
+
+
+def test_the_embeddings_schema_names_the_outputs_the_model_has(stack):
+    schemas = httpx.get(f"{stack.url}/openapi.json", timeout=30).json()["components"]["schemas"]
+    request = schemas["EmbeddingRequest"]
+    outputs = request["properties"]["outputs"]
+    listed = next(branch for branch in outputs["anyOf"] if branch.get("type") == "array")
+    # the bundled model: dense alone (its token vectors are /embed_all's), the field optional
+    assert listed["items"]["enum"] == ["dense"] and listed["minItems"] == 1
+    assert {"type": "null"} in outputs["anyOf"] and "outputs" not in request.get("required", [])

@@ -9,6 +9,8 @@ import httpx
 import numpy as np
 import pytest
 from processes import start_stack
+from schemathesis import GenerationMode
+from test_openapi import run_operations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from splade_model import build_splade_dir, splade_reference
@@ -58,8 +60,21 @@ def test_embed_sparse_matches_sparse_encoder(splade_stack, splade_dir):
 
 def test_info_and_openapi_say_sparse_alone(splade_stack):
     assert httpx.get(f"{splade_stack.url}/info").json()["outputs"] == ["sparse"]
-    paths = httpx.get(f"{splade_stack.url}/openapi.json").json()["paths"]
-    assert "/embed_sparse" in paths and "/embed_all" not in paths
+    document = httpx.get(f"{splade_stack.url}/openapi.json").json()
+    paths = document["paths"]
+    assert "/embed_sparse" in paths and "/v1/embeddings" in paths
+    assert not {"/embed_all", "/embed", "/v2/embed", "/similarity"} & set(paths)  # they answer dense
+    request = document["components"]["schemas"]["EmbeddingRequest"]
+    assert request["properties"]["outputs"]["items"]["enum"] == ["sparse"]  # and not null:
+    assert "outputs" in request["required"]  # without it the answer would be dense
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
+def test_schemathesis_finds_the_document_as_strict_as_the_server(splade_stack, mode):
+    answered = run_operations(splade_stack.url, mode, {None, "embed"})
+    if mode is GenerationMode.POSITIVE:
+        assert {"POST /v1/embeddings", "POST /embed_sparse"} <= set(answered)
+        assert answered["POST /v1/embeddings"][1] > 0 and answered["POST /embed_sparse"][1] > 0
 
 
 @pytest.mark.parametrize(
