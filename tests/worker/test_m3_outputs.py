@@ -97,3 +97,20 @@ def test_the_multi_output_graph_replays_what_the_cpu_engine_computes(engine, m3_
         nonzero = np.abs(want).sum(1) > 0
         assert _cosines(got[nonzero], want[nonzero]).min() >= 0.99  # bf16 against float32
     assert getattr(gpu, graphs).num_replays >= 1  # batches asking no token vectors leave them out
+
+
+@pytest.mark.gpu
+def test_prewarm_captures_the_multi_output_graph_too(engine, m3_dir):
+    gpu = load_engine(WorkerConfig(model=m3_dir, device="cuda", dtype="bfloat16", prewarm="none"))
+    lengths = np.array([len(s) for s in SEQUENCES])
+    ids = np.concatenate([np.array(s, np.int32) for s in SEQUENCES])
+    masks = np.array([DENSE | SPARSE | COLBERT, DENSE, SPARSE, COLBERT], np.uint8)
+    bucket = gpu.buckets.lookup(len(lengths), int(lengths.sum()))
+    assert gpu.prewarm([bucket]) == [bucket]
+    assert gpu.multi_graphs.is_captured(bucket) and not gpu.token_graphs.is_captured(bucket)
+    num_captures = len(gpu.multi_graphs.capture_seconds)
+    got = gpu.step(gpu.pack(ids, lengths, None, None, masks)).wait()  # its first batch: a replay
+    assert gpu.multi_graphs.num_replays == 1 and len(gpu.multi_graphs.capture_seconds) == num_captures
+    want = engine.step(engine.pack(ids, lengths, None, None, masks)).wait()
+    nonzero = np.abs(want).sum(1) > 0
+    assert got.shape == want.shape and _cosines(got[nonzero], want[nonzero]).min() >= 0.99

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kembed.proto.outputs import TOKENS
+from kembed.proto.outputs import COLBERT, SPARSE, TOKENS
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
@@ -302,10 +302,19 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         return to_host(output)
 
     def _capture(self, bucket: Bucket) -> None:
+        """Capture `bucket`'s dense graph, and for a model with heads (BGE-M3's sparse or ColBERT)
+        its multi-output graph too: what prewarm, idle time and the operator's Job capture, so a
+        prewarmed worker replays both kinds of batch from the first. Multi-output batches run in
+        their own bucket, the one captured here. (The graphs with token vectors stay lazy: every
+        embedder has that output, and they would double every model's captures.)"""
+        facts = self.model.facts
+        has_heads = bool(facts.outputs & (SPARSE | COLBERT)) and not facts.sparse_vocabulary
         with self._lock, torch.cuda.stream(self.stream):
             cu_seqlens = self.static.fill_neutral(bucket)
             self._plan(torch.from_numpy(cu_seqlens), None)
             self.graphs.capture(bucket)
+            if has_heads:  # the same neutral inputs and plan: captured on its own stream and pool
+                self.multi_graphs.capture(bucket)
 
     @torch.inference_mode()
     def prewarm(self, buckets: list[Bucket]) -> list[Bucket]:
