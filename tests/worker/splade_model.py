@@ -11,7 +11,11 @@ WORDS = [f"w{i}" for i in range(120)]
 
 def build_splade_dir(path: Path, *, pooling: str = "max", activation: str = "relu", seed: int = 0) -> Path:
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    try:
+        from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    except ImportError:  # sentence-transformers before 6.2 (a GPU machine's)
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
 

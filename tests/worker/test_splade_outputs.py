@@ -84,7 +84,8 @@ def test_the_words_refuse_a_wrong_count():
 @pytest.mark.gpu
 def test_the_graph_replays_what_the_cpu_engine_computes(splade_dir):
     cpu = load_engine(WorkerConfig(model=splade_dir, device="cpu", dtype="float32"))
-    gpu = load_engine(WorkerConfig(model=splade_dir, device="cuda", dtype="float32", prewarm="none"))
+    # bfloat16: the CUDA engine (graphs, varlen attention) serves half precision
+    gpu = load_engine(WorkerConfig(model=splade_dir, device="cuda", dtype="bfloat16", prewarm="none"))
     sequences = _ids(splade_dir, TEXTS)
     lengths = np.array([len(s) for s in sequences])
     ids = np.concatenate(sequences).astype(np.int32)
@@ -92,5 +93,6 @@ def test_the_graph_replays_what_the_cpu_engine_computes(splade_dir):
     for _ in range(3):  # eager, captured, replayed
         got = gpu.step(gpu.pack(ids, lengths)).wait()
         assert got.shape == want.shape
-        assert ((got > 0) == (want > 0)).all() and np.abs(got - want).max() <= 1e-3
+        cosines = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        assert cosines.min() >= 0.99  # bf16 against float32
     assert gpu.graphs.num_replays >= 1
