@@ -63,6 +63,8 @@ class ModelCheck:
             return f"not servable: {self.reason}"
         if self.task == "score":
             return "servable: scores (rerank)"
+        if self.pooling.startswith("splade"):
+            return f"servable: sparse vectors ({self.pooling})"
         return f"servable: embeddings, {self.pooling} pooling, {'' if self.normalize else 'not '}normalised"
 
 
@@ -103,7 +105,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
         result.pooling = pooling_of(model_dir)
         result.pooling_source = (
             "modules.json"
-            if model_dir.pooling is not None
+            if model_dir.pooling is not None or model_dir.splade is not None
             else f"no modules.json: the {result.family} default"
         )
         result.normalize = model_dir.normalize
@@ -113,6 +115,8 @@ def _inspect(path: Path, result: ModelCheck) -> None:
             for spec in model_dir.dense
         ]
         result.dimensions = model_dir.dense[-1].out_features if model_dir.dense else shape.hidden_size
+        if model_dir.splade is not None:  # a weight per vocabulary id
+            result.dimensions = shape.vocab_size
     files = weight_files(path)
     result.weight_files = [f.name for f in files]
     result.weight_dtypes = _checkpoint_dtypes(files)
@@ -123,7 +127,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     }
     spec = load_model_spec(path)  # FileNotFoundError without tokenizer.json
     _read_spec(spec, path, result)
-    result.routes = _routes(result.task)
+    result.routes = _routes(result.task, sparse_alone=model_dir.splade is not None)
 
 
 def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
@@ -152,13 +156,22 @@ def _checkpoint_dtypes(files: list[Path]) -> list[str]:
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64"}
 
 
-def _routes(task: str) -> list[str] | None:
-    """The gateway's routes that answer for a model of `task` (as its /openapi.json lists them)."""
+def _routes(task: str, *, sparse_alone: bool = False) -> list[str] | None:
+    """The gateway's routes that answer for a model of `task` (as its /openapi.json lists them);
+    `sparse_alone` (SPLADE): of the embedding routes, those that answer sparse vectors."""
     try:
         from kembed.gateway.openapi import ROUTES
     except ImportError:  # a worker-only install (the worker image) has no gateway packages
         return None
-    return [f"{op.method.upper()} {op.path}" for op in ROUTES if op.task in (None, task)]
+    return [
+        f"{op.method.upper()} {op.path}"
+        for op in ROUTES
+        if op.task in (None, task)
+        and not (sparse_alone and (op.task == "embed" or op.path == "/") and op.path not in SPARSE_ROUTES)
+    ]
+
+
+SPARSE_ROUTES = ("/v1/embeddings", "/embed_sparse")  # what a model with sparse vectors alone answers
 
 
 def _load(path: Path, result: ModelCheck) -> None:

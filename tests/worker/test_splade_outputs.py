@@ -96,3 +96,13 @@ def test_the_graph_replays_what_the_cpu_engine_computes(splade_dir):
         cosines = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
         assert cosines.min() >= 0.99  # bf16 against float32
     assert gpu.graphs.num_replays >= 1
+
+
+def test_check_model_says_sparse_vectors_and_their_routes(splade_dir):
+    from kembed.worker.check_model import check
+
+    result = check(splade_dir, load=True)
+    assert result.verdict.startswith("servable: sparse vectors (splade ") and result.loaded
+    assert result.dimensions == 125 and result.pooling_source == "modules.json"
+    assert result.routes is not None and {"POST /v1/embeddings", "POST /embed_sparse"} <= set(result.routes)
+    assert not {"POST /embed", "POST /v2/embed", "POST /"} & set(result.routes)

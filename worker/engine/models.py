@@ -43,6 +43,8 @@ def pooling_of(model_dir: ModelDir) -> str:
     family = family_of(model_dir)
     if family == "qwen3":
         return qwen3_pooling(model_dir, Qwen3Shape.from_config(model_dir.config))
+    if model_dir.splade is not None:
+        return f"splade {model_dir.splade.pooling}, {model_dir.splade.activation}"
     if family == "bert":
         return model_dir.pooling or "mean"
     return ""
