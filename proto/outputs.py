@@ -77,17 +77,20 @@ def vocabulary_words(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Vocabulary-indexed sparse rows [num_seqs, vocab] (SPLADE, InfoResponse.sparse_vocabulary) as
     the words that travel: per row n, its n nonzero ids (increasing), their n weights, all float32
     (ids exact below 2**24). Returns (words of each row [num_seqs] int64, the words [total])."""
-    mask = rows > 0
-    counts = mask.sum(1, dtype=np.int64)  # [num_seqs]
+    # One pass over the flat rows (flatnonzero, divmod, bincount): 2-3x faster than a 2-D nonzero
+    # and fancy indexing at 1 % nonzero (64 x 30522: 3.6 ms against 11.7, on this repo's CPU box).
+    num_rows, vocab = rows.shape
+    flat = rows.reshape(-1)
+    nonzero = np.flatnonzero(flat > 0)  # increasing: row by row, each row's ids increasing
+    row_of, ids = np.divmod(nonzero, vocab)
+    counts = np.bincount(row_of, minlength=num_rows).astype(np.int64)  # [num_seqs]
     sizes = 1 + 2 * counts
     starts = np.cumsum(sizes) - sizes  # each row's count word
     words = np.empty(int(sizes.sum()), np.float32)
     words[starts] = counts
-    row_of, ids = np.nonzero(mask)  # row-major: each row's ids increasing
-    rank = np.arange(len(ids)) - np.repeat(np.cumsum(counts) - counts, counts)
-    at = starts[row_of] + 1 + rank
+    at = np.arange(len(ids)) + np.repeat(starts + 1 - (np.cumsum(counts) - counts), counts)  # its ids
     words[at] = ids
-    words[at + counts[row_of]] = rows[row_of, ids]
+    words[at + counts[row_of]] = flat[nonzero]
     return sizes, words
 
 
