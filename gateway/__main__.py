@@ -62,7 +62,8 @@ def _field_docs() -> dict[str, str]:
     for node, following in itertools.pairwise(body):
         is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
         if is_field and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(following.value.value).split())
+            # argparse formats help with %: a literal "2 %" in a docstring must reach it as "2 %%"
+            docs[node.target.id] = " ".join(str(following.value.value).split()).replace("%", "%%")
     return docs
 
 

@@ -197,3 +197,13 @@ def test_the_cli_ends_a_bad_start_in_one_line_not_a_traceback(argv, says):
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [f"python -m kembed.gateway: error: {says}"]
+
+
+def test_help_lists_every_flag_with_its_docstring_percent_signs_included(capsys):
+    """argparse formats help text with %: a field docstring saying "2 %" must print, not crash --help."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(["--help"], {})
+    assert stopped.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-hedge-share" in text and "at most 2 % more work" in text
+    assert "[env KEMBED_GATEWAY_PORT; default 8080]" in text
