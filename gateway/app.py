@@ -49,7 +49,6 @@ from kembed.gateway.errors import (
 from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
-from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.multi_output import OutputRoutes
 from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
@@ -66,6 +65,7 @@ from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
+from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.outputs import names_of
 
 log = logging.getLogger(__name__)

@@ -33,10 +33,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.tokenization import Tokenization
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.proto.model_files import load_model_spec
 
 RECORD_PREFIX = "kembed-golden-record: "
 RECORD_VERSION = 1

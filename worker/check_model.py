@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kembed.gateway.model_files import ModelSpec, load_model_spec
+from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
 
