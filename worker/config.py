@@ -10,7 +10,9 @@ from kembed.worker.queues import ClassPolicy
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # `attention_backend`'s choices: engine/attention_backends.py's names and `auto` (the operator's spec
 # lists the same, a test checks)
-ATTENTION_BACKEND_CHOICES = ("auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton")
+ATTENTION_BACKEND_CHOICES = (
+    "auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton",
+)  # fmt: skip
 
 
 def bundled_model_dir() -> Path | None:
@@ -262,9 +264,8 @@ class WorkerConfig:
         if self.pooling not in ("", "cls", "mean", "last", "lasttoken"):
             raise ValueError(f"pooling must be cls, mean or last (or empty), not {self.pooling!r}")
         if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
-            raise ValueError(
-                f"attention backend must be one of {ATTENTION_BACKEND_CHOICES}, not {self.attention_backend!r}"
-            )
+            choices = ATTENTION_BACKEND_CHOICES
+            raise ValueError(f"attention backend must be one of {choices}, not {self.attention_backend!r}")
         if self.max_batch_tokens < 1 or self.max_queued_tokens < self.max_batch_tokens:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.bulk_step_tokens < 0 or not self.interactive_hold_s >= 0 or not self.bulk_max_wait_s >= 0:

@@ -10,8 +10,8 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
-from kembed.worker.buckets import BucketTable
 from kembed.operator.spec import WorkerSpec
+from kembed.worker.buckets import BucketTable
 from kembed.worker.config import ATTENTION_BACKEND_CHOICES, WorkerConfig
 from kembed.worker.engine import BaseEngine, Engine, load_engine
 from kembed.worker.engine.attention import Attention, FlashInferAttention, build_metadata
