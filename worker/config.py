@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kembed.worker.buckets import Bucket
-from kembed.worker.queues import ClassPolicy
+from kembed.worker.classes import ClassPolicy
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # `attention_backend`'s choices: engine/attention_backends.py's names and `auto` (the operator's spec
