@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +66,9 @@ from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
 from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.outputs import names_of
+from kembed.proto.version import VERSION
 
 log = logging.getLogger(__name__)
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kembed")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 _SWAGGER_PAGE = """<!doctype html>
@@ -131,7 +124,7 @@ class Routes:
         self.config = config
         self.service = service
         self._heap = heap or HeapTrim()
-        self.version = _version()
+        self.version = VERSION
         self._openapi: bytes | None = None
         self.created = int(time.time())
         self.outputs = OutputRoutes(service, self._body)  # several outputs a text (multi_output.py)

@@ -27,6 +27,7 @@ from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.proto.accuracy import MIN_COSINE
 from kembed.proto.outputs import DENSE, OutputShape, names_of
+from kembed.proto.version import VERSION
 from kembed.worker.auth import EMBEDDER, AuthInterceptor
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.errors import InvalidInput, StartupError, Unsupported, WorkerError
@@ -37,7 +38,6 @@ from kembed.worker.validation import sequences_problem, spans_of, token_types_pr
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 # A 4096-token chunk is 16 KiB in; a 64 x 1024-dim float32 answer 256 KiB out. 64 MiB leaves room for
 # big chunks of big models without letting one message eat the pod (gRPC messages and data frames).
 MAX_MESSAGE_BYTES = 64 << 20
