@@ -28,8 +28,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.processes import LOG_FORMAT, serve
+from kembed.proto.model_files import load_model_spec
 
 ENV_PREFIX = "KEMBED_GATEWAY_"
 # Fields whose flag is not simply --field-name, and the list-valued ones (repeatable flags).

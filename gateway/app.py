@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from kembed.gateway.errors import (
 from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
-from kembed.gateway.model_files import ModelSpec, load_model_spec
 from kembed.gateway.multi_output import OutputRoutes
 from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
@@ -66,16 +64,11 @@ from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
+from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.outputs import names_of
+from kembed.proto.version import VERSION
 
 log = logging.getLogger(__name__)
-
-
-def _version() -> str:
-    try:
-        return metadata.version("kembed")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 _SWAGGER_PAGE = """<!doctype html>
@@ -131,7 +124,7 @@ class Routes:
         self.config = config
         self.service = service
         self._heap = heap or HeapTrim()
-        self.version = _version()
+        self.version = VERSION
         self._openapi: bytes | None = None
         self.created = int(time.time())
         self.outputs = OutputRoutes(service, self._body)  # several outputs a text (multi_output.py)

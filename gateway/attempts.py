@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -35,9 +35,6 @@ from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import Overloaded, Timeout, Unavailable
 from kembed.gateway.metrics import GatewayMetrics
 from kembed.proto import embedder_pb2 as pb
-
-if TYPE_CHECKING:
-    from kembed.gateway.workers import Replica
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +54,7 @@ class Hedging:
         self.is_enabled = config.hedge_after_s > 0 and config.max_hedge_share > 0
         self._credit = MAX_HEDGE_CREDIT
 
-    def budget_s(self, replica: Replica, part: Part, ahead_tokens: int) -> float:
+    def budget_s(self, replica: Target, part: Part, ahead_tokens: int) -> float:
         """How long an attempt of `part` on `replica` may run before it is hedged: its class's floor,
         or `hedge_multiple` times what it and `ahead_tokens` take at the replica's rate."""
         floor = self._after_s.get(part.priority, self._after_s[pb.PRIORITY_INTERACTIVE])
@@ -81,8 +78,22 @@ class Hedging:
         return True
 
 
+class Target(Protocol):
+    """What the attempts read and count of a replica (workers.py's `Replica`)."""
+
+    address: str
+    outstanding_tokens: int  # tokens sent and not yet answered
+    queued_tokens: int  # tokens its worker last said were queued
+    tokens_per_s: float  # its device's rate (0: not known)
+
+    def down_signal(self) -> asyncio.Future[None]: ...
+
+
+Replica = TypeVar("Replica", bound=Target)
+
+
 @dataclass(eq=False, slots=True)
-class _Attempt:
+class _Attempt(Generic[Replica]):
     replica: Replica
     task: asyncio.Future[np.ndarray]  # the transport's request
     down: asyncio.Future[None]  # set once its replica is marked down
@@ -91,19 +102,15 @@ class _Attempt:
     is_overdue: bool = False
 
 
-Pick = Callable[[Sequence["Replica"]], "Replica | None"]
-Request = Callable[["Replica"], "asyncio.Future[np.ndarray]"]
-
-
-class Attempts:
+class Attempts(Generic[Replica]):
     """The attempts of one chunk (see the module docstring); `run` returns its rows."""
 
     def __init__(
         self,
         part: Part,
         *,
-        pick: Pick,
-        request: Request,
+        pick: Callable[[Sequence[Replica]], Replica | None],
+        request: Callable[[Replica], asyncio.Future[np.ndarray]],
         answered: Callable[[Replica, Part], None],
         hedging: Hedging,
         check: Callable[[Replica], None],
@@ -118,7 +125,7 @@ class Attempts:
         self._metrics = metrics
         self._max_attempts = max_attempts
         self._tried: list[Replica] = []
-        self._running: list[_Attempt] = []
+        self._running: list[_Attempt[Replica]] = []
         self._is_hedged = False
         self._is_overloaded = False
 
@@ -176,14 +183,14 @@ class Attempts:
         self._running.append(_Attempt(replica, task, replica.down_signal(), hedge_at, is_hedge))
         return True
 
-    def _drop(self, attempt: _Attempt) -> None:
+    def _drop(self, attempt: _Attempt[Replica]) -> None:
         """No longer waited for (settled, or cancelled now): its tokens leave its replica's count."""
         self._running.remove(attempt)
         attempt.task.cancel()
         attempt.task.add_done_callback(_retrieve)  # a loser's own failure is not an error to log
         attempt.replica.outstanding_tokens -= self._part.num_tokens
 
-    def _overdue(self, attempt: _Attempt) -> None:
+    def _overdue(self, attempt: _Attempt[Replica]) -> None:
         """Its replica is suspect (probed now); a hedge goes to another if the throttle allows."""
         attempt.is_overdue = True
         self._check(attempt.replica)
@@ -193,7 +200,7 @@ class Attempts:
             else:
                 self._hedging.refund()  # no other replica to hedge on
 
-    def _settle(self, attempt: _Attempt) -> np.ndarray | None:
+    def _settle(self, attempt: _Attempt[Replica]) -> np.ndarray | None:
         """The finished attempt's rows, or None to wait for the others (or start another)."""
         self._drop(attempt)
         replica = attempt.replica

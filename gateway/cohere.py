@@ -19,11 +19,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
-from kembed.gateway.model_files import Direction
 from kembed.gateway.responses import json_response
 from kembed.gateway.schemas import parse
 from kembed.gateway.service import PRIORITY_HEADER, Embedded, EmbeddingService
 from kembed.gateway.vectors import pack_bits, quantize_int8, rank, to_base64
+from kembed.proto.model_files import Direction
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 _META = {"api_version": {"version": "2"}}

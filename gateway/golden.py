@@ -33,10 +33,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.tokenization import Tokenization
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.proto.accuracy import MIN_COSINE
+from kembed.proto.model_files import load_model_spec
 
 RECORD_PREFIX = "kembed-golden-record: "
 RECORD_VERSION = 1
@@ -205,7 +206,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--min-cosine",
         type=float,
-        default=0.999,
+        default=MIN_COSINE,
         metavar="X",
         help="least agreement of each pod's rows with the first pod's (default: %(default)s)",
     )

@@ -26,6 +26,7 @@ from kembed.gateway.schemas import (
     V1RerankRequest,
 )
 from kembed.gateway.tei import DecodeRequest, SimilarityRequest
+from kembed.proto.routes import TASK_ROUTES
 
 # Responses. Extra keys are allowed where the route may grow (the document promises what is there).
 _OPEN = ConfigDict(extra="allow")
@@ -211,20 +212,7 @@ class Operation:
     @property
     def task(self) -> str | None:
         """The worker task the route needs ("embed", "score"), or None for any."""
-        if self.path in (
-            "/v1/embeddings",
-            "/v1/contextualizedembeddings",
-            "/v1/embed",
-            "/embed",
-            "/embed_sparse",
-            "/embed_all",
-            "/v2/embed",
-            "/similarity",
-        ):
-            return "embed"
-        if self.path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-            return "score"
-        return None
+        return next((task for task, paths in TASK_ROUTES.items() if self.path in paths), None)
 
 
 def _array(items: Any) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kembed.gateway.errors import InvalidInput
-from kembed.gateway.model_files import Direction
 from kembed.gateway.tokenization import Input
 from kembed.gateway.vectors import EncodingFormat
+from kembed.proto.model_files import Direction
 
 # A text, a list of texts, one pre-tokenized sequence (ints), or a list mixing texts and sequences.
 Inputs = str | list[int] | list[str | list[int]]

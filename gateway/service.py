@@ -29,11 +29,11 @@ from kembed.gateway.errors import (
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
-from kembed.gateway.model_files import Direction
 from kembed.gateway.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
 from kembed.gateway.workers import WorkerPool
 from kembed.proto import embedder_pb2 as pb
+from kembed.proto.model_files import Direction
 from kembed.proto.outputs import DENSE, OutputShape, names_of, read_vocabulary
 
 T = TypeVar("T")

@@ -1,10 +1,6 @@
 """Tokenization with the Rust `tokenizers` library: small requests on the event loop, larger ones off it
 (on threads; a bulk request's texts in child processes when there are some: tokenizer_processes.py).
-
-Truncation is state of a `tokenizers.Tokenizer` instance, so there is one instance per variant (right,
-left, none) built at start and never reconfigured: concurrent requests can share them safely. The
-stored padding/truncation of tokenizer.json (the bundled MiniLM ships fixed padding to 128 and
-truncation at 128) is cleared first, so the ids equal sentence-transformers' `encode`.
+The tokenizers, one per truncation side, are built once at start (tokenizer_load.py).
 """
 
 from __future__ import annotations
@@ -17,14 +13,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer, normalizers
+from tokenizers import Encoding, Tokenizer
 
 from kembed.gateway.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.encode_groups import SERIAL_MAX_CHARS, encode_each, ids_of, num_ids
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.heap import LARGE_CHARS, HeapTrim
-from kembed.gateway.model_files import Direction, ModelSpec
 from kembed.gateway.tokenize_answer import SpecialRows, TooManyTokens, describe_tokens
+from kembed.gateway.tokenizer_load import (
+    encode_ids,
+    encode_ids_truncated,
+    load_tokenizer,
+    truncating_tokenizer,
+)
 from kembed.gateway.tokenizer_processes import TokenizerProcesses
 from kembed.gateway.windows import (
     MARGIN_TOKENS,
@@ -34,29 +35,12 @@ from kembed.gateway.windows import (
     cut_windows,
     most_chars,
 )
+from kembed.proto.model_files import Direction, ModelSpec
 
 Input = str | list[int]
 """One request input: a text, or an already tokenized sequence taken as-is (no special tokens added)."""
 
 _T = TypeVar("_T")
-
-
-def _load_base(spec: ModelSpec) -> Tokenizer:
-    tokenizer = Tokenizer.from_file(str(spec.tokenizer_file))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    if spec.do_lower_case:
-        # As sentence-transformers does: put Lowercase in front unless one is already there.
-        current = tokenizer.normalizer
-        has_lowercase = isinstance(current, normalizers.Lowercase) or (
-            isinstance(current, normalizers.Sequence)
-            # iterable at run time; tokenizers' stub for Sequence lacks its item access
-            and any(isinstance(n, normalizers.Lowercase) for n in current)  # type: ignore[attr-defined]
-        )
-        if not has_lowercase:
-            steps = [normalizers.Lowercase()] if current is None else [normalizers.Lowercase(), current]
-            tokenizer.normalizer = normalizers.Sequence(steps)
-    return tokenizer
 
 
 def _foreign_ids(index: int, token_id: int, vocab_size: int) -> InvalidInput:
@@ -68,13 +52,6 @@ def _foreign_ids(index: int, token_id: int, vocab_size: int) -> InvalidInput:
         "itself instead (langchain-openai: OpenAIEmbeddings(..., check_embedding_ctx_length=False))",
         param="input",
     )
-
-
-def _truncating(base: Tokenizer, max_length: int, direction: Direction) -> Tokenizer:
-    tokenizer = Tokenizer.from_str(base.to_str())
-    # longest_first counts the special tokens the post-processor adds, as transformers does.
-    tokenizer.enable_truncation(max_length, strategy="longest_first", direction=direction)
-    return tokenizer
 
 
 class Tokenization:
@@ -94,11 +71,13 @@ class Tokenization:
         # when it is done; past `max_inline_chars` the threads keep the loop free (the Rust calls
         # release the GIL, so they also use other cores).
         self._max_inline_chars = max_inline_chars
-        self._untruncated = _load_base(spec)
+        self._untruncated = load_tokenizer(spec)
         self._truncated: dict[Direction, Tokenizer] = {}
         if spec.max_seq_length is not None:
             for direction in ("right", "left"):
-                self._truncated[direction] = _truncating(self._untruncated, spec.max_seq_length, direction)
+                self._truncated[direction] = truncating_tokenizer(
+                    self._untruncated, spec.max_seq_length, direction
+                )
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kembed-tokenize")
         self._single = SingleTemplate.of(self._untruncated)
         self._special_rows = SpecialRows.of(self._untruncated)
@@ -177,7 +156,7 @@ class Tokenization:
                 encoded = await self._in_processes(is_bulk, num_chars, texts, (limit, side))
                 if encoded is None:
                     args = (self._tokenizer(True, direction), self._untruncated, texts, limit, side)
-                    encoded = await self._run(num_chars, _encode_ids_truncated, *args)
+                    encoded = await self._run(num_chars, encode_ids_truncated, *args)
             else:
                 if (
                     limit is not None
@@ -187,7 +166,7 @@ class Tokenization:
                 encoded = await self._in_processes(is_bulk, num_chars, texts, None)
                 if encoded is None:
                     tokenizer = self._tokenizer(truncate, direction)
-                    encoded = await self._run(num_chars, _encode_ids, tokenizer, texts)
+                    encoded = await self._run(num_chars, encode_ids, tokenizer, texts)
             for i, ids in zip(text_positions, encoded, strict=True):
                 self._check_length(i, len(ids))
                 result[i] = ids
@@ -387,17 +366,6 @@ class Tokenization:
 # release the GIL.
 
 SHORT_MAX_TEXTS = 8  # a request of at most this many short texts takes `_encode_short`
-
-
-def _encode_ids(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    return encode_each(tokenizer, texts, ids_of)
-
-
-def _encode_ids_truncated(
-    truncating: Tokenizer, untruncated: Tokenizer, texts: list[str], max_length: int, side: Direction
-) -> list[np.ndarray]:
-    """`_encode_ids(truncating, texts)`, tokenizing only a window of each long text (windows.py)."""
-    return _encode_ids(truncating, cut_windows(untruncated, texts, max_length, side))
 
 
 def _cut(untruncated: Tokenizer, texts: list[str], max_tokens: int, side: Direction) -> list[str]:

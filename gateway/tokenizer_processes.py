@@ -28,7 +28,13 @@ from typing import ClassVar
 import numpy as np
 from tokenizers import Tokenizer
 
-from kembed.gateway.model_files import Direction, ModelSpec
+from kembed.gateway.tokenizer_load import (
+    encode_ids,
+    encode_ids_truncated,
+    load_tokenizer,
+    truncating_tokenizer,
+)
+from kembed.proto.model_files import Direction, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +49,22 @@ class _Loaded:
 def _start(spec: ModelSpec) -> None:
     """Each child's initializer: no Ctrl-C tracebacks (the gateway stops the pool), the tokenizers
     loaded once."""
-    from kembed.gateway.tokenization import _load_base, _truncating
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _Loaded.untruncated = _load_base(spec)
+    _Loaded.untruncated = load_tokenizer(spec)
     if spec.max_seq_length is not None:
         for side in ("right", "left"):
-            _Loaded.truncating[side] = _truncating(_Loaded.untruncated, spec.max_seq_length, side)
+            _Loaded.truncating[side] = truncating_tokenizer(_Loaded.untruncated, spec.max_seq_length, side)
 
 
 def _encode_in_child(
     texts: list[str], truncation: tuple[int, Direction] | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """All ids of `texts` concatenated, and each text's count: one array each to pickle back."""
-    from kembed.gateway.tokenization import _encode_ids, _encode_ids_truncated
-
     if truncation is None:
-        arrays = _encode_ids(_Loaded.untruncated, texts)
+        arrays = encode_ids(_Loaded.untruncated, texts)
     else:
         limit, side = truncation
-        arrays = _encode_ids_truncated(_Loaded.truncating[side], _Loaded.untruncated, texts, limit, side)
+        arrays = encode_ids_truncated(_Loaded.truncating[side], _Loaded.untruncated, texts, limit, side)
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     return np.concatenate(arrays) if arrays else np.zeros(0, np.int32), lengths
 
@@ -85,7 +87,7 @@ class TokenizerProcesses:
 
     async def encode(self, texts: list[str], truncation: tuple[int, Direction] | None) -> list[np.ndarray]:
         """One int32 array per text: truncated to `truncation`'s (max_length, side) as
-        `_encode_ids_truncated` does, or whole (`_encode_ids`) when None. BrokenProcessPool if a
+        `encode_ids_truncated` does, or whole (`encode_ids`) when None. BrokenProcessPool if a
         child died (the pool is then marked broken)."""
         loop = asyncio.get_running_loop()
         try:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from tokenizers import Tokenizer
 
 from kembed.gateway.encode_groups import encode_each, num_ids
-from kembed.gateway.model_files import Direction
+from kembed.proto.model_files import Direction
 
 # Truncation keeps at most max_length tokens, so a text is first cut to a window of its first (or,
 # truncating on the left, last) characters and only the window is tokenized: an 8 MB text then costs

@@ -21,6 +21,7 @@ from kembed.operator.pod_spec import PodSettings
 from kembed.operator.policy_spec import DisruptionBudgetSpec, NetworkPolicySpec, TopologySpreadSpec
 from kembed.operator.spec_base import SpecModel
 from kembed.operator.traffic_spec import TrafficClassesSpec
+from kembed.proto.accuracy import MIN_COSINE
 
 GROUP = "kembed.dev"
 VERSION = "v1alpha1"
@@ -381,7 +382,7 @@ class RolloutSpec(SpecModel):
         description="Buckets the smoke test replays against eager runs; empty means every captured one.",
     )
     min_cosine: float = Field(
-        0.999,
+        MIN_COSINE,
         ge=0.0,
         le=1.0,
         description="Lowest cosine similarity per row between "

@@ -13,6 +13,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Protocol
 
+from kembed.proto.accuracy import MIN_COSINE
 from kembed.worker.buckets import Bucket
 from kembed.worker.cli import COMMANDS, parse_config, program_name
 from kembed.worker.config import WorkerConfig
@@ -181,18 +182,17 @@ def self_check(engine: EngineOps, num_buckets: int) -> None:
     picks = sorted(
         {captured[round(i * (len(captured) - 1) / max(1, num_buckets - 1))] for i in range(num_buckets)}
     )
-    results = engine.smoke_test(picks, SELF_CHECK_MIN_COSINE, 0)
+    results = engine.smoke_test(picks, MIN_COSINE, 0)
     failed = [r for r in results if not r.passed]
     summary = ", ".join(f"{r.bucket} {r.min_cosine:.5f}" for r in results)
     if failed:
         raise StartupError(
             f"self-check failed: graph replay does not match eager runs (min cosine per bucket: {summary}; "
-            f"at least {SELF_CHECK_MIN_COSINE} wanted, and no NaN/Inf)"
+            f"at least {MIN_COSINE} wanted, and no NaN/Inf)"
         )
     log.info("self-check passed: %d captured buckets replayed against eager runs (%s)", len(results), summary)
 
 
-SELF_CHECK_MIN_COSINE = 0.999  # as the rollout's default rollout.minCosine
 
 
 def _rate_tokens(max_batch_tokens: int) -> int:

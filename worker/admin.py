@@ -27,6 +27,7 @@ import numpy as np
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.proto.accuracy import MIN_COSINE
 from kembed.worker.auth import bearer
 from kembed.worker.buckets import Bucket
 from kembed.worker.cli import COMMANDS, program_name
@@ -265,7 +266,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             sub.add_argument(
                 "--min-cosine",
                 type=float,
-                default=0.999,
+                default=MIN_COSINE,
                 metavar="X",
                 help="least cosine of each replayed row to its eager run, and of each golden row to its "
                 "expected embedding (default: %(default)s)",

@@ -3,8 +3,8 @@ packaged and deployed.
 
 Every fact comes from the code that serves the model, never from rules of its own: the worker's engine
 reads config.json, the sentence-transformers pipeline and the weights (`engine.model_dir`, the family
-dispatch in `engine.models`), and the gateway reads the tokenizer and its settings (`gateway.model_files`)
-and answers the routes of the served task (`gateway.openapi`). With `--load` it builds the engine on
+dispatch in `engine.models`), and the gateway reads the tokenizer and its settings (`proto.model_files`)
+and answers the routes of the served task (`proto.routes`). With `--load` it builds the engine on
 this machine's CPU, as a worker would, and runs one input through it.
 """
 
@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from kembed.gateway.model_files import ModelSpec, load_model_spec
+from kembed.proto.model_files import ModelSpec, load_model_spec
+from kembed.proto.routes import TASK_ROUTES
 from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
 
@@ -53,7 +54,7 @@ class ModelCheck:
     weight_files: list[str] = field(default_factory=list)
     weight_dtypes: list[str] = field(default_factory=list)
     served_dtypes: dict[str, str] = field(default_factory=dict)  # device -> dtype under --dtype auto
-    routes: list[str] | None = None  # None: the gateway's packages are not installed here
+    routes: list[str] = field(default_factory=list)  # the gateway's routes particular to the task
     loaded: str = ""  # with --load: what the engine built on the CPU gave
 
     @property
@@ -156,19 +157,10 @@ def _checkpoint_dtypes(files: list[Path]) -> list[str]:
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64"}
 
 
-def _routes(task: str, *, sparse_alone: bool = False) -> list[str] | None:
-    """The gateway's routes that answer for a model of `task` (as its /openapi.json lists them);
-    `sparse_alone` (SPLADE): of the embedding routes, those that answer sparse vectors."""
-    try:
-        from kembed.gateway.openapi import ROUTES
-    except ImportError:  # a worker-only install (the worker image) has no gateway packages
-        return None
-    return [
-        f"{op.method.upper()} {op.path}"
-        for op in ROUTES
-        if op.task in (None, task)
-        and not (sparse_alone and (op.task == "embed" or op.path == "/") and op.path not in SPARSE_ROUTES)
-    ]
+def _routes(task: str, *, sparse_alone: bool = False) -> list[str]:
+    """The gateway's routes particular to a model of `task`; `sparse_alone` (SPLADE): of the embedding
+    routes, those that answer sparse vectors."""
+    return [f"POST {path}" for path in TASK_ROUTES.get(task, ()) if not sparse_alone or path in SPARSE_ROUTES]
 
 
 SPARSE_ROUTES = ("/v1/embeddings", "/embed_sparse")  # what a model with sparse vectors alone answers
@@ -235,10 +227,10 @@ def render(result: ModelCheck) -> str:
         lines.append(("max length", f"{limit} (position table: {result.max_positions})"))
         prompts = ", ".join(f"{name}: {text!r}" for name, text in result.prompts.items())
         lines.append(("prompts", f"{prompts}; default: {result.default_prompt_name or 'none'}"))
-    if result.tokenizer_file and result.routes is None:
-        lines.append(("routes", "unknown here: the gateway's packages are not installed"))
-    elif result.routes:
-        lines.append(("routes", ", ".join(result.routes)))
+    if result.routes:
+        lines.append(
+            ("routes", ", ".join(result.routes) + " (and those of any model: /tokenize, /info, ...)")
+        )
     if result.loaded:
         lines.append(("loaded", result.loaded))
     lines.append(("verdict", result.verdict))

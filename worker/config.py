@@ -5,9 +5,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kembed.worker.buckets import Bucket
-from kembed.worker.queues import ClassPolicy
+from kembed.worker.classes import ClassPolicy
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# `attention_backend`'s choices: engine/attention_backends.py's names and `auto` (the operator's spec
+# lists the same, a test checks)
+ATTENTION_BACKEND_CHOICES = (
+    "auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton",
+)  # fmt: skip
 
 
 def bundled_model_dir() -> Path | None:
@@ -258,9 +263,9 @@ class WorkerConfig:
             raise ValueError(f"linear_dtype fp8 computes in bfloat16 around its GEMMs; dtype is {self.dtype}")
         if self.pooling not in ("", "cls", "mean", "last", "lasttoken"):
             raise ValueError(f"pooling must be cls, mean or last (or empty), not {self.pooling!r}")
-        backends = ("auto", "sdpa", "sdpa-padded", "torch-varlen", "flash-attn", "flashinfer", "triton")
-        if self.attention_backend not in backends:
-            raise ValueError(f"attention backend must be one of {backends}, not {self.attention_backend!r}")
+        if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
+            choices = ATTENTION_BACKEND_CHOICES
+            raise ValueError(f"attention backend must be one of {choices}, not {self.attention_backend!r}")
         if self.max_batch_tokens < 1 or self.max_queued_tokens < self.max_batch_tokens:
             raise ValueError("need 1 <= max_batch_tokens <= max_queued_tokens")
         if self.bulk_step_tokens < 0 or not self.interactive_hold_s >= 0 or not self.bulk_max_wait_s >= 0:

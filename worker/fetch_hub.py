@@ -17,7 +17,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from kembed.worker.model_fetch import Checksum, FetchError, Listing, RemoteFile
+from kembed.worker.fetch_source import Checksum, FetchError, Listing, RemoteFile
 
 
 class HubSource:

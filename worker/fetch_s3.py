@@ -20,7 +20,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from kembed.worker.model_fetch import CHUNK_BYTES, Checksum, FetchError, Listing, RemoteFile
+from kembed.worker.fetch_source import CHUNK_BYTES, Checksum, FetchError, Listing, RemoteFile
 
 MANIFEST_NAME = "SHA256SUMS"  # `sha256sum` output: "<hex>  <path>" per line, paths under the prefix
 FORBIDDEN = {

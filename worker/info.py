@@ -3,6 +3,11 @@
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# Why a step ran eagerly (`EngineStats.eager_steps`' keys, the metric's `reason` label): first hit
+# (lazy), fits no bucket, no graphs, graph cap reached, no captured bucket holds it after prewarm
+COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED = "cold", "uncapturable", "disabled", "full", "uncovered"
+EAGER_REASONS = (COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -37,7 +42,7 @@ class EngineStats:
     capture_seconds: tuple[float, ...] = ()  # duration of each capture, in order
     num_replays: int = 0  # steps that replayed a captured graph
     num_graphs_resident: int = 0  # captured graphs held now
-    eager_steps: Mapping[str, int] = field(default_factory=dict)  # eager steps by reason (graphs.py)
+    eager_steps: Mapping[str, int] = field(default_factory=dict)  # eager steps by reason (EAGER_REASONS)
     # captures made inside a step, on the serving path (the lazy policy's second hits); stays 0 on a
     # worker that prewarmed at start, whose captures happen at start and when idle
     num_serving_captures: int = 0

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kembed.worker.hooks import SchedulerHooks
-from kembed.worker.info import EngineStats, ModelInfo
+from kembed.worker.info import EAGER_REASONS, EngineStats, ModelInfo
 
 # Latency buckets a quarter octave apart: 2**(k/4) s from 2**-16 s (15 µs: a pack or hand-off stage)
 # to 2**6 s (64 s: a long capture or a CPU batch), 89 bounds. histogram_quantile interpolates linearly
@@ -33,8 +33,6 @@ DURATION_BUCKETS = tuple(2 ** (k / 4) for k in range(-64, 25))
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
 BATCH_STAGES = ("pack", "launch", "device", "resume")  # in SchedulerHooks.batch_stages' order
-# as worker/engine/graphs.py names them
-EAGER_REASONS = ("cold", "uncapturable", "disabled", "full", "uncovered")
 # The `class` label's values, as Priority.label names them (worker/queues.py): two, whatever clients send.
 CLASSES = ("interactive", "bulk")
 

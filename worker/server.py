@@ -25,7 +25,9 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
+from kembed.proto.accuracy import MIN_COSINE
 from kembed.proto.outputs import DENSE, OutputShape, names_of
+from kembed.proto.version import VERSION
 from kembed.worker.auth import EMBEDDER, AuthInterceptor
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.errors import InvalidInput, StartupError, Unsupported, WorkerError
@@ -37,11 +39,9 @@ from kembed.worker.vocabulary import check_asks, compact
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 # A 4096-token chunk is 16 KiB in; a 64 x 1024-dim float32 answer 256 KiB out. 64 MiB leaves room for
 # big chunks of big models without letting one message eat the pod (gRPC messages and data frames).
 MAX_MESSAGE_BYTES = 64 << 20
-DEFAULT_MIN_COSINE = 0.999  # the seeds' 0.1%: what "graph replay equals eager" means here
 
 
 _MALFORMED = object()  # a request message that did not parse
@@ -382,7 +382,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         )
 
     async def SmokeTest(self, request: pb.SmokeTestRequest, context: Context) -> pb.SmokeTestResponse:
-        min_cosine = request.min_cosine or DEFAULT_MIN_COSINE
+        min_cosine = request.min_cosine or MIN_COSINE
         buckets = self._buckets(request.buckets)
         async with self._admin:
             if not buckets:  # every captured bucket, as the engine would

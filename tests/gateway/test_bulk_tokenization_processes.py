@@ -17,8 +17,8 @@ import orjson
 import pytest
 from gateway_fakes import FakeEmbedder, serving
 
-from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.tokenization import Tokenization
+from kembed.proto.model_files import load_model_spec
 
 LONG = "The quick brown fox jumps over the lazy dog, while 42 onlookers (mostly tourists!) cheer. " * 12
 TEXTS = [f"text {i}: {LONG[: 40 * i]} Ünïcödé 中文 😀" for i in range(12)]  # 12 inputs: bulk by count

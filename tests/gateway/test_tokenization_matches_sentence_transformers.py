@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
-from kembed.gateway.model_files import load_model_spec
 from kembed.gateway.tokenization import Tokenization
+from kembed.proto.model_files import load_model_spec
 
 VOCAB_SIZE = 30522
 LONG_PROSE = "The quick brown fox jumps over the lazy dog, while 42 onlookers (mostly tourists!) cheer. " * 30

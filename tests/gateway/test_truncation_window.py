@@ -13,17 +13,15 @@ import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from kembed.gateway.model_files import load_model_spec
-from kembed.gateway.tokenization import (
-    _encode_ids,
-    _encode_ids_truncated,
-    _encode_pairs,
-    _load_base,
-    _OverLongPair,
-    _pair_lengths,
-    _truncating,
+from kembed.gateway.tokenization import _encode_pairs, _OverLongPair, _pair_lengths
+from kembed.gateway.tokenizer_load import (
+    encode_ids,
+    encode_ids_truncated,
+    load_tokenizer,
+    truncating_tokenizer,
 )
 from kembed.gateway.windows import most_chars
+from kembed.proto.model_files import load_model_spec
 
 WORDS = [
     "search",
@@ -74,7 +72,7 @@ def corpus(rng: random.Random, num_words: int, style: str) -> str:
 
 
 def bert() -> Tokenizer:
-    return _load_base(load_model_spec(BUNDLED_MODEL_DIR))
+    return load_tokenizer(load_model_spec(BUNDLED_MODEL_DIR))
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -120,12 +118,12 @@ def train(kind: str) -> Tokenizer:
 @pytest.mark.parametrize("max_length", [16, 128])
 def test_the_window_gives_the_ids_of_the_whole_text(family, side, max_length):
     base = bert() if family == "wordpiece" else trained(family)
-    truncating = _truncating(base, max_length, side)
+    truncating = truncating_tokenizer(base, max_length, side)
     rng = random.Random(f"{family}-{side}-{max_length}")
     styles = ("spaces", "newlines", "runs", "no-spaces", "cjk", "long-words", "punctuation")
     texts = [corpus(rng, rng.choice([5, 50, 400, 3000]), style) for style in styles for _ in range(4)]
-    windowed = _encode_ids_truncated(truncating, base, texts, max_length, side)
-    whole = _encode_ids(truncating, texts)
+    windowed = encode_ids_truncated(truncating, base, texts, max_length, side)
+    whole = encode_ids(truncating, texts)
     for text, got, want in zip(texts, windowed, whole, strict=True):
         assert got.tolist() == want.tolist(), text[:80]
 
@@ -145,15 +143,15 @@ def test_an_8_mb_text_costs_what_its_kept_part_costs(make_text, num_ids):
     code = f"""
 import resource, sys
 sys.path[:0] = {sys.path!r}
-from kembed.gateway.model_files import load_model_spec
-from kembed.gateway.tokenization import _load_base, _truncating, _encode_ids_truncated
+from kembed.proto.model_files import load_model_spec
+from kembed.gateway.tokenizer_load import encode_ids_truncated, load_tokenizer, truncating_tokenizer
 from pathlib import Path
-base = _load_base(load_model_spec(Path({str(BUNDLED_MODEL_DIR)!r})))
-truncating = _truncating(base, 256, "right")
-_encode_ids_truncated(truncating, base, ["warm " * 20], 256, "right")
+base = load_tokenizer(load_model_spec(Path({str(BUNDLED_MODEL_DIR)!r})))
+truncating = truncating_tokenizer(base, 256, "right")
+encode_ids_truncated(truncating, base, ["warm " * 20], 256, "right")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 text = {make_text}
-ids = _encode_ids_truncated(truncating, base, [text], 256, "right")
+ids = encode_ids_truncated(truncating, base, [text], 256, "right")
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(len(ids[0]), (after - before) // 1024)
 """
@@ -193,7 +191,7 @@ def test_pairs_from_one_tokenization_per_side_equal_the_whole_pair_truncated(fam
     sides would take it minutes); for long sides, the whole texts tokenized and cut by the
     library's rule. Budgets odd and even (16/17/128 less 2, 3 or 4 special tokens), ties included."""
     base = bert() if family == "wordpiece" else trained(family)
-    truncating = _truncating(base, max_length, side)
+    truncating = truncating_tokenizer(base, max_length, side)
     budget = max_length - truncating.num_special_tokens_to_add(True)
     rng = random.Random(f"pairs-{family}-{side}-{max_length}")
     styles = ["spaces", "cjk", "long-words", "no-spaces", "newlines", "runs"]
@@ -245,11 +243,11 @@ def test_a_text_without_whitespace_is_cut_between_the_tokenizers_words_or_at_the
     base = bert() if family == "wordpiece" else trained(family)
     rng = random.Random(f"unbroken-{family}-{side}")
     for max_length in (128, 512):
-        truncating = _truncating(base, max_length, side)
+        truncating = truncating_tokenizer(base, max_length, side)
         for style in ("cjk-paragraph", "letters", "blob", "run-together"):
             text = unbroken(rng, 200_000, style)
             counting = CountingTokenizer(base)
-            windowed = _encode_ids_truncated(truncating, counting, [text], max_length, side)
+            windowed = encode_ids_truncated(truncating, counting, [text], max_length, side)
             whole = truncating.encode(text).ids
             assert counting.num_chars < 4 * most_chars(max_length), (style, counting.num_chars)
             if family != "wordpiece" and len(set(base.encode(text[:5000]).word_ids) - {None}) == 1:
@@ -283,7 +281,7 @@ def test_a_long_query_is_tokenized_once_not_once_per_document():
     """The rerank amplification: a 100 KB query with 128 documents used to cost 128 tokenizations of
     the query (11.9 s, +470 MB); now the characters tokenized stay within a few windows of each."""
     base = bert()
-    truncating = _truncating(base, 256, "right")
+    truncating = truncating_tokenizer(base, 256, "right")
     counting = CountingTokenizer(base)
     query = ("what is the best way to rank these documents " * 2300)[:100_000]
     documents = [f"document {i} about ranking and search" for i in range(128)]

@@ -12,6 +12,7 @@ from operator_fakes import IMAGES, Driver, example, golden_log
 
 from kembed.operator import golden
 from kembed.operator import naming as n
+from kembed.proto.accuracy import MIN_COSINE
 
 OTHER_ANSWER = ((0.0, 1.0), (0.6, 0.8))  # the default answer's first row turned by 90 degrees
 
@@ -145,15 +146,15 @@ def record(rows, task="embed", texts="t" * 64) -> golden.GoldenRecord:
 
 def test_judge_reads_cosine_for_embeddings_and_relative_error_for_logits():
     kept = record(((1.0, 0.0), (0.6, 0.8)))
-    assert golden.judge(record(((0.9999, 0.01), (0.6, 0.8))), kept, "Check", 0.999).passed
-    assert not golden.judge(record(((0.99, 0.14), (0.6, 0.8))), kept, "Check", 0.999).passed
+    assert golden.judge(record(((0.9999, 0.01), (0.6, 0.8))), kept, "Check", MIN_COSINE).passed
+    assert not golden.judge(record(((0.99, 0.14), (0.6, 0.8))), kept, "Check", MIN_COSINE).passed
     scores = record(((3.0,), (-2.0,)), task="score")
-    assert golden.judge(record(((3.05,), (-2.01,)), task="score"), scores, "Check", 0.999).passed
-    assert not golden.judge(record(((3.2,), (-2.0,)), task="score"), scores, "Check", 0.999).passed
+    assert golden.judge(record(((3.05,), (-2.01,)), task="score"), scores, "Check", MIN_COSINE).passed
+    assert not golden.judge(record(((3.2,), (-2.0,)), task="score"), scores, "Check", MIN_COSINE).passed
     # A record of other golden texts cannot be compared: it is replaced, not failed.
-    other = golden.judge(record(((0.0, 1.0), (0.6, 0.8)), texts="u" * 64), kept, "Check", 0.999)
+    other = golden.judge(record(((0.0, 1.0), (0.6, 0.8)), texts="u" * 64), kept, "Check", MIN_COSINE)
     assert other.passed and other.record is not None and "other golden texts" in other.message
-    assert not golden.judge(record(((1.0, 0.0, 0.0), (0.6, 0.8, 0.0))), kept, "Check", 0.999).passed
+    assert not golden.judge(record(((1.0, 0.0, 0.0), (0.6, 0.8, 0.0))), kept, "Check", MIN_COSINE).passed
     assert (
         n.MODEL_LABEL
         in golden.config_map(n.Owner("m", "ml", "u"), kept, "r1", "2026-01-01T00:00:00Z")["metadata"][

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from kembed.worker.buckets import Bucket, BucketTable, token_sizes
-from kembed.worker.engine.graphs import CAPTURE, COLD, DISABLED, FULL, REPLAY, UNCAPTURABLE, CapturePolicy
+from kembed.worker.engine.graphs import CAPTURE, REPLAY, CapturePolicy
 from kembed.worker.engine.staging import InputLayout, max_input_bytes, neutral_batch, pad_batch
+from kembed.worker.info import COLD, DISABLED, FULL, UNCAPTURABLE
 
 
 def test_token_sizes_step_64_up_to_1024_then_256():

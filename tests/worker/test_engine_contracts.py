@@ -2,6 +2,7 @@
 it `plans_batches`), every engine a `BaseEngine`, and every step's result a `ResultHandle`."""
 
 import time
+import typing
 
 import numpy as np
 import pytest
@@ -9,10 +10,12 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
+from kembed.operator.spec import WorkerSpec
 from kembed.worker.buckets import BucketTable
-from kembed.worker.config import WorkerConfig
+from kembed.worker.config import ATTENTION_BACKEND_CHOICES, WorkerConfig
 from kembed.worker.engine import BaseEngine, Engine, load_engine
-from kembed.worker.engine.attention import ATTENTION_BACKENDS, Attention, FlashInferAttention, build_metadata
+from kembed.worker.engine.attention import Attention, FlashInferAttention, build_metadata
+from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS
 from kembed.worker.engine.attention_choice import AttentionPlan, RoutedAttention
 from kembed.worker.engine.cuda_engine import CudaEngine, CudaLazyTensor
 from kembed.worker.engine.lazy import LazyTensor
@@ -33,6 +36,13 @@ def tiny_bert(tmp_path_factory):
     transformers.BertModel(config, add_pooling_layer=False).save_pretrained(path)
     write_pipeline(path, {"pooling_mode_mean_tokens": True}, normalize=True)
     return path
+
+
+def test_the_worker_and_the_operator_offer_the_same_attention_backends():
+    """The operator may not import the worker, so its spec lists the names again: the same ones."""
+    offered = typing.get_args(WorkerSpec.model_fields["attention_backend"].annotation)
+    assert offered == ATTENTION_BACKEND_CHOICES
+    assert set(ATTENTION_BACKENDS) < set(ATTENTION_BACKEND_CHOICES) - {"auto"}
 
 
 @pytest.mark.parametrize("name", sorted(ATTENTION_BACKENDS), ids=sorted(ATTENTION_BACKENDS))

@@ -15,7 +15,8 @@ from torch import nn
 from kembed.worker.cli import parse_config
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.attention import ATTENTION_BACKENDS, build_metadata
+from kembed.worker.engine.attention import build_metadata
+from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS
 from kembed.worker.engine.bert import BertEmbedder, BertShape
 from kembed.worker.engine.cross_encoder import BertCrossEncoder
 from kembed.worker.engine.fp8 import (

@@ -17,7 +17,7 @@ from st_pipeline import write_pipeline
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.attention import cuda_backends
+from kembed.worker.engine.attention_backends import cuda_backends
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.scheduler import Scheduler
 

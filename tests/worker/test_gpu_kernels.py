@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.buckets import BucketTable
-from kembed.worker.engine.attention import AttentionShape, cuda_backends
+from kembed.worker.engine.attention import AttentionShape
+from kembed.worker.engine.attention_backends import cuda_backends
 from kembed.worker.engine.attention_choice import RANGES, RoutedAttention, choose_attention, probe_inputs
 from kembed.worker.engine.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.fused_decoder import qk_norm_rope, rms_norm, silu_mul

@@ -6,6 +6,7 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
+from kembed.proto.accuracy import MIN_COSINE
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 
@@ -70,7 +71,7 @@ def test_ragged_batch_matches_transformers_per_row(tmp_path, family, pooling, ba
     ours = engine.step(engine.pack(np.concatenate(sequences), lengths)).wait()
     expected = reference(model, sequences, pooling)
     assert ours.shape == expected.shape
-    assert cosine_rows(ours, expected).min() >= 0.999
+    assert cosine_rows(ours, expected).min() >= MIN_COSINE
     np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-4)  # raw pooled, not just direction
     assert engine.info.pooling == pooling and engine.info.normalize
 
@@ -83,7 +84,7 @@ def test_same_lengths_take_the_unpadded_path_and_still_match(tmp_path):
     batch = engine.pack(np.concatenate(sequences), np.full(4, 16, np.int32))
     assert batch.meta.pad_index is None
     ours = engine.step(batch).wait()
-    assert cosine_rows(ours, reference(model, sequences, "mean")).min() >= 0.999
+    assert cosine_rows(ours, reference(model, sequences, "mean")).min() >= MIN_COSINE
     assert not engine.info.normalize
 
 

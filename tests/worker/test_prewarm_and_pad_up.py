@@ -11,13 +11,11 @@ import pytest
 from kembed.worker.buckets import Bucket, BucketTable, PadUpTable
 from kembed.worker.engine.graphs import (
     CAPTURE,
-    COLD,
-    FULL,
     REPLAY,
-    UNCOVERED,
     CapturePolicy,
     capture_in_order,
 )
+from kembed.worker.info import COLD, FULL, UNCOVERED
 
 TABLES = {
     "minilm": BucketTable(2048, 256, max_batch_tokens=2048),

@@ -16,7 +16,6 @@ on first use, minutes per head size, and it needs a host-side plan per batch: `p
 
 import inspect
 import itertools
-import logging
 import os
 import warnings
 import weakref
@@ -28,8 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -207,7 +204,7 @@ class TorchVarlenAttention(Attention):
         return out
 
 
-def _torch_varlen() -> TorchVarlenAttention | None:
+def torch_varlen_backend() -> TorchVarlenAttention | None:
     """torch's varlen flash attention, or None when this torch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -234,7 +231,7 @@ class FlashAttn4Attention(Attention):
         return result
 
 
-def _flash_attn_4() -> FlashAttn4Attention | None:
+def flash_attn_4_backend() -> FlashAttn4Attention | None:
     """FlashAttention 4, or None when it is not installed. Importing it takes seconds (CuTe DSL), so
     only CUDA workers ask."""
     try:
@@ -386,46 +383,9 @@ class _Planned:
     offsets: tuple[int, ...] = ()
 
 
-def _flashinfer(device: torch.device, compile_kernels: bool) -> FlashInferAttention | None:
+def flashinfer_backend(device: torch.device, compile_kernels: bool) -> FlashInferAttention | None:
     try:
         import flashinfer  # noqa: F401
     except ImportError:
         return None
     return FlashInferAttention(device, compile_kernels=compile_kernels)
-
-
-ATTENTION_BACKENDS: dict[str, Attention] = {"sdpa": SdpaLoopAttention(), "sdpa-padded": SdpaPaddedAttention()}
-# Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
-# they need no per-batch gather indices whose size depends on the longest sequence.
-VARLEN_BACKENDS: dict[str, Attention] = {}
-if (_varlen := _torch_varlen()) is not None:
-    VARLEN_BACKENDS["torch-varlen"] = _varlen
-ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
-# loaded by `cuda_backends` when installed and usable
-OPTIONAL_BACKENDS = ("flash-attn", "flashinfer", "triton")
-BACKEND_NAMES = (*ATTENTION_BACKENDS, *OPTIONAL_BACKENDS)
-
-
-def cuda_backends(
-    device: torch.device, shape: AttentionShape | None = None, *, compile_kernels: bool = False
-) -> dict[str, Attention]:
-    """Every varlen backend usable on `device` (for `shape`'s heads when given), in order of preference
-    before timing. `compile_kernels`: let flashinfer build kernels it lacks (minutes with nvcc)."""
-    backends: dict[str, Attention] = dict(VARLEN_BACKENDS)
-    major, _ = torch.cuda.get_device_capability(device)
-    if major in (9, 10):  # FA4 has kernels for Hopper (sm90) and Blackwell (sm100) only
-        if (fa4 := _flash_attn_4()) is not None:
-            backends["flash-attn"] = fa4
-        else:
-            log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
-    from kembed.worker.engine.triton_attention import HEAD_DIMS, triton_attention_backend  # imports this
-
-    ours = triton_attention_backend()
-    if ours is not None and (shape is None or shape.head_dim in HEAD_DIMS):
-        backends["triton"] = ours
-    if major >= 8 and (shape is None or shape.head_dim in FlashInferAttention.HEAD_DIMS):
-        if (flashinfer := _flashinfer(device, compile_kernels)) is not None:
-            backends["flashinfer"] = flashinfer
-        else:
-            log.info("flashinfer-python is not installed: attention backend flashinfer unavailable")
-    return backends

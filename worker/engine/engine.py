@@ -18,14 +18,8 @@ import torch
 
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention import (
-    ATTENTION_BACKENDS,
-    Attention,
-    AttentionMetadata,
-    FlashInferAttention,
-    build_metadata,
-    cuda_backends,
-)
+from kembed.worker.engine.attention import Attention, AttentionMetadata, FlashInferAttention, build_metadata
+from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS, cuda_backends
 from kembed.worker.engine.attention_choice import RoutedAttention, choose_attention
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.cuda_engine import CudaEngine

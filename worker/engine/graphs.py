@@ -21,14 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from kembed.worker.buckets import Bucket, BucketTable, PadUpTable
+from kembed.worker.info import COLD, DISABLED, EAGER_REASONS, FULL, UNCAPTURABLE, UNCOVERED
 
 log = logging.getLogger(__name__)
 
 REPLAY, CAPTURE = "replay", "capture"
-# eager reasons: first hit (lazy), fits no bucket, no graphs, graph cap reached, no captured bucket
-# holds it after prewarm
-COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED = "cold", "uncapturable", "disabled", "full", "uncovered"
-EAGER_REASONS = (COLD, UNCAPTURABLE, DISABLED, FULL, UNCOVERED)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import numpy as np
 from kembed.worker.buckets import Bucket
 from kembed.worker.info import ModelInfo
 
-DEFAULT_MIN_COSINE = 0.999
 # Tested when nothing is listed and nothing was captured yet (a first rollout with no prewarm list):
 # a revision is never promoted on an empty check; these capture on the spot.
 DEFAULT_BUCKETS = (Bucket(1, 64), Bucket(4, 256), Bucket(16, 1024))
@@ -61,7 +60,7 @@ def random_batch(
 
 
 def smoke_test(
-    engine: Comparing, buckets: list[Bucket], min_cosine: float = DEFAULT_MIN_COSINE, seed: int = 0
+    engine: Comparing, buckets: list[Bucket], min_cosine: float, seed: int = 0
 ) -> list[SmokeResult]:
     """Results per bucket (every captured bucket when `buckets` is empty, DEFAULT_BUCKETS when none
     is captured either), in bucket order.

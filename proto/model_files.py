@@ -1,4 +1,5 @@
-"""What the gateway reads from a model directory: the tokenizer file and sentence-transformers' settings.
+"""What the gateway tokenizes with, read from a model directory: the tokenizer file and
+sentence-transformers' settings (the worker's check-model reports them too).
 
 The rules mirror sentence-transformers 6.2 (`base/modules/transformer.py`, `base/model.py`) so that the
 gateway's token ids equal `SentenceTransformer.encode`'s:
