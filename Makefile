@@ -2,8 +2,8 @@
 # Both create .venv and install what they need on a fresh machine.
 
 VENV      ?= .venv
-# -P: do not put the working directory on sys.path. The repository root holds `operator/` (the
-# kembed.operator package), which would shadow the standard library's `operator` module.
+# -P: do not put the working directory on sys.path: what runs imports kembed as installed, never the
+# repository's folders (none of which shadows a standard-library module: tests/test_repository_root.py).
 PY        := $(VENV)/bin/python -P
 WORKERS   ?= 1
 PORT      ?= 8080
@@ -144,14 +144,15 @@ metrics-plots: $(STAMP) prometheus-tools
 
 # mypy --strict (pyproject's [tool.mypy]) checks the packages as installed, kembed.gateway and so on.
 # It cannot follow the editable install's mapping of folders to packages, so each folder is linked
-# under .venv/mypy-path/kembed/ first; its cache is .venv/mypy-cache.
-MYPY_PACKAGES := gateway worker operator proto monitoring
+# under .venv/mypy-path/kembed/ first (package:folder, pyproject's package-dir); its cache is
+# .venv/mypy-cache.
+MYPY_PACKAGES := gateway:gateway worker:worker operator:operator/kembed_operator proto:proto monitoring:monitoring
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	@mkdir -p .venv/mypy-path/kembed
-	@for package in $(MYPY_PACKAGES); do ln -sfn ../../../$$package .venv/mypy-path/kembed/$$package; done
+	@for pair in $(MYPY_PACKAGES); do ln -sfn "../../../$${pair#*:}" ".venv/mypy-path/kembed/$${pair%%:*}"; done
 	$(VENV)/bin/mypy
 
 proto: $(STAMP)

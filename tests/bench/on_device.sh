@@ -8,6 +8,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 mkdir -p /tmp/shim/kembed
-for package in gateway worker proto operator monitoring; do ln -sfn "$PWD/$package" "/tmp/shim/kembed/$package"; done
+for pair in gateway:gateway worker:worker proto:proto operator:operator/kembed_operator monitoring:monitoring; do
+  ln -sfn "$PWD/${pair#*:}" "/tmp/shim/kembed/${pair%%:*}"
+done
 export PYTHONPATH="/tmp/shim:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 exec "$@"

@@ -12,12 +12,14 @@ from chart_tools import CHART_DIR, REPO_ROOT
 from kembed.operator.pod_spec import RUN_AS
 
 IMAGES = ("gateway", "worker", "operator")
+# the top-level folders holding the import packages (kembed.operator is operator/kembed_operator/)
 PACKAGE_DIRS = sorted(
-    set(
-        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+    {
+        folder.split("/")[0]
+        for folder in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
             "package-dir"
         ].values()
-    )
+    }
 )
 
 
