@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from kembed.operator import golden as g
 from kembed.operator import naming as n
+from kembed.operator.gate import JOB_KINDS
 from kembed.operator.golden import GoldenRecord
 from kembed.operator.naming import Owner
-from kembed.operator.rollout import JOB_KINDS
 from kembed.operator.spec import EmbeddingModelSpec
 from kembed.operator.world import JobKey, JobState
 

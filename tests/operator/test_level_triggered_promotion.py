@@ -12,7 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_fakes import example
 
-from kembed.operator.rollout import decide, gate_hash, timestamp
+from kembed.operator.conditions import timestamp
+from kembed.operator.gate import gate_hash
+from kembed.operator.rollout import decide
 from kembed.operator.spec import parse_spec
 from kembed.operator.status import EmbeddingModelStatus, RolloutState
 from kembed.operator.world import Gateway, JobState, Workers, World

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_fakes import example
 
-from kembed.operator.rollout import decide, timestamp
+from kembed.operator.conditions import timestamp
+from kembed.operator.rollout import decide
 from kembed.operator.spec import parse_spec
 from kembed.operator.status import EmbeddingModelStatus, RolloutState
 from kembed.operator.world import Gateway, JobState, Workers, World
