@@ -35,8 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kembed.operator import manifests as m
 from kembed.operator import naming as n
+from kembed.operator.apply import Cluster, apply
 from kembed.operator.naming import Owner
-from kembed.operator.reconcile import Cluster, apply, is_ready, owner_of, typed_spec
+from kembed.operator.observed import is_ready
+from kembed.operator.reconcile import owner_of, typed_spec
 from kembed.operator.status import parse_status
 
 log = logging.getLogger("kembed.operator.hot_buckets")

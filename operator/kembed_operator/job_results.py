@@ -15,7 +15,7 @@ from kembed.operator.spec import EmbeddingModelSpec
 from kembed.operator.world import JobKey, JobState
 
 
-class Cluster(Protocol):  # the part of reconcile.Cluster used here
+class Cluster(Protocol):  # the part of apply.Cluster used here
     def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
     def pod_log(self, namespace: str, name: str, container: str) -> str | None: ...
 

@@ -1,6 +1,6 @@
 """A fetched model source as the operator sees it: what it resolved to, whether a revision's cache is
 filled, and why a fetch failed. Builds nothing (model_fetch.py does); reads and deletes Jobs and reads
-pods through `reconcile.Cluster`.
+pods through `apply.Cluster`.
 
 - **Resolution**: `status.model` keeps what the source resolved to and for which source (a hash of it)
   and refresh interval. A new source or interval gets a resolve Job; its pod's termination message
@@ -40,7 +40,7 @@ REASONS = {  # the command's reason word -> the condition's reason
 }
 
 
-class Cluster(Protocol):  # the part of reconcile.Cluster used here
+class Cluster(Protocol):  # the part of apply.Cluster used here
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
     def create(self, body: dict[str, Any]) -> None: ...

@@ -1,13 +1,9 @@
 """One idempotent `reconcile`: read the world, let the state machine decide, make it so, return status.
 
-It talks to the API server only through `Cluster` (get/list/create/patch/delete/event on the kinds in
-`rbac.RBAC_RULES`), so the tests run it against an in-memory fake. Objects are applied by a hash of
-their rendered body kept in an annotation: missing → created, hash differs (or a Deployment was
-scaled behind our back) → patched, the same → left alone. That is also how the drift timer repairs.
-A patch is a JSON merge patch, which leaves alone what it does not name, so each object also keeps
-the keys (through nested objects, not into lists) of the body last applied, and a patch names as
-null every key the new body no longer has: a nodeSelector entry, a Service annotation or a pod
-label taken out of the spec leaves the object too, as `kubectl apply` would do.
+It talks to the API server only through `Cluster` (apply.py: get/list/create/patch/delete/event on
+the kinds in `rbac.RBAC_RULES`), so the tests run it against an in-memory fake; each object is
+brought to its body by `apply` (by the hash of the body, as a merge patch), and the world is read
+by observed.py. That is also how the drift timer repairs.
 PodDisruptionBudgets and NetworkPolicies are listed by the model's label and brought to exactly the
 set the spec wants (policies.py): a retired revision's budget or a disabled policy is deleted.
 Objects made only for some settings (the bulk gateway's Deployment, Service and ServiceMonitor, the
@@ -18,14 +14,10 @@ one only once).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import pydantic
 
@@ -37,43 +29,17 @@ from kembed.operator import manifests as m
 from kembed.operator import model_resolve as mr
 from kembed.operator import naming as n
 from kembed.operator import policies
+from kembed.operator.apply import Cluster, apply
 from kembed.operator.job_results import job_key, judge_golden, read_jobs
 from kembed.operator.naming import Owner
+from kembed.operator.observed import read_gateway, read_workers
 from kembed.operator.revision import revision_of
 from kembed.operator.rollout import decide
 from kembed.operator.spec import EmbeddingModelSpec, parse_spec
 from kembed.operator.status import dump, parse_status
-from kembed.operator.world import Event, Gateway, JobState, Plan, Workers, World
+from kembed.operator.world import Event, JobState, Plan, World
 
-APPLIED_HASH = "kembed.dev/applied-hash"
-APPLIED_KEYS = "kembed.dev/applied-keys"  # the keys of the body last applied (module docstring)
-# Keys a patch never removes: a Deployment's replicas once an autoscaler owns them (the body leaves
-# them out then, and a null would scale the Deployment to 1 until the autoscaler acts).
-KEPT_WHEN_ABSENT: dict[str, frozenset[tuple[str, ...]]] = {"Deployment": frozenset({("spec", "replicas")})}
-# Fields a body carries only sometimes, for objects applied before APPLIED_KEYS existed: a patch names
-# each of these that the new body lacks as null, and the API server removes it from the object.
-UNSET_BY_PATCH: dict[str, tuple[tuple[str, ...], ...]] = {
-    "Deployment": (
-        ("spec", "template", "spec", "priorityClassName"),
-        ("spec", "template", "spec", "topologySpreadConstraints"),
-    ),
-    "PodDisruptionBudget": (("spec", "maxUnavailable"), ("spec", "minAvailable")),
-}
 ROLLOUT_RESULTS = {"Promoted": "promoted", "RolloutBlocked": "blocked"}  # gate outcome by Event reason
-
-
-class Cluster(Protocol):
-    """The API calls the operator makes. `kind` is one of rbac.KINDS."""
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]: ...
-    def serves(self, kind: str, namespace: str) -> bool: ...
-    def create(self, body: dict[str, Any]) -> None: ...
-    def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> None: ...
-    def delete(self, kind: str, namespace: str, name: str) -> None: ...
-    def delete_if_present(self, kind: str, namespace: str, name: str) -> None: ...
-    def pod_log(self, namespace: str, name: str, container: str) -> str | None: ...
-    def event(self, owner: Owner, type_: str, reason: str, message: str) -> None: ...
 
 
 def _ignore(*_: Any) -> None:
@@ -101,113 +67,6 @@ class Images:
 
     worker: str
     gateway: str
-
-
-def _hash(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def apply(cluster: Cluster, body: dict[str, Any]) -> None:
-    """Create `body` or bring the live object back to it. Jobs and ConfigMaps are immutable here."""
-    meta = body["metadata"]
-    digest = _hash(body)
-    keys = json.dumps(_keys(body), sort_keys=True, separators=(",", ":"))
-    annotations = {**meta.get("annotations", {}), APPLIED_HASH: digest, APPLIED_KEYS: keys}
-    body = {**body, "metadata": {**meta, "annotations": annotations}}
-    live = cluster.get(body["kind"], meta["namespace"], meta["name"])
-    if live is None:
-        cluster.create(body)
-        return
-    if body["kind"] == "Job":
-        return  # a Job is named by revision and attempt: an existing one is the one wanted
-    live_annotations = live["metadata"].get("annotations", {})
-    is_same = live_annotations.get(APPLIED_HASH) == digest and APPLIED_KEYS in live_annotations
-    if body["kind"] == "Deployment" and "replicas" in body["spec"]:  # left out: an autoscaler owns it
-        is_same = is_same and live["spec"].get("replicas") == body["spec"]["replicas"]
-    if is_same:
-        return
-    if body["kind"] == "ConfigMap" and body.get("immutable"):
-        cluster.delete("ConfigMap", meta["namespace"], meta["name"])
-        cluster.create(body)
-        return
-    cluster.patch(
-        body["kind"], meta["namespace"], meta["name"], _patch(body, live_annotations.get(APPLIED_KEYS))
-    )
-
-
-KeyTree = dict[str, "KeyTree | None"]
-
-
-def _keys(body: dict[str, Any]) -> KeyTree:
-    """The keys of `body` as a tree: a nested object's keys under its key, None for any other value
-    (a JSON merge patch replaces a list whole, so what is inside one needs no record)."""
-    return {key: _keys(value) if isinstance(value, dict) else None for key, value in body.items()}
-
-
-def _patch(body: dict[str, Any], applied_keys: str | None) -> dict[str, Any]:
-    """`body` as a merge patch: null for each key of the body last applied that `body` lacks (or,
-    for an object applied before that record, each of its kind's UNSET_BY_PATCH fields)."""
-    patch = copy.deepcopy(body)
-    kept = KEPT_WHEN_ABSENT.get(body["kind"], frozenset())
-    if applied_keys is not None:
-        _null_removed(patch, json.loads(applied_keys), (), kept)
-        return patch
-    for path in UNSET_BY_PATCH.get(body["kind"], ()):
-        node: Any = patch
-        for key in path[:-1]:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.setdefault(path[-1], None)
-    return patch
-
-
-def _null_removed(
-    patch: dict[str, Any], applied: KeyTree, path: tuple[str, ...], kept: frozenset[tuple[str, ...]]
-) -> None:
-    for key, below in applied.items():
-        here = (*path, key)
-        if key not in patch:
-            if here not in kept and not (path == () and key == "status"):
-                patch[key] = None
-        elif below is not None and isinstance(patch[key], dict):
-            _null_removed(patch[key], below, here, kept)
-
-
-# --- reading the world ----------------------------------------------------------------------------
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    """A pod with an address, not terminating, whose Ready condition is True."""
-    if pod["metadata"].get("deletionTimestamp") or not pod.get("status", {}).get("podIP"):
-        return False
-    conditions = pod["status"].get("conditions", [])
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _container_port(deployment: dict[str, Any]) -> int:
-    port: int = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
-    return port
-
-
-def read_workers(cluster: Cluster, owner: Owner) -> dict[str, Workers]:
-    selector = n.selector(owner, "worker")
-    pods = [p for p in cluster.list("Pod", owner.namespace, selector) if is_ready(p)]
-    found = {}
-    for deployment in cluster.list("Deployment", owner.namespace, selector):
-        revision = deployment["metadata"]["labels"].get(n.REVISION_LABEL, "")
-        port = _container_port(deployment)
-        addresses = sorted(
-            f"{p['status']['podIP']}:{port}"
-            for p in pods
-            if p["metadata"]["labels"].get(n.REVISION_LABEL) == revision
-        )
-        digests = frozenset(
-            d
-            for p in pods
-            if p["metadata"]["labels"].get(n.REVISION_LABEL) == revision and (d := im.pod_digest(p, "worker"))
-        )
-        found[revision] = Workers(deployment["spec"].get("replicas", 1), tuple(addresses), digests)
-    return found
 
 
 def keep_golden(cluster: Cluster, owner: Owner, plan: Plan) -> None:
@@ -247,44 +106,6 @@ def report_jobs(
             hooks.job_ended(
                 job["metadata"].get("uid", job["metadata"]["name"]), kind, state.phase.lower(), seconds
             )
-
-
-def read_gateway(cluster: Cluster, owner: Owner, components: Iterable[str] = ("gateway",)) -> Gateway | None:
-    """The main gateway as observed; rolled out only when every gateway in `components` (the bulk one
-    too, when the spec has it) is rolled out on the main gateway's revision: a revision is promoted,
-    and the one before it retired, only once no gateway pod still sends work to the old one."""
-    main, *others = (_read_gateway(cluster, owner, component) for component in components)
-    if main is None:
-        return None
-    is_rolled_out = main.is_rolled_out and all(
-        other is not None and other.revision == main.revision and other.is_rolled_out for other in others
-    )
-    in_use = {main.revision, *(other.revision for other in others if other is not None)}
-    for pod in cluster.list("Pod", owner.namespace, {n.MODEL_LABEL: owner.name}):
-        if pod["metadata"].get("labels", {}).get(n.COMPONENT_LABEL) in GATEWAY_COMPONENTS:
-            in_use.add(pod["metadata"].get("annotations", {}).get(n.REVISION_LABEL, ""))
-    # A stepwise rollout's gateway points at two revisions at once, annotated "<serving>+<candidate>".
-    in_use = {revision for value in in_use for revision in value.split("+")} - {""}
-    return dataclasses.replace(main, is_rolled_out=is_rolled_out, in_use=frozenset(in_use))
-
-
-GATEWAY_COMPONENTS = ("gateway", n.BULK_GATEWAY)  # a bulk gateway being removed still counts
-
-
-def _read_gateway(cluster: Cluster, owner: Owner, component: str) -> Gateway | None:
-    live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner, component))
-    if live is None:
-        return None
-    spec, status = live["spec"], live.get("status", {})
-    want = spec.get("replicas", 1)
-    is_rolled_out = (
-        status.get("observedGeneration", 0) >= live["metadata"].get("generation", 0)
-        and status.get("updatedReplicas", 0) == want
-        and status.get("replicas", 0) == want  # no pod of an older template left
-        and status.get("availableReplicas", 0) == want
-    )
-    revision = spec["template"]["metadata"].get("annotations", {}).get(n.REVISION_LABEL, "")
-    return Gateway(revision, is_rolled_out, status.get("readyReplicas", 0))
 
 
 # --- the one reconcile ----------------------------------------------------------------------------
