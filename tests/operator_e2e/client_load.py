@@ -4,6 +4,9 @@ one 384-wide vector per input is kept as a failure for the test to show.
 
 Each client is a thread with its own connection, sending its next request as soon as the last is
 answered; inputs vary from 1 to 4 short texts so chunks of several sizes are in flight.
+
+`posting_to_gateway_pods`: one client posting to the gateway's ready pods straight (no Service), for
+a rollout that moves the gateway itself; it keeps every answer's status code.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
-from operator_cluster import MODEL_NAME
+from operator_cluster import MODEL_NAME, Cluster
 
 DIMENSIONS = 384  # all-MiniLM-L6-v2
 
@@ -84,3 +90,35 @@ class ClientLoad:
         if len(data) != len(inputs) or any(len(d["embedding"]) != DIMENSIONS for d in data):
             return f"{len(data)} vectors for {len(inputs)} inputs"
         return ""
+
+
+@contextmanager
+def posting_to_gateway_pods(
+    cluster: Cluster, body: dict[str, Any], each: Callable[[], None] | None = None
+) -> Iterator[list[int]]:
+    """A client posting `body` to /v1/embeddings on the newest ready gateway pod every 50 ms while
+    the block runs (calling `each` before every request); yields the answers' status codes, all of
+    them once the block has ended. A pod going away as it was picked is passed over, as a Service
+    would move on."""
+    answers: list[int] = []
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            if each is not None:
+                each()
+            pods = [p for p in cluster.kubelet.pods_of("minilm-gateway") if p.is_ready]
+            try:
+                answer = httpx.post(f"http://{pods[-1].ip}:8080/v1/embeddings", json=body, timeout=10)
+            except (httpx.HTTPError, IndexError):
+                continue
+            answers.append(answer.status_code)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        yield answers
+    finally:
+        done.set()
+        thread.join(30)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import httpx
 import pytest
+from client_load import posting_to_gateway_pods
 from operator_cluster import (
     CORRUPT_MODEL_DIR,
     EXAMPLE,
@@ -234,24 +234,7 @@ def test_a_change_while_the_gateway_switches_keeps_every_request_answered(cluste
     time. A client posts to the gateway's ready pods all along, until well after B's old pods would
     have drained away: every answer is a 200."""
     old = start_ready(cluster, example)
-    answers: list[int] = []
-    done = threading.Event()
-
-    def client() -> None:
-        while not done.is_set():
-            pods = [p for p in cluster.kubelet.pods_of("minilm-gateway") if p.is_ready]
-            try:
-                answer = httpx.post(
-                    f"http://{pods[-1].ip}:8080/v1/embeddings", json={"input": "hello"}, timeout=10
-                )
-            except (httpx.HTTPError, IndexError):  # a pod going away as it was picked: a Service moves on
-                continue
-            answers.append(answer.status_code)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    try:
+    with posting_to_gateway_pods(cluster, {"input": "hello"}) as answers:
         patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})
         b = new_candidate(cluster, old)
         cluster.wait(
@@ -271,9 +254,6 @@ def test_a_change_while_the_gateway_switches_keeps_every_request_answered(cluste
             timeout_s=120,
         )
         time.sleep(15)  # past a retired pod's preStop and drain: had B gone, the gateway would have nothing
-    finally:
-        done.set()
-        thread.join(30)
     assert answers and set(answers) == {200}, (
         f"{len(answers)} answers, not 200: {sorted(set(answers) - {200})}"
     )

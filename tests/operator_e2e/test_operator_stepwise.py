@@ -5,11 +5,10 @@ a 200 every time, and never more than three worker pods run."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-import httpx
 import pytest
+from client_load import posting_to_gateway_pods
 from operator_cluster import patch_spec, start_ready
 
 pytestmark = pytest.mark.slow
@@ -19,32 +18,15 @@ def test_a_stepwise_rollout_holds_one_spare_pod_and_fails_no_request(cluster, ex
     example["spec"]["worker"]["replicas"] = 2
     example["spec"].setdefault("rollout", {})["maxSurgeReplicas"] = 1
     old = start_ready(cluster, example)
-    answers: list[int] = []
     most_pods = 0
-    done = threading.Event()
 
-    def worker_pods() -> int:
+    def count_worker_pods() -> None:
+        nonlocal most_pods
         status = cluster.model()["status"]
         revisions = {old, status.get("candidateRevision") or "", status.get("activeRevision") or ""} - {""}
-        return sum(len(cluster.kubelet.pods_of(f"minilm-worker-{r}")) for r in revisions)
+        most_pods = max(most_pods, sum(len(cluster.kubelet.pods_of(f"minilm-worker-{r}")) for r in revisions))
 
-    def client() -> None:
-        nonlocal most_pods
-        while not done.is_set():
-            most_pods = max(most_pods, worker_pods())
-            pods = [p for p in cluster.kubelet.pods_of("minilm-gateway") if p.is_ready]
-            try:
-                answer = httpx.post(
-                    f"http://{pods[-1].ip}:8080/v1/embeddings", json={"input": ["a", "b c"]}, timeout=10
-                )
-            except (httpx.HTTPError, IndexError):  # a pod going away as it was picked: a Service moves on
-                continue
-            answers.append(answer.status_code)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    try:
+    with posting_to_gateway_pods(cluster, {"input": ["a", "b c"]}, each=count_worker_pods) as answers:
         patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})  # an engine setting: the same weights
         cluster.wait(
             "the new revision serving",
@@ -55,9 +37,6 @@ def test_a_stepwise_rollout_holds_one_spare_pod_and_fails_no_request(cluster, ex
             timeout_s=240,
         )
         time.sleep(3)  # past the old revision's retirement
-    finally:
-        done.set()
-        thread.join(30)
     assert answers and set(answers) == {200}, f"{len(answers)} answers: {sorted(set(answers) - {200})}"
     assert most_pods <= 3, most_pods
     reasons = [e["reason"] for e in cluster.items("/api/v1", "events")]
