@@ -131,8 +131,10 @@ class PooledEmbedder(ServedModel):
         token_type_ids: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        return self.project(pool(hidden, meta, self.pooling).float())
+        return self._pooled(self.hidden_states(input_ids, position_ids, token_type_ids, meta), meta)
+
+    def _pooled(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.project(pool(hidden, meta, self.pooling).float())  # [num_seqs, output_size] float32
 
     def forward_outputs(
         self,
@@ -144,7 +146,7 @@ class PooledEmbedder(ServedModel):
     ) -> torch.Tensor:
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
         outputs = self.facts.outputs if outputs is None else outputs & self.facts.outputs
-        parts = [self.project(pool(hidden, meta, self.pooling).float()).flatten()]
+        parts = [self._pooled(hidden, meta).flatten()]
         if outputs & COLBERT:
             assert self.heads is not None
             parts.append(self.heads.colbert_vectors(hidden).flatten())
