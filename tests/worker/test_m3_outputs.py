@@ -83,13 +83,15 @@ def test_one_pass_matches_flagembedding(engine, m3_dir, outputs):
     [
         ([ALL, DENSE, SPARSE | COLBERT, ALL], "token_graphs"),
         ([DENSE | SPARSE | COLBERT, DENSE, SPARSE, COLBERT], "multi_graphs"),
+        ([DENSE | SPARSE | COLBERT], "multi_graphs"),  # a batch of one: its sparse weights as one run
     ],
-    ids=["with-tokens", "without-tokens"],
+    ids=["with-tokens", "without-tokens", "one-sequence"],
 )
 def test_the_multi_output_graph_replays_what_the_cpu_engine_computes(engine, m3_dir, masks, graphs):
     gpu = load_engine(WorkerConfig(model=m3_dir, device="cuda", dtype="bfloat16", prewarm="none"))
-    lengths = np.array([len(s) for s in SEQUENCES])
-    ids = np.concatenate([np.array(s, np.int32) for s in SEQUENCES])
+    sequences = SEQUENCES[: len(masks)]
+    lengths = np.array([len(s) for s in sequences])
+    ids = np.concatenate([np.array(s, np.int32) for s in sequences])
     masks = np.array(masks, np.uint8)
     want = engine.step(engine.pack(ids, lengths, None, None, masks)).wait()
     for _ in range(3):  # eager, captured, replayed

@@ -114,6 +114,20 @@ class StaticInputs:
             prefix = self._prefixes[bucket] = self.block[: InputLayout.of(bucket).num_bytes]
         prefix.copy_(slot.prefix(bucket), non_blocking=True)
 
+    def load_index(self, slot: Slot, batch: PaddedBatch) -> torch.Tensor:
+        """A multi-output batch's inputs and gather index (int64, on the device) in one asynchronous
+        copy: the index rides after the inputs (`Slot.stage_index`), in bytes no graph reads, safe to
+        overwrite as the next batch's copy is ordered after this one's gathers on the stream. An index
+        too large for the spare bytes goes through a pinned buffer of its own (`to_device`)."""
+        staged = slot.stage_index(batch)
+        if staged is None:
+            self.load(slot, batch.bucket)
+            assert batch.payload is not None
+            return to_device(batch.payload, self.block.device)
+        at, end = staged
+        self.block[:end].copy_(slot.inputs[:end], non_blocking=True)
+        return self.block[at:end].view(torch.int64)
+
     def fill_neutral(self, bucket: Bucket) -> np.ndarray:
         """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
         captures with no real batch at hand: capture's warm-up runs the model on whatever the block
@@ -230,11 +244,13 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             return self._step_unbucketed(batch)
         slot = self.ring.acquire()
         slot.stage(batch)  # one host-to-host memcpy into pinned memory
-        self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
+        if batch.payload is None:
+            self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
+        else:  # the same copy, the gather index after the inputs
+            index = self.static.load_index(slot, batch)
         if self.attention.plans_batches:  # flashinfer: plan on the slot's pinned offsets
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
         if batch.payload is not None:  # every head in the graph, each sequence's outputs gathered after
-            index = to_device(batch.payload, self.device)  # queued before the replay, copied meanwhile
             graphs = self.token_graphs if batch.payload.has & TOKENS else self.multi_graphs
             flat = graphs.run(batch.bucket, batch.bucket)
             return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload, index)))

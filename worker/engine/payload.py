@@ -6,9 +6,11 @@ size, and fewer when every sequence asks the same outputs (the masks are then sc
 device the answer is two gathers after the forward (a replay, or an eager run), nothing zeroed:
 one `index_select` of a source row for every answer row (dense, ColBERT, token vectors; a sparse
 or padding row takes one of the flat block's zero rows), then one `index_copy_` of the sparse
-weights into their rows. Zeroing a block, advanced-index assignments and an index per output kind
-cost host time in every batch, which is what the dense step is compared against
-(docs/benchmarks.md, BGE-M3's sparse and ColBERT outputs).
+weights into their rows (a batch of one: a slice copy, its weights being one run). The CUDA
+engine stages the index after the batch's inputs, so the one input copy carries it. Zeroing a
+block, advanced-index assignments and an index per output kind cost host time in every batch,
+which is what the dense step is compared against (docs/benchmarks.md, BGE-M3's sparse and ColBERT
+outputs).
 """
 
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ class PayloadIndex:
     # int64 [num_rows + 2 * num_words]: each answer row's source row, then the sparse weights'
     # destination words in the answer and source words in the flat block
     index: np.ndarray
+    # (destination word, source word) of the sparse weights when they are one run each (a batch
+    # of one): one slice copy on the device instead of a gather and a scatter
+    sparse_run: tuple[int, int] | None = None
 
     @classmethod
     def build(
@@ -116,7 +121,7 @@ class PayloadIndex:
         sparse_at = (num_rows - len(parts[3])) * width
         parts.append(np.arange(sparse_at, sparse_at + num_sparse, dtype=np.int64))
         parts.append(np.arange(sparse_src, sparse_src + num_sparse, dtype=np.int64))
-        return cls(num_rows, width, num_sparse, has, np.concatenate(parts))
+        return cls(num_rows, width, num_sparse, has, np.concatenate(parts), (sparse_at, sparse_src))
 
 
 def _sources(has: int, num_slots: int, num_tokens: int, width: int) -> tuple[int, int, int, int]:
@@ -129,9 +134,10 @@ def _sources(has: int, num_slots: int, num_tokens: int, width: int) -> tuple[int
 
 
 def to_device(index: PayloadIndex, device: torch.device) -> torch.Tensor:
-    """The index on `device`. On a GPU it goes through pinned memory, so the copy is queued on the
-    stream and the host goes on (a pageable copy would wait for the work ahead of it): call it
-    before the forward, and the copy runs before it."""
+    """The index on `device`, on its own (eager batches, and an index too large to ride with the
+    inputs: cuda_engine.StaticInputs.load_index). On a GPU it goes through pinned memory, so the
+    copy is queued on the stream and the host goes on (a pageable copy would wait for the work
+    ahead of it): call it before the forward, and the copy runs before it."""
     host = torch.from_numpy(index.index)
     if device.type != "cuda":
         return host
@@ -147,6 +153,9 @@ def assemble(flat: torch.Tensor, index: PayloadIndex, idx: torch.Tensor | None =
     num_matrix_rows = flat.numel() // width
     matrix = flat[: num_matrix_rows * width].view(num_matrix_rows, width)
     payload = matrix.index_select(0, idx[:nr])
-    if nw:
+    if nw and index.sparse_run is not None:
+        dst, src = index.sparse_run
+        payload.view(-1)[dst : dst + nw].copy_(flat[src : src + nw])
+    elif nw:
         payload.view(-1).index_copy_(0, idx[nr : nr + nw], flat.index_select(0, idx[nr + nw :]))
     return payload

@@ -172,6 +172,18 @@ class Slot:
         """Copy the batch's block into this slot (one host-to-host memcpy; the device copy follows)."""
         self._inputs_np[: batch.block.nbytes] = batch.block
 
+    def stage_index(self, batch: PaddedBatch) -> tuple[int, int] | None:
+        """Stage the batch's gather index (payload.py) in this slot's spare input bytes, right after
+        the batch's block (8-aligned), so it travels in the input copy; returns its byte range (the
+        copy is [0, end)), or None when the index does not fit (it then goes on its own)."""
+        assert batch.payload is not None
+        at = -(-batch.block.nbytes // 8) * 8
+        end = at + batch.payload.index.nbytes
+        if end > self.inputs.numel():
+            return None
+        self._inputs_np[at:end].view(np.int64)[:] = batch.payload.index
+        return at, end
+
     def prefix(self, bucket: Bucket) -> torch.Tensor:
         """The staged bytes of a batch of `bucket` [InputLayout.of(bucket).num_bytes] uint8, pinned."""
         view = self._prefixes.get(bucket)
