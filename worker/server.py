@@ -12,6 +12,7 @@ own Health answer from one `Readiness`: NOT_SERVING until `set_serving`, SERVING
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeAlias
@@ -216,6 +217,20 @@ class EngineOps(Protocol):
         """engine.smoke's SmokeResults (the server does not import the engine)."""
 
 
+# InfoResponse's fields that say how this worker serves rather than what model it serves; every
+# other field is ModelInfo's of the same name (a test holds the two sets to the message's fields).
+SERVING_FIELDS = frozenset(
+    {"max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port",
+     "frame_idle_timeout_ms"}
+)  # fmt: skip
+
+
+def info_response(info: ModelInfo, **serving: Any) -> pb.InfoResponse:
+    """The Info answer: every ModelInfo field copied by name, plus the `serving` fields given."""
+    assert set(serving) <= SERVING_FIELDS, sorted(set(serving) - SERVING_FIELDS)
+    return pb.InfoResponse(**dataclasses.asdict(info), **serving)
+
+
 class EmbedderService(pb_grpc.EmbedderServicer):
     """kembed.v1.Embedder over one model and its scheduler."""
 
@@ -235,26 +250,12 @@ class EmbedderService(pb_grpc.EmbedderServicer):
         )
         self.streams = StreamServer(self._embed, self._score)
         self.readiness = Readiness()
-        self._info_response = pb.InfoResponse(
-            model_name=info.model_name,
-            model_type=info.model_type,
-            task=info.task,
-            dimensions=info.dimensions,
-            max_sequence_length=info.max_sequence_length,
-            vocab_size=info.vocab_size,
-            pooling=info.pooling,
-            normalize=info.normalize,
-            dtype=info.dtype,
-            device=info.device,
-            attention_backend=info.attention_backend,
+        self._info_response = info_response(
+            info,
             max_batch_tokens=max_batch_tokens,
             max_queued_tokens=scheduler.max_queued_tokens,
             revision=revision,
             version=VERSION,
-            outputs=info.outputs,
-            colbert_dimensions=info.colbert_dimensions,
-            hidden_size=info.hidden_size,
-            sparse_vocabulary=info.sparse_vocabulary,
         )
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
