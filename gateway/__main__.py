@@ -57,11 +57,14 @@ def _field_docs() -> dict[str, str]:
         tree = ast.parse(inspect.getsource(GatewayConfig))
     except (OSError, TypeError):  # no source shipped: help without descriptions
         return {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    config_class = tree.body[0]
+    assert isinstance(config_class, ast.ClassDef)  # the source of one class
+    body = config_class.body
     docs = {}
     for node, following in itertools.pairwise(body):
-        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-        if is_field and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue  # not a field
+        if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
             # argparse formats help with %: a literal "2 %" in a docstring must reach it as "2 %%"
             docs[node.target.id] = " ".join(str(following.value.value).split()).replace("%", "%%")
     return docs

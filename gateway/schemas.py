@@ -6,7 +6,7 @@ clients send extras (`user`, vendor options) that do not change the answer.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -150,10 +150,10 @@ def as_input_list(inputs: Inputs) -> list[Input]:
     if isinstance(inputs, str):
         return [inputs]
     if inputs and all(isinstance(item, int) for item in inputs):
-        return [inputs]  # type: ignore[list-item]
-    return list(inputs)  # type: ignore[arg-type]
+        return [cast(list[int], inputs)]  # all ints: one input of token ids
+    return list(cast(list[Input], inputs))  # the rest: a list of inputs
 
 
 def as_direction(direction: TruncationDirection | None) -> Direction | None:
     """TEI's capitalised `Right`/`Left` and the lower-case spellings, as one."""
-    return None if direction is None else direction.lower()  # type: ignore[return-value]
+    return None if direction is None else cast(Direction, direction.lower())  # Right/Left lowered

@@ -9,6 +9,7 @@ and `/info` are in app.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import numpy as np
 import orjson
@@ -145,7 +146,9 @@ class TeiRoutes:
         are refused (the tokenizer would drop them silently)."""
         body = parse(DecodeRequest, await self.read_body(request))
         sequences: list[list[int]] = (
-            [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids  # type: ignore[list-item]
+            [cast(list[int], body.ids)]  # one sequence of ids, or none
+            if not body.ids or isinstance(body.ids[0], int)
+            else body.ids
         )
         num_ids = sum(len(ids) for ids in sequences)
         max_ids = self.service.config.max_tokenize_tokens  # /tokenize's inverse, bounded alike

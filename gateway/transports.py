@@ -38,7 +38,7 @@ import itertools
 import logging
 import socket
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 import numpy as np
@@ -93,13 +93,15 @@ class UnaryTransport:
             embedded = pb.EmbedRequest(
                 batch=batch,
                 request_id=request_id,
-                priority=part.priority,  # type: ignore[arg-type]
+                priority=cast("pb.Priority", part.priority),  # the enum's int value
                 outputs=part.outputs,
             )
             response = await self._stub.Embed(embedded, timeout=timeout_s, metadata=self._metadata)
             # a worker without span pooling answers one row per sequence: refused here
             return decode_embeddings(response, response.num_sequences if part.num_rows < 0 else part.num_rows)
-        scored = pb.ScoreRequest(batch=batch, request_id=request_id, priority=part.priority)  # type: ignore[arg-type]
+        scored = pb.ScoreRequest(
+            batch=batch, request_id=request_id, priority=cast("pb.Priority", part.priority)
+        )
         response = await self._stub.Score(scored, timeout=timeout_s, metadata=self._metadata)
         return decode_scores(response, part.num_sequences)
 
@@ -181,7 +183,7 @@ class FrameTransport(asyncio.Protocol):
             self._write(pb.RequestFrame(auth_token=self._auth_token))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # a TCP connection's: a stream transport
         self._reader = FrameReader(self._max_frame_bytes)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

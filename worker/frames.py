@@ -30,6 +30,7 @@ import logging
 import math
 import socket
 import time
+from typing import cast
 
 import grpc
 import numpy as np
@@ -89,7 +90,7 @@ class FrameConnection(asyncio.Protocol):
     # --- the byte stream ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # a server socket's: a stream transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -342,7 +343,7 @@ class FrameService:
                 spans = self._spans(message, picked_lengths, seq_mask)
             groups.append(
                 RequestGroup(
-                    pick(token_ids, token_mask),  # type: ignore[arg-type]
+                    token_ids if token_mask is None else token_ids[token_mask],
                     picked_lengths,
                     None if len(picked_seqs) == len(picked_lengths) else picked_seqs,
                     connection,
