@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
-from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
+from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # ships no type hints
 
 from kembed.gateway import openapi
 from kembed.gateway.auth import BearerAuth

@@ -386,6 +386,8 @@ def guarded_protocol(
 
         def _begin_hot(self) -> None:
             keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+            # uvicorn types `cycle` as its own class; a HotCycle has every attribute its protocol reads of
+            # one (tests/gateway/test_uvicorn_internals.py)
             self.cycle = HotCycle(self.url, self.headers, keep_alive)  # type: ignore[assignment]
             declared = next((v for n, v in self.headers if n == b"content-length"), b"")
             if declared.isdigit() and int(declared) > max_body_bytes:  # refused before it is read
