@@ -6,7 +6,7 @@ after `unseen_s` for a size not seen yet (a first step may compile kernels or ca
 *stalled*: a hung kernel, a wedged driver, a GPU fallen off the bus. The worker then answers its
 health checks NOT_SERVING with the reason, so gateways stop sending to it and move what it holds,
 the pod leaves its Service, and the liveness probe restarts it if it stays so
-(server.py `Readiness`). A worker whose event loop stops turning cannot answer at all; the
+(readiness.py `Readiness`). A worker whose event loop stops turning cannot answer at all; the
 gateway's probe then times out, which it treats the same way (gateway/attempts.py), and
 `LoopWatch`, a thread, logs where the loop is stuck.
 
