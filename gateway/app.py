@@ -51,6 +51,7 @@ from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
 from kembed.gateway.multi_output import OutputRoutes
 from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
+from kembed.gateway.replicas import Resolve, resolve_dns
 from kembed.gateway.responses import JsonResponse, json_response
 from kembed.gateway.schemas import (
     EmbeddingRequest,
@@ -63,7 +64,7 @@ from kembed.gateway.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.tei import TeiRoutes
 from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
-from kembed.gateway.workers import Resolve, WorkerPool, resolve_dns
+from kembed.gateway.workers import WorkerPool
 from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.outputs import names_of
 from kembed.proto.version import VERSION

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kembed.gateway.config import GatewayConfig
 
 if TYPE_CHECKING:  # workers.py loads gRPC and numpy: imported where serving starts, not with the config
-    from kembed.gateway.workers import Resolve
+    from kembed.gateway.replicas import Resolve
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -35,7 +35,7 @@ BACKLOG = 2048  # uvicorn's default
 
 def serve(config: GatewayConfig, resolve: Resolve | None = None) -> None:
     """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children.
-    `resolve`: how worker_service's name is resolved; None: DNS (workers.resolve_dns). Another must
+    `resolve`: how worker_service's name is resolved; None: DNS (replicas.resolve_dns). Another must
     be picklable when `config.processes` > 1 (each child is spawned with it)."""
     if config.processes == 1:
         serve_one(config, resolve=resolve)
@@ -86,7 +86,7 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None, resolve: R
     import uvicorn  # only needed to serve; keeps the config importable cheaply in tests
 
     from kembed.gateway.app import create_app
-    from kembed.gateway.workers import resolve_dns
+    from kembed.gateway.replicas import resolve_dns
 
     if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
         logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)

@@ -261,7 +261,27 @@ class EmbeddingService:
 
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
-        async def run() -> tuple[np.ndarray, int]:
+        raw, _, num_tokens = await self._embed_texts(
+            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline
+        )
+        is_normalized = info.normalize if normalize is None else normalize
+        return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
+
+    async def _embed_texts(
+        self,
+        said: int,
+        inputs: Sequence[Input],
+        is_truncating: bool,
+        direction: Direction | None,
+        prompt_name: str | None,
+        vocab_size: int,
+        deadline: float,
+        outputs: int = 0,
+    ) -> tuple[np.ndarray, Sequence[np.ndarray], int]:
+        """`inputs` admitted, tokenized and embedded (`outputs`: an Output bitmask, 0 the dense
+        vectors): the workers' raw rows, the token sequences and their token count."""
+
+        async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
             admitted = self._admit(said, len(inputs), self._estimate(inputs, is_truncating))
             try:
                 started = time.perf_counter()
@@ -275,15 +295,13 @@ class EmbeddingService:
                 )
                 num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
                 raw = await self.pool.embed(
-                    sequences, next(self._request_ids), deadline, priority=admitted.priority
+                    sequences, next(self._request_ids), deadline, priority=admitted.priority, outputs=outputs
                 )
             finally:
                 admitted.release()
-            return raw, num_tokens
+            return raw, sequences, num_tokens
 
-        raw, num_tokens = await self._run(run)
-        is_normalized = info.normalize if normalize is None else normalize
-        return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
+        return await self._run(run)
 
     def check_outputs(self, outputs: int) -> pb.InfoResponse:
         """The workers' Info, or InvalidInput (400) naming the outputs the model has when it lacks
@@ -319,27 +337,9 @@ class EmbeddingService:
         deadline = self._deadline()
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
-        async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
-            admitted = self._admit(said, len(inputs), self._estimate(inputs, is_truncating))
-            try:
-                started = time.perf_counter()
-                sequences = await self.tokenization.encode(
-                    inputs,
-                    truncate=is_truncating,
-                    direction=direction,
-                    prompt_name=prompt_name,
-                    vocab_size=vocab_size,
-                    is_bulk=admitted.is_bulk,
-                )
-                num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
-                raw = await self.pool.embed(
-                    sequences, next(self._request_ids), deadline, priority=admitted.priority, outputs=outputs
-                )
-            finally:
-                admitted.release()
-            return raw, sequences, num_tokens
-
-        raw, sequences, num_tokens = await self._run(run)
+        raw, sequences, num_tokens = await self._embed_texts(
+            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline, outputs
+        )
         if info.sparse_vocabulary:  # SPLADE: each sequence's nonzero (id, weight) pairs
             try:
                 pairs = read_vocabulary(raw.reshape(-1), len(sequences))

@@ -21,54 +21,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import socket
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
 from kembed.gateway.attempts import Attempts, Hedging
-from kembed.gateway.batches import Part, num_rows, split_into_chunks
+from kembed.gateway.batches import Part, split_into_chunks
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.errors import (
-    GatewayError,
-    InvalidInput,
-    Timeout,
-    Unsupported,
-    WorkerFailed,
-)
+from kembed.gateway.fanout import chunk_parts, gather_all, joined_rows
 from kembed.gateway.metrics import GatewayMetrics
 from kembed.gateway.pacing import Window, paced
+from kembed.gateway.replicas import Replica, Resolve, resolve_dns, translate_error
 from kembed.gateway.transports import FrameTransport, Transport, UnaryTransport, close_quietly, data_port_host
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 from kembed.proto.outputs import OutputShape
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-Resolve = Callable[[str, int], Awaitable[list[str]]]
-"""`(host, port) -> ["ip:port", ...]`: the addresses a DNS name stands for now."""
-
-
-async def resolve_dns(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to (A and AAAA), as gRPC targets, in the resolver's order; none
-    when the name does not exist (a headless Service with no ready pod has no records)."""
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
-    except socket.gaierror as error:
-        if error.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
-            return []
-        raise
-    targets = [
-        f"[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{port}" for info in infos
-    ]
-    return list(dict.fromkeys(targets))
-
 
 # After a replica's data port failed to connect (a network policy, a worker restarting), its chunks go
 # as unary gRPC calls; its Info is read again and the data port tried again this long after.
@@ -79,74 +50,6 @@ DATA_PORT_RETRY_S = 30.0
 # worker that finished loading its model, then makes the gateway ready within this long, not after a
 # whole interval of answering 503 with a worker that serves.
 UNREADY_PROBE_S = 0.25
-
-
-@dataclass(eq=False, slots=True)
-class Replica:
-    """One worker replica and what the gateway knows of it. Mutated only on the event loop."""
-
-    address: str
-    channel: grpc.aio.Channel
-    stub: EmbedderStub
-    transport: Transport  # unary calls until its Info advertises a data port that answers
-    data_port_lost_at: float = -math.inf  # loop.time() its data port last failed to connect
-    outstanding_tokens: int = 0
-    num_chunks_served: int = 0
-    is_serving: bool = False
-    last_serving_at: float = -math.inf  # loop.time() of the last SERVING answer
-    queued_tokens: int = 0
-    info: pb.InfoResponse | None = None
-    last_error: str = ""
-    is_discovered: bool = False  # from worker_service's DNS name (removed when it is gone from it)
-    is_leaving: bool = False  # gone from the DNS name: no new work; closed once none is outstanding
-    # an attempt on it ran past its hedge budget: no new work (while another serves) until a probe
-    # or an answer from it says it is alive (attempts.py)
-    is_suspect: bool = False
-    is_checking: bool = False  # a probe of a suspect is in flight
-    tokens_per_s: float = 0.0  # its device's rate, from its Health (0: not known)
-    num_stalls: int = 0  # times it was found stalled (a probe not answered, or NOT_SERVING, while suspect)
-    _down: asyncio.Future[None] | None = None
-
-    def down_signal(self) -> asyncio.Future[None]:
-        """A future set when the replica is next marked down (attempts on it wait on it too)."""
-        if self._down is None or self._down.done():
-            self._down = asyncio.get_running_loop().create_future()
-        return self._down
-
-    def mark_down(self, reason: str) -> None:
-        """No work until a probe says it serves again; the attempts outstanding on it move."""
-        self.is_serving = False
-        self.last_error = reason
-        if self._down is not None and not self._down.done():
-            self._down.set_result(None)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "transport": self.transport.name,
-            "serving": self.is_serving,
-            "suspect": self.is_suspect,
-            "stalls": self.num_stalls,
-            "tokens_per_s": round(self.tokens_per_s),
-            "outstanding_tokens": self.outstanding_tokens,
-            "queued_tokens": self.queued_tokens,
-            "num_chunks_served": self.num_chunks_served,
-            "last_error": self.last_error or None,
-            "discovered": self.is_discovered,
-            "leaving": self.is_leaving,
-        }
-
-
-def _translate(error: grpc.aio.AioRpcError, address: str) -> GatewayError:
-    """A worker error that retrying elsewhere would not fix, as the gateway's error."""
-    code, details = error.code(), error.details() or ""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidInput(f"worker rejected the batch: {details}")
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return Unsupported(details or "the worker does not implement this operation")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Timeout("the request did not complete within its deadline")
-    return WorkerFailed(f"worker {address} failed: {code.name} {details}")
 
 
 class WorkerPool:
@@ -436,7 +339,7 @@ class WorkerPool:
             hedging=self._hedging,
             check=self.check,
             mark_down=self._mark_down,
-            translate=_translate,
+            translate=translate_error,
             metrics=self._metrics,
             max_attempts=self._config.max_attempts,
         )
@@ -533,60 +436,17 @@ class WorkerPool:
             max_tokens=self._config.chunk_tokens,
             max_sequences=self._config.max_chunk_sequences,
         )
-
-        def part(index: int) -> Part:
-            chunk = chunks[index]
-            own = slice(chunk.start, chunk.stop)
-            made = Part(
-                request_id if len(chunks) == 1 else f"{request_id}/{index}",
-                sequences[own],
-                None if type_ids is None else type_ids[own],
-                chunk.num_tokens,
-                deadline,
-                priority=priority,
-                owner=request_id,
-            )
-            if spans is not None:
-                made.spans = spans[own]
-                made.num_rows = num_rows(made.spans)
-            if outputs:
-                info = self.info
-                assert info is not None, "a request for several outputs was checked against Info"
-                shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
-                lengths = np.array([len(s) for s in made.token_ids])
-                made.outputs = outputs
-                made.num_rows = (
-                    -1  # vocabulary-indexed sparse vectors: as many words as their nonzero weights
-                    if info.sparse_vocabulary
-                    else int(shape.rows_of(lengths, np.full(len(lengths), outputs)).sum())
-                )
-            return made
-
+        info = self.info
+        shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size) if info else None
+        is_vocabulary = info is not None and info.sparse_vocabulary
+        parts = chunk_parts(
+            chunks, sequences, type_ids, spans, request_id, deadline, priority, outputs, shape, is_vocabulary
+        )
         # A request of one chunk is refused at once if every queue is full (its client backs off); one
         # of several is paced, and its chunks wait for room a while (pacing.py).
         window = self._window() if len(chunks) > 1 else None
         wait_s = self._config.max_queue_wait_s if len(chunks) > 1 else 0.0
         rows = await gather_all(
-            [
-                paced(partial(self._send, kind, part(i)), chunks[i].num_tokens, window, wait_s)
-                for i in range(len(chunks))
-            ]
+            [paced(partial(self._send, kind, part), part.num_tokens, window, wait_s) for part in parts]
         )
-        if len({own.shape[1] for own in rows}) > 1:
-            what = "embedding dimensions" if kind == "embed" else "number of labels"
-            raise WorkerFailed(f"worker replicas disagree on the {what}")
-        return rows[0] if len(rows) == 1 else np.concatenate(rows)
-
-
-async def gather_all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """Results of `coros` in order. The first failure cancels the rest and is raised as itself (not
-    as an ExceptionGroup), so no chunk outlives its request; a cancelled request cancels them all."""
-    if len(coros) == 1:
-        return [await coros[0]]
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(coro) for coro in coros]
-    except BaseExceptionGroup as failures:
-        known: list[BaseException] = [e for e in failures.exceptions if isinstance(e, GatewayError)]
-        raise (known or list(failures.exceptions))[0] from None
-    return [task.result() for task in tasks]
+        return joined_rows(rows, kind)

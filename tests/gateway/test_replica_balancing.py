@@ -11,7 +11,7 @@ import pytest
 from gateway_fakes import FakeEmbedder, fake_vector, serving, unused_address
 
 from kembed.gateway.errors import Overloaded
-from kembed.gateway.workers import gather_all
+from kembed.gateway.fanout import gather_all
 
 
 def expected_vectors(sequences: list[list[int]]) -> np.ndarray:
