@@ -38,21 +38,29 @@ from google.protobuf.message import DecodeError
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.framing import FrameError, FrameReader, frame, result_frame
-from kembed.proto.outputs import DENSE, OutputShape, names_of
 from kembed.worker.auth import TokenCheck
-from kembed.worker.classes import INTERACTIVE_MAX_SEQUENCES, INTERACTIVE_MAX_TOKENS, Priority
-from kembed.worker.errors import InvalidInput, Unavailable, Unsupported, WorkerError
+from kembed.worker.classes import Priority
+from kembed.worker.errors import InvalidInput, Unavailable, WorkerError
+from kembed.worker.frame_decoding import (
+    FrameArrays,
+    check_kind,
+    frame_arrays,
+    frame_classes,
+    frame_outputs,
+    frame_spans,
+    output_rows,
+    request_problems,
+)
 from kembed.worker.groups import RequestGroup
 from kembed.worker.info import ModelInfo
 from kembed.worker.scheduler import Scheduler
-from kembed.worker.validation import frame_is_clean, sequences_problem, spans_of, token_types_problem
-from kembed.worker.vocabulary import check_asks, compact
+from kembed.worker.validation import frame_is_clean
+from kembed.worker.vocabulary import compact
 
 log = logging.getLogger(__name__)
 
 AUTH_TIMEOUT_S = 10.0  # a connection that has not shown the token by then is closed
 MAX_AUTH_FRAME_BYTES = 4096  # a token frame is tiny; nothing larger is buffered from a stranger
-_KINDS: dict[int, str] = {pb.FRAME_KIND_EMBED: "embed", pb.FRAME_KIND_SCORE: "score"}
 
 
 def _code(error: BaseException) -> int:
@@ -296,27 +304,27 @@ class FrameService:
         """The frame's valid requests as one group per class; the invalid ones answered at once."""
         if self._is_draining:
             raise Unavailable("worker is shutting down")
-        self._check_kind(message.kind)
+        check_kind(message.kind, self._info)
         if message.kind == pb.FRAME_KIND_SCORE and (message.num_spans or message.span_bounds):
             raise InvalidInput("span pooling (num_spans, span_bounds) is for embed requests, not score")
-        arrays = _frame_arrays(message, len(ids))
+        arrays = frame_arrays(message, len(ids))
         num_sequences, lengths, token_ids, types, priorities, timeouts = arrays
-        seq_outputs = self._outputs(message, num_sequences)
+        seq_outputs = frame_outputs(message, num_sequences, self._info)
         valid = None
         if not frame_is_clean(num_sequences, lengths, token_ids, types, self._info) or message.num_spans:
             valid = self._check_each(message, arrays, ids, connection)
         now = time.perf_counter()
-        classes = self._classes(num_sequences, lengths, priorities)
+        classes = frame_classes(num_sequences, lengths, priorities)
         deadlines = None
         if timeouts is not None and timeouts.any():
             deadlines = np.where(timeouts > 0, now + timeouts / 1000, math.inf)
         if isinstance(classes, Priority) and valid is None:  # the gateway's frame: one class, all valid
-            spans = self._spans(message, lengths, None) if message.num_spans else None
+            spans = frame_spans(message, lengths, None) if message.num_spans else None
             many = None if len(num_sequences) == len(lengths) else num_sequences
             group = RequestGroup(
                 token_ids, lengths, many, connection, priority=classes, admitted_at=now,
                 deadlines=deadlines, ids=ids, token_type_ids=types, spans=spans,
-                **self._output_rows(seq_outputs, lengths),
+                **output_rows(seq_outputs, lengths, self._info),
             )  # fmt: skip
             return [group]
         if isinstance(classes, Priority):
@@ -340,7 +348,7 @@ class FrameService:
             assert picked_seqs is not None and picked_lengths is not None
             spans = None
             if message.num_spans:
-                spans = self._spans(message, picked_lengths, seq_mask)
+                spans = frame_spans(message, picked_lengths, seq_mask)
             groups.append(
                 RequestGroup(
                     token_ids if token_mask is None else token_ids[token_mask],
@@ -353,138 +361,21 @@ class FrameService:
                     ids=ids if everything else ids[chosen],
                     token_type_ids=pick(types, token_mask),
                     spans=spans,
-                    **self._output_rows(pick(seq_outputs, seq_mask), picked_lengths),
+                    **output_rows(pick(seq_outputs, seq_mask), picked_lengths, self._info),
                 )
             )
         return groups
 
-    def _outputs(self, message: pb.RequestFrame, num_sequences: np.ndarray) -> np.ndarray | None:
-        """Each sequence's Output bitmask [num_seqs] uint8 (kembed.proto.outputs), or None when every
-        request asks for dense rows alone. InvalidInput for the whole frame when a request asks for
-        an output the model lacks, or with span pooling or scores."""
-        if not message.outputs:
-            if self._info.sparse_vocabulary:
-                check_asks(self._info, 0)
-            return None
-        outputs = np.frombuffer(message.outputs, "u1")
-        if len(outputs) != len(num_sequences):
-            raise InvalidInput(
-                f"a frame's outputs has {len(outputs)} values for {len(num_sequences)} requests"
-            )
-        if self._info.sparse_vocabulary:  # its rows as dense ones, compacted when answered
-            check_asks(self._info, outputs)
-            return None
-        if (outputs <= DENSE).all():
-            return None
-        if message.kind != pb.FRAME_KIND_EMBED or message.num_spans:
-            raise InvalidInput("several outputs are for embed requests without span pooling")
-        lacking = int(np.bitwise_or.reduce(outputs)) & ~self._info.outputs
-        if lacking:
-            raise InvalidInput(
-                f"model {self._info.model_name} has no {'/'.join(names_of(lacking))} output "
-                f"(it has: {', '.join(names_of(self._info.outputs))})"
-            )
-        return np.repeat(outputs, num_sequences)
-
-    def _output_rows(self, outputs: np.ndarray | None, lengths: np.ndarray) -> dict[str, np.ndarray]:
-        """RequestGroup's `outputs` and `rows_per_seq` for sequences with these bitmasks."""
-        if outputs is None:
-            return {}
-        info = self._info
-        shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size)
-        return {"outputs": outputs, "rows_per_seq": shape.rows_of(lengths, outputs)}
-
-    @staticmethod
-    def _classes(
-        num_sequences: np.ndarray, lengths: np.ndarray, priorities: np.ndarray | None
-    ) -> Priority | np.ndarray:
-        """Each request's class (what it says, else by its size), or the one class of them all when
-        they all say the same (as the gateway's frames do)."""
-        if priorities is not None and len(priorities) and priorities.min() == priorities.max():
-            said = int(priorities[0])
-            if said in (Priority.INTERACTIVE, Priority.BULK):
-                return Priority(said)
-        seq_offsets = np.zeros(len(num_sequences) + 1, dtype=np.int64)
-        np.cumsum(num_sequences, out=seq_offsets[1:])
-        token_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=token_offsets[1:])
-        tokens = token_offsets[seq_offsets[1:]] - token_offsets[seq_offsets[:-1]]
-        classes = np.where(
-            (num_sequences <= INTERACTIVE_MAX_SEQUENCES) & (tokens <= INTERACTIVE_MAX_TOKENS),
-            Priority.INTERACTIVE,
-            Priority.BULK,
-        )
-        if priorities is not None:
-            said_ones = (priorities == Priority.INTERACTIVE) | (priorities == Priority.BULK)
-            classes = np.where(said_ones, priorities, classes)
-        return classes
-
-    def _check_kind(self, kind: int) -> None:
-        asked = _KINDS.get(kind)
-        task, name = self._info.task, self._info.model_name
-        if asked is None:
-            raise InvalidInput("a request frame must say its kind: FRAME_KIND_EMBED or FRAME_KIND_SCORE")
-        if asked != task:
-            if asked == "score":
-                raise Unsupported(
-                    f"model {name} is a {task} model, not a cross-encoder: it cannot score pairs"
-                )
-            raise Unsupported(f"model {name} is a {task} model, not an embedder")
-
     def _check_each(
-        self,
-        message: pb.RequestFrame,
-        arrays: tuple[
-            np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None
-        ],
-        ids: np.ndarray,
-        connection: FrameConnection,
+        self, message: pb.RequestFrame, arrays: FrameArrays, ids: np.ndarray, connection: FrameConnection
     ) -> np.ndarray:
         """Which requests are valid; the others are answered INVALID_ARGUMENT, each with its reason.
         Only for a frame that failed the whole-frame check (rare), or that asks for span pooling."""
-        num_sequences, lengths, token_ids, types, _, _ = arrays
         valid = np.ones(len(ids), dtype=bool)
-        seq_at, token_at = 0, 0
-        spans_at = _span_bound_offsets(message, lengths)
-        for r, count in enumerate(num_sequences.tolist()):
-            own_lengths = lengths[seq_at : seq_at + count]
-            num_tokens = int(own_lengths.sum())
-            own_ids = token_ids[token_at : token_at + num_tokens]
-            problem = sequences_problem(own_ids, own_lengths.astype(np.int64), self._info)
-            if problem is None and types is not None:
-                problem = token_types_problem(types[token_at : token_at + num_tokens])
-            if problem is None and spans_at is not None:
-                try:
-                    spans_of(
-                        np.frombuffer(message.num_spans, "<u4")[seq_at : seq_at + count],
-                        np.frombuffer(message.span_bounds, "<u4")[
-                            spans_at[seq_at] : spans_at[seq_at + count]
-                        ],
-                        own_lengths,
-                    )
-                except InvalidInput as error:
-                    problem = str(error)
-            if problem is not None:
-                valid[r] = False
-                connection.fail(ids[r : r + 1], InvalidInput(problem))
-            seq_at += count
-            token_at += num_tokens
+        for r, problem in request_problems(message, arrays, self._info).items():
+            valid[r] = False
+            connection.fail(ids[r : r + 1], InvalidInput(problem))
         return valid
-
-    def _spans(
-        self, message: pb.RequestFrame, lengths: np.ndarray, seq_mask: np.ndarray | None
-    ) -> list[np.ndarray | None] | None:
-        """Per sequence of a group, its span bounds or None (checked already by `_check_each`)."""
-        counts = np.frombuffer(message.num_spans, "<u4")
-        bounds = np.frombuffer(message.span_bounds, "<u4")
-        offsets = _span_bound_offsets(message, np.frombuffer(message.lengths, "<u4"))
-        assert offsets is not None
-        chosen = np.arange(len(counts)) if seq_mask is None else np.flatnonzero(seq_mask)
-        spans: list[np.ndarray | None] = [
-            None if counts[s] == 0 else bounds[offsets[s] : offsets[s + 1]].astype(np.int64)
-            for s in chosen.tolist()
-        ]
-        return spans if any(bounds is not None for bounds in spans) else None
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests (UNAVAILABLE), let those in flight finish (up to `timeout_s`), end
@@ -496,57 +387,6 @@ class FrameService:
         await asyncio.sleep(0)  # the last answers' frame goes out first
         for connection in list(self.connections):
             connection.end()
-
-
-def _frame_arrays(
-    message: pb.RequestFrame, num_requests: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-    """(num_sequences, lengths, token_ids, token types, priorities, timeouts) of a frame, their sizes
-    checked against each other; InvalidInput (for every request of the frame) where they disagree."""
-
-    def array(field: str, dtype: str, expected: int | None) -> np.ndarray | None:
-        data: bytes = getattr(message, field)
-        if not data and field in _OPTIONAL:
-            return None
-        width = np.dtype(dtype).itemsize
-        if len(data) % width or (expected is not None and len(data) // width != expected):
-            wanted = f"{expected} values" if expected is not None else f"a multiple of {width} bytes"
-            raise InvalidInput(
-                f"a frame's {field} holds {len(data)} bytes; {wanted} of {width} bytes were expected"
-            )
-        return np.frombuffer(data, dtype)
-
-    num_sequences = array("num_sequences", "<u4", num_requests)
-    assert num_sequences is not None
-    lengths = array("lengths", "<u4", int(num_sequences.sum()))
-    assert lengths is not None
-    num_tokens = int(lengths.sum())
-    token_ids = array("token_ids", "<i4", num_tokens)
-    assert token_ids is not None
-    return (
-        num_sequences,
-        lengths,
-        token_ids,
-        array("token_type_ids", "<i4", num_tokens),
-        array("priorities", "u1", num_requests),
-        array("timeouts_ms", "<u4", num_requests),
-    )
-
-
-_OPTIONAL = frozenset({"token_type_ids", "priorities", "timeouts_ms"})
-
-
-def _span_bound_offsets(message: pb.RequestFrame, lengths: np.ndarray) -> np.ndarray | None:
-    """[num_sequences + 1]: where each sequence's bounds start in span_bounds; None without spans.
-    Raises InvalidInput when num_spans does not hold one count per sequence."""
-    if not message.num_spans:
-        return None
-    counts = np.frombuffer(message.num_spans, "<u4").astype(np.int64)
-    if len(counts) != len(lengths):
-        raise InvalidInput(f"a frame's num_spans has {len(counts)} values for {len(lengths)} sequences")
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(np.where(counts > 0, counts + 1, 0), out=offsets[1:])
-    return offsets
 
 
 async def serve_frames(
