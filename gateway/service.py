@@ -10,33 +10,30 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
-from kembed.gateway.admission import Admission, estimate_tokens
+from kembed.gateway.admission import estimate_tokens
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     InvalidInput,
     NotFound,
-    Overloaded,
     PayloadTooLarge,
-    Timeout,
     Unavailable,
     Unsupported,
     WorkerFailed,
 )
 from kembed.gateway.metrics import GatewayMetrics
+from kembed.gateway.request_gate import PRIORITY_HEADER as PRIORITY_HEADER
+from kembed.gateway.request_gate import RequestGate, said_priority
 from kembed.gateway.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
 from kembed.gateway.workers import WorkerPool
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.model_files import Direction
 from kembed.proto.outputs import DENSE, OutputShape, names_of, read_vocabulary
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,51 +63,6 @@ class Scored:
     num_tokens: int
 
 
-PRIORITY_HEADER = "x-kembed-priority"
-_SAID = {"interactive": pb.PRIORITY_INTERACTIVE, "bulk": pb.PRIORITY_BULK}
-
-
-def said_priority(header: str | None) -> int:
-    """The class a request's `X-Kembed-Priority` header asks for; unspecified when absent."""
-    if header is None:
-        return pb.PRIORITY_UNSPECIFIED
-    said = _SAID.get(header.strip().lower())
-    if said is None:
-        raise InvalidInput(f"header X-Kembed-Priority must be `interactive` or `bulk`, got {header!r}")
-    return said
-
-
-class Admitted:
-    """A request's hold on the admission: its estimate, and the class the estimate gives, until
-    `settle` gives its token count and so its class."""
-
-    def __init__(self, service: EmbeddingService, said: int, num_inputs: int, estimate: int) -> None:
-        self._service = service
-        self._said = said
-        self._num_inputs = num_inputs
-        self.num_tokens = estimate
-        self.priority = service.classify(said, num_inputs, estimate)
-
-    @property
-    def is_bulk(self) -> bool:
-        return self.priority == pb.PRIORITY_BULK
-
-    def release(self) -> None:
-        """The request ended, answered or not: its tokens leave the admission's count."""
-        self._service.admission.release(self.num_tokens, is_bulk=self.is_bulk)
-
-    def settle(self, num_tokens: int) -> int:
-        was_bulk = self.is_bulk
-        self.priority = self._service.classify(self._said, self._num_inputs, num_tokens)
-        self._service.admission.resize(self.num_tokens, num_tokens, was_bulk=was_bulk, is_bulk=self.is_bulk)
-        self.num_tokens = num_tokens
-        self._service.check_feasible(num_tokens)  # released by the caller, at its count
-        label = "bulk" if self.is_bulk else "interactive"
-        self._service.metrics.class_requests_of[label].inc(1)
-        self._service.metrics.class_tokens_of[label].inc(num_tokens)
-        return num_tokens
-
-
 class EmbeddingService:
     """Everything between a parsed request and its response, independent of the API shape."""
 
@@ -122,13 +74,7 @@ class EmbeddingService:
         self.pool = pool
         self.metrics = metrics
         metrics.watch(lambda: self.served_names[0])
-        self._num_in_flight = 0  # requests admitted and not finished; only touched on the event loop
-        self.admission = Admission(
-            min(config.max_queue_wait_s, config.request_timeout_s),
-            quantum_tokens=config.chunk_tokens,
-            bulk_share=config.bulk_queue_share,
-        )
-        pool.on_chunk_served = lambda num_tokens: self.admission.drained(num_tokens, time.monotonic())
+        self.gate = RequestGate(config, pool, metrics)
         # Request ids for the workers' logs: this process's pid and a counter (a uuid4 per request
         # cost ~3 µs of the gateway's loop and says no more).
         self._request_ids = map(f"{os.getpid():x}-{{:x}}".format, itertools.count(1))
@@ -161,61 +107,6 @@ class EmbeddingService:
                 f"{self.config.max_client_batch_size} per request",
                 param=param,
             )
-
-    async def _run(self, work: Callable[[], Awaitable[T]]) -> T:
-        """`work()` admitted under the concurrency cap (429 at once above it) and the deadline (504)."""
-        if self._num_in_flight >= self.config.max_concurrent_requests:
-            raise Overloaded(
-                f"the gateway is handling {self._num_in_flight} requests, its limit; retry later"
-            )
-        self._num_in_flight += 1
-        try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                return await work()
-        except TimeoutError:
-            raise Timeout(
-                f"the request did not complete within {self.config.request_timeout_s:g} s"
-            ) from None
-        finally:
-            self._num_in_flight -= 1
-
-    def classify(self, said: int, num_inputs: int, num_tokens: int) -> int:
-        """A request's class: what its header said, else interactive up to the configured size."""
-        config = self.config
-        if not config.priority_classes:
-            return pb.PRIORITY_INTERACTIVE
-        if said != pb.PRIORITY_UNSPECIFIED:
-            return said
-        if num_inputs <= config.interactive_max_inputs and num_tokens <= config.interactive_max_tokens:
-            return pb.PRIORITY_INTERACTIVE
-        return pb.PRIORITY_BULK
-
-    def _admit(self, said: int, num_inputs: int, estimate: int) -> Admitted:
-        """The request held as outstanding until `Admitted.release`, first at its `estimate`
-        (estimate_tokens), then at its token count once tokenized (`Admitted.settle`); or Overloaded
-        (429) at once, before any tokenizing, if the workers cannot take it in time (admission.py).
-        Its class (`said`, else by size) decides what it waits behind, and bulk is refused first."""
-        admitted = Admitted(self, said, num_inputs, estimate)
-        # An estimate may be high (5 characters a token where it takes 4): refused on it only if
-        # three quarters of it cannot fit; what it let through is checked again once counted.
-        self.check_feasible(estimate, share=0.75)
-        reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
-        if reason is not None:
-            retry_after_s = self.admission.retry_after_s(estimate, is_bulk=admitted.is_bulk)
-            raise Overloaded(
-                f"the workers are at capacity: {reason}; retry later", retry_after_s=retry_after_s
-            )
-        self.admission.admit(estimate, is_bulk=admitted.is_bulk)
-        return admitted
-
-    def check_feasible(self, num_tokens: int, *, share: float = 1.0) -> None:
-        """PayloadTooLarge (413) if `num_tokens` (`share` of them) can never be served within the
-        request's deadline at the serving workers' rate (admission.py)."""
-        drained = self.admission.rate.tokens_per_s  # this process's recent rate; NaN until known
-        rate = max(self.pool.tokens_per_s, drained if drained > 0 else 0.0)
-        reason = self.admission.infeasible(num_tokens, rate, self.config.request_timeout_s, share=share)
-        if reason is not None:
-            raise PayloadTooLarge(reason)
 
     def _estimate(self, inputs: Sequence[Input], truncate: bool) -> int:
         limit = self.tokenization.spec.max_seq_length if truncate else None
@@ -282,7 +173,7 @@ class EmbeddingService:
         vectors): the workers' raw rows, the token sequences and their token count."""
 
         async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
-            admitted = self._admit(said, len(inputs), self._estimate(inputs, is_truncating))
+            admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating))
             try:
                 started = time.perf_counter()
                 sequences = await self.tokenization.encode(
@@ -301,7 +192,7 @@ class EmbeddingService:
                 admitted.release()
             return raw, sequences, num_tokens
 
-        return await self._run(run)
+        return await self.gate.run(run)
 
     def check_outputs(self, outputs: int) -> pb.InfoResponse:
         """The workers' Info, or InvalidInput (400) naming the outputs the model has when it lacks
@@ -398,7 +289,7 @@ class EmbeddingService:
         lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self._admit(said, num_chunks, estimate_tokens(lengths, max_tokens))
+            admitted = self.gate.admit(said, num_chunks, estimate_tokens(lengths, max_tokens))
             try:
                 started = time.perf_counter()
                 sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
@@ -410,7 +301,7 @@ class EmbeddingService:
                 admitted.release()
             return raw, num_tokens
 
-        raw, num_tokens = await self._run(run)
+        raw, num_tokens = await self.gate.run(run)
         return Embedded(finish(raw, dimensions=dimensions, normalize=info.normalize), num_tokens)
 
     async def tokenize(
@@ -437,7 +328,7 @@ class EmbeddingService:
             self.metrics.tokenize.observe(time.perf_counter() - started)
             return tokens
 
-        return await self._run(run)
+        return await self.gate.run(run)
 
     async def rerank(
         self,
@@ -471,7 +362,7 @@ class EmbeddingService:
         estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self._admit(said, len(texts), estimate)
+            admitted = self.gate.admit(said, len(texts), estimate)
             try:
                 started = time.perf_counter()
                 ids, type_ids = await self.tokenization.encode_pairs(
@@ -486,7 +377,7 @@ class EmbeddingService:
             return logits, num_tokens
 
         try:
-            logits, num_tokens = await self._run(run)
+            logits, num_tokens = await self.gate.run(run)
         except Unsupported as error:
             raise Unsupported(f"the served model does not support reranking: {error.message}") from None
         if logits.shape[1] != 1:
