@@ -68,3 +68,24 @@ def test_each_sequence_gets_its_outputs_in_its_rows(masks, lengths):
         words = shape.words(int(length), mask)
         assert not rows[at : at + count].reshape(-1)[words:].any()  # the last row's padding is zero
         at, token_at = at + count, token_at + int(length)
+
+
+def test_a_batch_of_one_reuses_its_index_only_for_the_same_shape():
+    """A query alone reuses the index built for its length, outputs and bucket: another bucket,
+    another set of outputs the flat block holds, or another mask gets an index of its own."""
+    shape = OutputShape(WIDTH, WIDTH, WIDTH)
+    length, mask = np.array([19]), np.array([ALL], np.uint8)
+    first = PayloadIndex.build(length, mask, shape, ALL, 4, 32)
+    assert PayloadIndex.build(length, mask, shape, ALL, 4, 32) is first
+    others = [
+        PayloadIndex.build(length, mask, shape, ALL, 4, 64),  # a larger bucket: sources move
+        PayloadIndex.build(length, np.array([ALL & ~TOKENS], np.uint8), shape, ALL & ~TOKENS, 4, 32),
+        PayloadIndex.build(length, np.array([SPARSE], np.uint8), shape, ALL, 4, 32),
+        PayloadIndex.build(np.array([18]), mask, shape, ALL, 4, 32),
+    ]
+    for other in others:
+        assert other is not first and not np.array_equal(other.index, first.index)
+    rng = np.random.default_rng(1)
+    flat, parts = _flat(4, 64, rng)
+    got = shape.split(assemble(flat, others[0]).numpy(), 19, ALL)
+    np.testing.assert_array_equal(got["colbert"], parts["colbert"][1:19].astype(np.float32))

@@ -36,7 +36,7 @@ from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
 from kembed.worker.engine.lazy import to_host
-from kembed.worker.engine.payload import PayloadIndex, assemble, to_device
+from kembed.worker.engine.payload import PayloadIndex, PayloadPlan, assemble, to_device
 from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
@@ -98,6 +98,8 @@ class StaticInputs:
         # per bucket, made once: its typed views, and its prefix of the block (what a step copies into)
         self._views: dict[Bucket, tuple[torch.Tensor, ...]] = {}
         self._prefixes: dict[Bucket, torch.Tensor] = {}
+        # per staged index's byte range (load_index): the block's prefix it is copied into, its int64 view
+        self._index_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def views(self, bucket: Bucket) -> tuple[torch.Tensor, ...]:
         """(input_ids, position_ids, token_type_ids, seq_ids [tokens] int64, cu_seqlens [seqs + 2]
@@ -114,19 +116,34 @@ class StaticInputs:
             prefix = self._prefixes[bucket] = self.block[: InputLayout.of(bucket).num_bytes]
         prefix.copy_(slot.prefix(bucket), non_blocking=True)
 
-    def load_index(self, slot: Slot, batch: PaddedBatch) -> torch.Tensor:
-        """A multi-output batch's inputs and gather index (int64, on the device) in one asynchronous
-        copy: the index rides after the inputs (`Slot.stage_index`), in bytes no graph reads, safe to
-        overwrite as the next batch's copy is ordered after this one's gathers on the stream. An index
-        too large for the spare bytes goes through a pinned buffer of its own (`to_device`)."""
-        staged = slot.stage_index(batch)
+    def load_index(
+        self, slot: Slot, batch: PaddedBatch, index: PayloadIndex, *, late: bool = False
+    ) -> torch.Tensor:
+        """A multi-output batch's gather index on the device (int64), staged in the slot after the
+        batch's inputs (`Slot.stage_index`), in bytes of the block no graph reads. Not `late`: the
+        inputs and the index in one asynchronous copy (instead of `load`). `late` (the inputs already
+        copied and the graph launched): the index alone, its copy queued after the graph. Either
+        way safe to overwrite by the next batch, whose copy is ordered after this one's gathers on
+        the stream. An index too large for the spare bytes goes through a pinned buffer of its own
+        (`to_device`)."""
+        staged = slot.stage_index(batch, index)
         if staged is None:
-            self.load(slot, batch.bucket)
-            assert batch.payload is not None
-            return to_device(batch.payload, self.block.device)
+            if not late:
+                self.load(slot, batch.bucket)
+            return to_device(index, self.block.device)
         at, end = staged
-        self.block[:end].copy_(slot.inputs[:end], non_blocking=True)
-        return self.block[at:end].view(torch.int64)
+        start = at if late else 0
+        views = self._index_views.get((start, end))
+        if views is None:  # made once per byte range (a torch slice costs microseconds on the host)
+            if len(self._index_views) >= 4096:
+                self._index_views.clear()
+            views = self._index_views[start, end] = (
+                self.block[start:end],
+                self.block[at:end].view(torch.int64),
+            )
+        target, device_index = views
+        target.copy_(slot.staged(start, end), non_blocking=True)
+        return device_index
 
     def fill_neutral(self, bucket: Bucket) -> np.ndarray:
         """A valid batch of the bucket's shape (one all-padding sequence, ids and positions 0), for
@@ -213,9 +230,12 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             facts, runs_in = self.model.facts, own or Bucket(num_seqs, num_tokens)
             # token vectors (the largest part of the flat block) only in the graphs of batches asking them
             has = facts.outputs if (outputs & TOKENS).any() else facts.outputs & ~TOKENS
-            index = PayloadIndex.build(
+            plan = PayloadPlan(
                 lengths, outputs, facts.output_shape, has, runs_in.num_seqs + 1, runs_in.num_tokens
             )
+            # a query alone: its index (built once per shape) rides with its inputs; a larger
+            # batch's is built once its graph is launched (`_step`)
+            index = plan.build() if num_seqs == 1 else plan
             return pad_batch(token_ids, lengths, token_type_ids, own, payload=index)
         bucket = self.policy.serving_bucket(own, num_seqs, num_tokens)
         return pad_batch(token_ids, lengths, token_type_ids, bucket, own)
@@ -244,16 +264,20 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             return self._step_unbucketed(batch)
         slot = self.ring.acquire()
         slot.stage(batch)  # one host-to-host memcpy into pinned memory
-        if batch.payload is None:
+        payload = batch.payload
+        if isinstance(payload, PayloadIndex):  # the same copy, the gather index after the inputs
+            index = self.static.load_index(slot, batch, payload)
+        else:
             self.static.load(slot, batch.bucket)  # one asynchronous host-to-device copy
-        else:  # the same copy, the gather index after the inputs
-            index = self.static.load_index(slot, batch)
         if self.attention.plans_batches:  # flashinfer: plan on the slot's pinned offsets
             self.attention.plan_batch(slot.cu_seqlens(batch.bucket), slot)
-        if batch.payload is not None:  # every head in the graph, each sequence's outputs gathered after
-            graphs = self.token_graphs if batch.payload.has & TOKENS else self.multi_graphs
+        if payload is not None:  # every head in the graph, each sequence's outputs gathered after
+            graphs = self.token_graphs if payload.has & TOKENS else self.multi_graphs
             flat = graphs.run(batch.bucket, batch.bucket)
-            return SlotHandle(self.ring, slot, to_host(assemble(flat, batch.payload, index)))
+            if isinstance(payload, PayloadPlan):  # built while the graph runs, copied after it
+                payload = payload.build()
+                index = self.static.load_index(slot, batch, payload, late=True)
+            return SlotHandle(self.ring, slot, to_host(assemble(flat, payload, index)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
         # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the
@@ -307,10 +331,9 @@ class CudaEngine(BaseEngine[PaddedBatch]):
         input_ids, position_ids, token_type_ids, seq_ids, cu_seqlens = layout.torch_views(block)
         meta = self._meta(cu_seqlens, seq_ids, batch.bucket)
         if batch.payload is not None:
-            flat = self.model.forward_outputs(
-                input_ids, position_ids, token_type_ids, meta, batch.payload.has
-            )
-            output = assemble(flat, batch.payload)
+            payload = batch.payload
+            flat = self.model.forward_outputs(input_ids, position_ids, token_type_ids, meta, payload.has)
+            output = assemble(flat, payload.build() if isinstance(payload, PayloadPlan) else payload)
         elif batch.spans is None:
             output = self.model(input_ids, position_ids, token_type_ids, meta)[: batch.num_seqs]
         else:

@@ -2,17 +2,20 @@
 multi-output forward writes (heads.FlatLayout) into its rows, as kembed/proto/outputs.py lays them out.
 
 The index is built on the host when the batch is packed: a dozen numpy calls whatever the batch's
-size, and fewer when every sequence asks the same outputs (the masks are then scalars). On the
+size, and fewer when every sequence asks the same outputs (the masks are then scalars); a batch of
+one sequence reuses the index built for its length, outputs and bucket the first time. On the
 device the answer is two gathers after the forward (a replay, or an eager run), nothing zeroed:
 one `index_select` of a source row for every answer row (dense, ColBERT, token vectors; a sparse
 or padding row takes one of the flat block's zero rows), then one `index_copy_` of the sparse
 weights into their rows (a batch of one: a slice copy, its weights being one run). The CUDA
-engine stages the index after the batch's inputs, so the one input copy carries it. Zeroing a
+engine stages a batch of one's index after its inputs, so the one input copy carries it; a larger
+batch's index is built and copied while its graph runs (`PayloadPlan`). Zeroing a
 block, advanced-index assignments and an index per output kind cost host time in every batch,
 which is what the dense step is compared against (docs/benchmarks.md, BGE-M3's sparse and ColBERT
 outputs).
 """
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,10 +63,8 @@ class PayloadIndex:
         num_tokens: int,  # tokens of the flat block
     ) -> "PayloadIndex":
         width, num_seqs = shape.width, len(lengths)
-        if num_seqs == 1:  # a query alone: Python numbers, a handful of aranges
-            return cls._build_one(
-                int(lengths[0]), int(outputs[0]) or DENSE, width, has, num_slots, num_tokens
-            )
+        if num_seqs == 1:  # a query alone: built once per length, outputs and bucket, then reused
+            return _one(int(lengths[0]), int(outputs[0]) or DENSE, width, has, num_slots, num_tokens)
         lengths = lengths.astype(np.int64)
         masks: np.ndarray | int = np.where(outputs == 0, DENSE, outputs).astype(np.int64)
         if num_seqs and (masks == masks[0]).all():  # type: ignore[index]
@@ -121,7 +122,35 @@ class PayloadIndex:
         sparse_at = (num_rows - len(parts[3])) * width
         parts.append(np.arange(sparse_at, sparse_at + num_sparse, dtype=np.int64))
         parts.append(np.arange(sparse_src, sparse_src + num_sparse, dtype=np.int64))
-        return cls(num_rows, width, num_sparse, has, np.concatenate(parts), (sparse_at, sparse_src))
+        # shared by every batch of this shape (`_one`): read, never written (staged by copying)
+        index = np.concatenate(parts)
+        return cls(num_rows, width, num_sparse, has, index, (sparse_at, sparse_src))
+
+
+# A batch of one is the latency case: its index depends only on these six numbers (a few thousand
+# combinations: lengths up to the bucket table's, a handful of output masks), so it is built once.
+# On the GPU host a fresh build (nine numpy calls, cold after the step's sleep) is a measurable part
+# of what the extra outputs add to a query's step (docs/benchmarks.md).
+_one = functools.lru_cache(maxsize=8192)(PayloadIndex._build_one)
+
+
+@dataclass(frozen=True)
+class PayloadPlan:
+    """A batch's outputs whose index is not built yet: `PayloadIndex.build`'s arguments. The CUDA
+    engine builds it once the batch's graph is launched, while the device runs it, so its host time
+    (a few dozen numpy calls on a batch of several sequences) stays off the step's critical path."""
+
+    lengths: np.ndarray
+    outputs: np.ndarray
+    shape: OutputShape
+    has: int
+    num_slots: int
+    num_tokens: int
+
+    def build(self) -> PayloadIndex:
+        return PayloadIndex.build(
+            self.lengths, self.outputs, self.shape, self.has, self.num_slots, self.num_tokens
+        )
 
 
 def _sources(has: int, num_slots: int, num_tokens: int, width: int) -> tuple[int, int, int, int]:

@@ -22,7 +22,7 @@ import torch
 from kembed.worker.buckets import Bucket
 
 if TYPE_CHECKING:
-    from kembed.worker.engine.payload import PayloadIndex
+    from kembed.worker.engine.payload import PayloadIndex, PayloadPlan
     from kembed.worker.engine.spans import SpanIndex
 
 _TOKEN_ARRAYS = 4  # input ids, position ids, token type ids, sequence ids: int64 each
@@ -89,7 +89,8 @@ class PaddedBatch:
     seq_ids: np.ndarray  # [bucket.num_tokens] int64
     cu_seqlens: np.ndarray  # [bucket.num_seqs + 2] int32
     spans: "SpanIndex | None" = None  # span pooling (spans.py): unbucketed, eager; None: one row a sequence
-    payload: "PayloadIndex | None" = None  # several outputs (payload.py); None: dense rows alone
+    # several outputs (payload.py): their index, or what builds it after the launch; None: dense rows alone
+    payload: "PayloadIndex | PayloadPlan | None" = None
 
 
 def pad_batch(
@@ -98,7 +99,7 @@ def pad_batch(
     token_type_ids: np.ndarray | None,
     bucket: Bucket | None,
     own_bucket: Bucket | None = None,
-    payload: "PayloadIndex | None" = None,
+    payload: "PayloadIndex | PayloadPlan | None" = None,
 ) -> PaddedBatch:
     """Lay the batch out in `bucket` (None: its exact shape, unbucketed). `own_bucket` is the
     table's bucket for the batch when pad-up chose a larger one (default: `bucket`)."""
@@ -163,6 +164,7 @@ class Slot:
         # by the launcher thread only.
         self._prefixes: dict[Bucket, torch.Tensor] = {}
         self._cu_seqlens: dict[Bucket, torch.Tensor] = {}
+        self._staged: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def num_bytes(self) -> int:
@@ -172,17 +174,25 @@ class Slot:
         """Copy the batch's block into this slot (one host-to-host memcpy; the device copy follows)."""
         self._inputs_np[: batch.block.nbytes] = batch.block
 
-    def stage_index(self, batch: PaddedBatch) -> tuple[int, int] | None:
+    def stage_index(self, batch: PaddedBatch, index: "PayloadIndex") -> tuple[int, int] | None:
         """Stage the batch's gather index (payload.py) in this slot's spare input bytes, right after
-        the batch's block (8-aligned), so it travels in the input copy; returns its byte range (the
-        copy is [0, end)), or None when the index does not fit (it then goes on its own)."""
-        assert batch.payload is not None
+        the batch's block (8-aligned); returns its byte range, or None when the index does not fit
+        (it then goes on its own)."""
         at = -(-batch.block.nbytes // 8) * 8
-        end = at + batch.payload.index.nbytes
+        end = at + index.index.nbytes
         if end > self.inputs.numel():
             return None
-        self._inputs_np[at:end].view(np.int64)[:] = batch.payload.index
+        self._inputs_np[at:end].view(np.int64)[:] = index.index
         return at, end
+
+    def staged(self, start: int, end: int) -> torch.Tensor:
+        """The slot's input bytes [start, end), pinned (a staged batch, its index), made once per range."""
+        view = self._staged.get((start, end))
+        if view is None:
+            if len(self._staged) >= 4096:
+                self._staged.clear()
+            view = self._staged[start, end] = self.inputs[start:end]
+        return view
 
     def prefix(self, bucket: Bucket) -> torch.Tensor:
         """The staged bytes of a batch of `bucket` [InputLayout.of(bucket).num_bytes] uint8, pinned."""
