@@ -1,6 +1,8 @@
 """A small SPLADE model directory with random weights, built in the tests as sentence-transformers
-writes a SparseEncoder (MLMTransformer over BertForMaskedLM, then SpladePooling), with a word-level
-tokenizer with BERT's special tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)."""
+writes a SparseEncoder (a masked-LM transformer over BertForMaskedLM, then SpladePooling), with a
+word-level tokenizer with BERT's special tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4).
+`transformer`: "MLMTransformer" (sentence-transformers 5's module, which published SPLADE models
+name) or "Transformer" (6's: a Transformer with transformer_task "fill-mask")."""
 
 from pathlib import Path
 
@@ -9,7 +11,14 @@ import torch
 WORDS = [f"w{i}" for i in range(120)]
 
 
-def build_splade_dir(path: Path, *, pooling: str = "max", activation: str = "relu", seed: int = 0) -> Path:
+def build_splade_dir(
+    path: Path,
+    *,
+    pooling: str = "max",
+    activation: str = "relu",
+    seed: int = 0,
+    transformer: str = "MLMTransformer",
+) -> Path:
     from sentence_transformers import SparseEncoder
 
     try:
@@ -36,9 +45,15 @@ def build_splade_dir(path: Path, *, pooling: str = "max", activation: str = "rel
     masked_lm = path.parent / f"{path.name}-mlm"
     BertForMaskedLM(config).eval().save_pretrained(masked_lm)
     fast.save_pretrained(masked_lm)
+    if transformer == "Transformer":
+        from sentence_transformers.base.modules import Transformer
+
+        module = Transformer(str(masked_lm), transformer_task="fill-mask")
+    else:
+        module = MLMTransformer(str(masked_lm))
     encoder = SparseEncoder(
         modules=[
-            MLMTransformer(str(masked_lm)),
+            module,
             SpladePooling(pooling_strategy=pooling, activation_function=activation),  # type: ignore[arg-type]
         ],
         device="cpu",

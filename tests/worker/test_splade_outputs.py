@@ -2,6 +2,8 @@
 sentence-transformers' SparseEncoder, on small model directories with random weights, and their
 rows as the worker sends them (kembed.proto.outputs.vocabulary_words)."""
 
+import json
+
 import numpy as np
 import pytest
 from splade_model import build_splade_dir, splade_reference
@@ -23,11 +25,22 @@ def _ids(path, texts):
     return [e.ids for e in tokenizer.encode_batch(texts)]
 
 
-@pytest.fixture(scope="module", params=[("max", "relu"), ("sum", "log1p_relu")], ids=["max", "sum-log1p"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("max", "relu", "MLMTransformer"),
+        ("sum", "log1p_relu", "MLMTransformer"),
+        ("max", "relu", "Transformer"),
+    ],
+    ids=["max", "sum-log1p", "fill-mask-transformer"],
+)
 def splade_dir(request, tmp_path_factory):
-    pooling, activation = request.param
+    pooling, activation, transformer = request.param
     return build_splade_dir(
-        tmp_path_factory.mktemp("splade") / "tiny-splade", pooling=pooling, activation=activation
+        tmp_path_factory.mktemp("splade") / "tiny-splade",
+        pooling=pooling,
+        activation=activation,
+        transformer=transformer,
     )
 
 
@@ -106,3 +119,29 @@ def test_check_model_says_sparse_vectors_and_their_routes(splade_dir):
     assert result.dimensions == 125 and result.pooling_source == "modules.json"
     assert result.routes is not None and {"POST /v1/embeddings", "POST /embed_sparse"} <= set(result.routes)
     assert not {"POST /embed", "POST /v2/embed", "POST /"} & set(result.routes)
+
+
+def test_a_transformer_not_for_fill_mask_under_splade_pooling_is_refused_by_name(tmp_path):
+    path = build_splade_dir(tmp_path / "s", transformer="Transformer")
+    config_file = path / "sentence_bert_config.json"
+    config = json.loads(config_file.read_text())
+    config["transformer_task"] = "feature-extraction"  # SpladePooling over hidden states: not SPLADE
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(InvalidInput, match=r"not Transformer \(feature-extraction\), SpladePooling"):
+        load_engine(WorkerConfig(model=path, device="cpu", dtype="float32"))
+    del config["transformer_task"]
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(InvalidInput, match=r"not Transformer \(no transformer_task\), SpladePooling"):
+        load_engine(WorkerConfig(model=path, device="cpu", dtype="float32"))
+
+
+def test_a_sparse_pipeline_with_another_module_is_refused_by_name(tmp_path):
+    path = build_splade_dir(tmp_path / "s")
+    modules_file = path / "modules.json"
+    modules = json.loads(modules_file.read_text())
+    modules.append(
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+    )
+    modules_file.write_text(json.dumps(modules))
+    with pytest.raises(InvalidInput, match="not MLMTransformer, SpladePooling, Normalize"):
+        load_engine(WorkerConfig(model=path, device="cpu", dtype="float32"))

@@ -59,8 +59,10 @@ def read_model_dir(path: Path) -> ModelDir:
 
 
 def _read_splade_pipeline(path: Path) -> SpladeSpec | None:
-    """A sentence-transformers SparseEncoder's pipeline, MLMTransformer then SpladePooling (and
-    nothing else), as its SpladeSpec; None for any other directory."""
+    """A sentence-transformers SparseEncoder's pipeline, a masked-LM transformer then SpladePooling
+    (and nothing else), as its SpladeSpec; None for any other directory. The transformer is an
+    `MLMTransformer` (sentence-transformers 5) or a `Transformer` whose sentence_bert_config.json says
+    `"transformer_task": "fill-mask"` (what 6 writes, `SparseEncoder(dir)` of a masked LM included)."""
     modules_file = path / "modules.json"
     if not modules_file.is_file():
         return None
@@ -68,12 +70,37 @@ def _read_splade_pipeline(path: Path) -> SpladeSpec | None:
     names = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
     if "SpladePooling" not in names and "MLMTransformer" not in names:
         return None
-    if names != ["MLMTransformer", "SpladePooling"]:
+    if len(names) != 2 or names[1] != "SpladePooling" or not _is_masked_lm(path, names[0], modules[0]):
         raise InvalidInput(
-            f"{modules_file}: a sparse encoder's pipeline is served as MLMTransformer then SpladePooling, "
-            f"not {', '.join(names)}"
+            f"{modules_file}: a sparse encoder's pipeline is served as a masked-LM transformer "
+            "(MLMTransformer, or Transformer with transformer_task fill-mask) then SpladePooling, "
+            f"not {', '.join(_described(path, names, modules))}"
         )
     return read_splade(path / modules[1].get("path", ""))
+
+
+def _transformer_task(path: Path, module: dict[str, Any]) -> str | None:
+    """A Transformer module's `transformer_task` (its sentence_bert_config.json); None if unset."""
+    file = path / str(module.get("path", "")) / "sentence_bert_config.json"
+    config = json.loads(file.read_text()) if file.is_file() else {}
+    task = config.get("transformer_task")
+    return None if task is None else str(task)
+
+
+def _is_masked_lm(path: Path, name: str, module: dict[str, Any]) -> bool:
+    return name == "MLMTransformer" or (
+        name == "Transformer" and _transformer_task(path, module) == "fill-mask"
+    )
+
+
+def _described(path: Path, names: list[str], modules: list[dict[str, Any]]) -> list[str]:
+    """Module names, a Transformer's with its task (`Transformer (feature-extraction)`)."""
+    return [
+        f"{name} ({_transformer_task(path, module) or 'no transformer_task'})"
+        if name == "Transformer"
+        else name
+        for name, module in zip(names, modules, strict=True)
+    ]
 
 
 def _read_pipeline(path: Path) -> tuple[str | None, tuple[DenseSpec, ...], bool]:
