@@ -36,6 +36,8 @@ def _ids(path, texts):
 )
 def splade_dir(request, tmp_path_factory):
     pooling, activation, transformer = request.param
+    if transformer == "Transformer":  # sentence-transformers 6's layout; CI's has it, a GPU image may not
+        pytest.importorskip("sentence_transformers.base.modules")
     return build_splade_dir(
         tmp_path_factory.mktemp("splade") / "tiny-splade",
         pooling=pooling,
