@@ -128,23 +128,17 @@ class SpladeEmbedder(ServedModel):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_seqs, vocab] float32
         hidden = self.hidden_states(input_ids, position_ids, token_type_ids, meta)
-        logits = self.head(hidden)  # [num_tokens, vocab] in the model's dtype: the step's largest tensor
-        # Each sequence's tokens lie together, between its cu_seqlens (a graph bucket's padding
-        # tokens in its padding slot, whose row is dropped; empty slots give rows of `initial`), so
-        # pooling is a segment reduction over those offsets: no atomics, no index per weight.
-        # unsafe: the offsets are the engine's own (checking them would sync the host).
-        offsets = meta.cu_seqlens
-        if self.spec.pooling == "max":
-            # log(1 + ReLU(x)) never decreases as x grows, so a sequence's largest weight is the
-            # weight of its largest logit: pool the logits, then weigh one row a sequence rather than
-            # every token's. initial 0 is the ReLU.
-            pooled = torch.segment_reduce(logits, "max", offsets=offsets, axis=0, unsafe=True, initial=0.0)
-            pooled = pooled.float().log1p_()
-            if self.spec.activation == "log1p_relu":
-                pooled.log1p_()
-            return pooled
-        weights = logits.float().relu_().log1p_()
+        # [num_tokens, vocab] float32, the largest activation of the step: made once, then in place
+        weights: torch.Tensor = self.head(hidden).float().relu_().log1p_()
         if self.spec.activation == "log1p_relu":
             weights.log1p_()
-        pooled = torch.segment_reduce(weights, "sum", offsets=offsets, axis=0, unsafe=True, initial=0.0)
+        # Pooled per sequence by its tokens' seq_ids: a graph bucket's padding tokens belong to its
+        # padding slot, whose row is dropped, so no real row sees them. Every weight is >= 0, so a
+        # max over zeros is the max over the sequence's own tokens.
+        pooled = weights.new_zeros(meta.num_seqs, weights.shape[1])  # [num_seqs, vocab]
+        if self.spec.pooling == "max":
+            rows = meta.seq_ids.unsqueeze(1).expand_as(weights)  # a view: each weight's row
+            pooled.scatter_reduce_(0, rows, weights, "amax", include_self=True)
+        else:
+            pooled.index_add_(0, meta.seq_ids, weights)
         return pooled
