@@ -12,6 +12,11 @@ WORKER_PORT ?= 50051
 # worker. 50061: clear of ten workers' gRPC ports.
 WORKER_DATA_PORT ?= 50061
 WORKER_METRICS_PORT ?= 9091
+# The model directory both the workers and the gateway serve (docs/your-model.md); empty: the bundled
+# all-MiniLM-L6-v2. One setting for both: a gateway tokenizing for another model than its workers'
+# refuses them (they would answer wrong vectors).
+MODEL     ?=
+MODEL_FLAG := $(if $(MODEL),--model '$(MODEL)')
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. On these
 # machines 2.13.0 is a local CPU build (found through /opt/wheels); on a GPU machine set
 # TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
@@ -76,12 +81,12 @@ run: $(RUN_STAMP)
 	od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$$token"; \
 	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
 	  port=$$(($(WORKER_PORT) + i)); \
-	  $(PY) -m kembed.worker --port $$port --data-port $$(($(WORKER_DATA_PORT) + i)) \
+	  $(PY) -m kembed.worker $(MODEL_FLAG) --port $$port --data-port $$(($(WORKER_DATA_PORT) + i)) \
 	    --metrics-port $$(($(WORKER_METRICS_PORT) + i)) --auth-token-file "$$token" & \
 	  pids="$$pids $$!"; \
 	  workers="$$workers --worker 127.0.0.1:$$port"; \
 	done; \
-	$(PY) -m kembed.gateway --port $(PORT) --worker-auth-token-file "$$token" $$workers & \
+	$(PY) -m kembed.gateway $(MODEL_FLAG) --port $(PORT) --worker-auth-token-file "$$token" $$workers & \
 	pids="$$pids $$!"; \
 	gone() { for pid in $$pids; do kill -0 $$pid 2>/dev/null || return 0; done; return 1; }; \
 	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_DATA_PORT=$(WORKER_DATA_PORT) (worker data), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT) (worker metrics)"; \
@@ -89,6 +94,8 @@ run: $(RUN_STAMP)
 	for _ in $$(seq 1 240); do \
 	  { curl -fsS --max-time 2 -o /dev/null http://127.0.0.1:$(PORT)/ready 2>/dev/null & wait $$! 2>/dev/null; } && { ready=1; break; }; \
 	  if gone; then echo; echo "kembed did not start: a process exited (see its log above). If a port is taken, choose others, e.g. PORT=8081 make run; the ports asked for: $$taken."; exit 1; fi; \
+	  refused=$$(curl -sS --max-time 2 http://127.0.0.1:$(PORT)/ready 2>/dev/null | sed -n 's/.*"refused_workers":\([1-9][0-9]*\).*/\1/p'); \
+	  if [ -n "$$refused" ]; then echo; echo "kembed did not start: the gateway refused $$refused worker(s) serving another model than the one it tokenizes for (see 'refused' in its log above). Give both the same directory: make run MODEL=dir (not KEMBED_WORKER_MODEL or KEMBED_GATEWAY_MODEL_DIR alone)."; exit 1; fi; \
 	  pause 0.5; \
 	done; \
 	echo; \

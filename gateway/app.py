@@ -48,6 +48,7 @@ from kembed.gateway.errors import (
 from kembed.gateway.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.hot_path import HotPath, HotRequest
 from kembed.gateway.metrics import METRICS_PATH, GatewayMetrics, RequestMetrics
+from kembed.gateway.model_check import ModelCheck, read_own_identity
 from kembed.gateway.multi_output import OutputRoutes
 from kembed.gateway.openapi_limits import Served
 from kembed.gateway.perplexity import PerplexityRoutes
@@ -66,6 +67,7 @@ from kembed.gateway.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
 from kembed.gateway.workers import WorkerPool
 from kembed.proto.model_files import ModelSpec, load_model_spec
+from kembed.proto.model_identity import ModelIdentity
 from kembed.proto.outputs import names_of
 from kembed.proto.version import VERSION
 
@@ -216,6 +218,9 @@ class Routes:
                 "served_model_name": self.service.served_names[0],
                 "served_model_names": list(self.service.served_names),
                 "model_sha": None,
+                # what this gateway tokenizes for; each worker's own are under `workers` (model_check.py)
+                "tokenizer_digest": self.service.pool.model.tokenizer or None,
+                "model_digest": self.service.pool.model.model or None,
                 "model_dtype": worker.dtype if worker else None,
                 "model_type": model_type,
                 "auto_truncate": self.config.auto_truncate,
@@ -292,9 +297,13 @@ class Routes:
             return json_response({"status": "ready"})
         # Open to anyone (the kubelet's probe): counts only; /info (behind the API key) has details.
         pool = self.service.pool
-        return json_response(
-            {"status": "not ready", "serving_workers": 0, "workers": len(pool.replicas)}, status_code=503
-        )
+        body = {
+            "status": "not ready",
+            "serving_workers": 0,
+            "workers": len(pool.replicas),
+            "refused_workers": pool.num_refused(),  # serving another model (`/info` says which and why)
+        }
+        return json_response(body, status_code=503)
 
 
 def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
@@ -306,12 +315,17 @@ def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
 
 
 def create_app(
-    config: GatewayConfig, metrics_dir: Path | None = None, resolve: Resolve = resolve_dns
+    config: GatewayConfig,
+    metrics_dir: Path | None = None,
+    resolve: Resolve = resolve_dns,
+    identity: ModelIdentity | None = None,
 ) -> Gateway:
     """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
     `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py).
-    `resolve`: how worker_service's name is resolved (DNS; tests pass a fake)."""
+    `resolve`: how worker_service's name is resolved (DNS; tests pass a fake). `identity`: the model
+    directory's digests, read here when not given (model_check.py)."""
     heap = HeapTrim()  # freed memory given back after large requests (heap.py)
+    check = ModelCheck(identity or read_own_identity(config.model_dir), config.model_dir)
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config),
         config.tokenization_workers,
@@ -320,7 +334,7 @@ def create_app(
         heap,
     )
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
-    pool = WorkerPool(config, metrics, resolve)
+    pool = WorkerPool(config, metrics, check, resolve)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics), heap)
     tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # Cohere's v2 API and v1's embed (cohere.py)

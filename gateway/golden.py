@@ -27,22 +27,21 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import numpy as np
 
+from kembed.gateway.model_check import ModelCheck
 from kembed.gateway.tokenization import Tokenization
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.proto.accuracy import MIN_COSINE
 from kembed.proto.model_files import load_model_spec
+from kembed.proto.model_identity import WEIGHT_SUFFIXES, files_digest, read_identity, weight_files
 
 RECORD_PREFIX = "kembed-golden-record: "
 RECORD_VERSION = 1
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-CHUNK_BYTES = 8 << 20
 # Fixed forever: a record names the texts' digest, and a record made from other texts cannot be
 # compared (the operator records anew, with a warning). Short and long, several scripts, code and
 # numbers: the cases where a wrong tokenizer, pooling or kernel shows.
@@ -65,29 +64,13 @@ def texts_digest(texts: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode()).hexdigest()
 
 
-def weight_files(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(CHUNK_BYTES):  # hashlib releases the GIL: files hash in parallel
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def weights_digest(model_dir: Path) -> str:
-    """`sha256:<hex>` over every weight file's relative path, size and content."""
+    """`sha256:<hex>` over every weight file's relative path, size and content (configs aside: the
+    same weights under another pooling must answer as before)."""
     files = weight_files(model_dir)
     if not files:
         raise FileNotFoundError(f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) in {model_dir}")
-    with ThreadPoolExecutor(min(4, len(files))) as pool:
-        contents = list(pool.map(_file_sha256, files))
-    outer = hashlib.sha256()
-    for path, content in zip(files, contents, strict=True):
-        outer.update(f"{path.relative_to(model_dir).as_posix()}\0{path.stat().st_size}\0{content}\n".encode())
-    return f"sha256:{outer.hexdigest()}"
+    return files_digest(model_dir, files)
 
 
 def _batch(ids: list[np.ndarray], type_ids: list[np.ndarray] | None = None) -> pb.TokenBatch:
@@ -135,7 +118,20 @@ def run(args: argparse.Namespace) -> int:
     digest = weights_digest(args.model)
     channels = [grpc.insecure_channel(address) for address in args.target]
     stubs = [pb_grpc.EmbedderStub(channel) for channel in channels]
-    info = stubs[0].Info(pb.InfoRequest(), timeout=args.timeout, metadata=args.metadata)
+    infos = [stub.Info(pb.InfoRequest(), timeout=args.timeout, metadata=args.metadata) for stub in stubs]
+    info = infos[0]
+    # The gateway's own check first: a pod that serves another model than the directory the gateway
+    # tokenizes with, or than the other pods, fails here, before its answers are compared.
+    check = ModelCheck(read_identity(args.model, spec), args.model)
+    refusals = [
+        (address, check.refusal(pod, infos[:1] if n else ()))
+        for n, (address, pod) in enumerate(zip(args.target, infos, strict=True))
+    ]
+    for address, refusal in refusals:
+        if refusal:
+            print(f"FAIL golden {address}: {refusal}")
+    if any(refusal for _, refusal in refusals):
+        return 1
     tokenization = Tokenization(spec, num_threads=1)
     try:
         if info.task == "score":

@@ -235,11 +235,12 @@ class GatewayMetrics:
         self.registry.register(collector)
         self._collectors.append(collector)
 
-    def watch_workers(self, num_serving: Callable[[], int]) -> None:
+    def watch_workers(self, num_serving: Callable[[], int], num_refused: Callable[[], int]) -> None:
         """Report `kembed_gateway_serving_workers` at each scrape: the worker replicas this process
         would send a chunk to now (what /ready counts). 0 while the gateway is up is an outage even
-        when no request arrives to fail."""
-        collector = ServingCollector(num_serving)
+        when no request arrives to fail. And `kembed_gateway_refused_workers`: those refused for
+        serving another model than the gateway's (model_check.py)."""
+        collector = ServingCollector(num_serving, num_refused)
         self.registry.register(collector)
         self._collectors.append(collector)
 
@@ -275,21 +276,29 @@ class InfoCollector(Collector):
 
 
 class ServingCollector(Collector):
-    """`kembed_gateway_serving_workers`, read from the worker pool when Prometheus scrapes. Each
-    gateway process keeps its own pool, so the process that answers the scrape reports its own count
-    (one of several processes: not summed, unlike the multiprocess gauges)."""
+    """`kembed_gateway_serving_workers` and `kembed_gateway_refused_workers`, read from the worker
+    pool when Prometheus scrapes. Each gateway process keeps its own pool, so the process that answers
+    the scrape reports its own count (one of several processes: not summed, unlike the multiprocess
+    gauges)."""
 
-    def __init__(self, num_serving: Callable[[], int]) -> None:
+    def __init__(self, num_serving: Callable[[], int], num_refused: Callable[[], int]) -> None:
         self._num_serving = num_serving
+        self._num_refused = num_refused
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("kembed_gateway_serving_workers", "")
+        yield GaugeMetricFamily("kembed_gateway_refused_workers", "")
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
             "kembed_gateway_serving_workers",
             "Worker replicas serving now: healthy, not leaving, answered a health probe recently.",
             value=self._num_serving(),
+        )
+        yield GaugeMetricFamily(
+            "kembed_gateway_refused_workers",
+            "Worker replicas refused for serving another model than the one this gateway tokenizes for.",
+            value=self._num_refused(),
         )
 
 

@@ -27,6 +27,7 @@ from kembed.gateway.config import GatewayConfig
 
 if TYPE_CHECKING:  # workers.py loads gRPC and numpy: imported where serving starts, not with the config
     from kembed.gateway.replicas import Resolve
+    from kembed.proto.model_identity import ModelIdentity
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -37,15 +38,20 @@ def serve(config: GatewayConfig, resolve: Resolve | None = None) -> None:
     """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children.
     `resolve`: how worker_service's name is resolved; None: DNS (replicas.resolve_dns). Another must
     be picklable when `config.processes` > 1 (each child is spawned with it)."""
+    from kembed.gateway.model_check import read_own_identity
+
+    identity = read_own_identity(config.model_dir)  # once, not in every process (a model's weights)
     if config.processes == 1:
-        serve_one(config, resolve=resolve)
+        serve_one(config, resolve=resolve, identity=identity)
         return
     metrics_dir = Path(tempfile.mkdtemp(prefix="kembed-gateway-metrics-"))
     # Read by prometheus_client when a child imports it, which is why it is set before they start.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     context = multiprocessing.get_context("spawn")
     children = [
-        context.Process(target=serve_one, args=(config, metrics_dir, resolve), name=f"kembed-gateway-{i}")
+        context.Process(
+            target=serve_one, args=(config, metrics_dir, resolve, identity), name=f"kembed-gateway-{i}"
+        )
         for i in range(config.processes)
     ]
     is_signalled = False
@@ -80,9 +86,15 @@ def serve(config: GatewayConfig, resolve: Resolve | None = None) -> None:
         sys.exit(1)
 
 
-def serve_one(config: GatewayConfig, metrics_dir: Path | None = None, resolve: Resolve | None = None) -> None:
+def serve_one(
+    config: GatewayConfig,
+    metrics_dir: Path | None = None,
+    resolve: Resolve | None = None,
+    identity: ModelIdentity | None = None,
+) -> None:
     """One gateway on uvicorn (uvloop, httptools). A child of `serve` (given `metrics_dir`) binds its
-    own SO_REUSEPORT socket; a lone gateway lets uvicorn bind."""
+    own SO_REUSEPORT socket; a lone gateway lets uvicorn bind. `identity`: the model's digests as
+    `serve` read them (None: read here)."""
     import uvicorn  # only needed to serve; keeps the config importable cheaply in tests
 
     from kembed.gateway.app import create_app
@@ -90,7 +102,7 @@ def serve_one(config: GatewayConfig, metrics_dir: Path | None = None, resolve: R
 
     if metrics_dir is not None:  # a spawned child starts without the parent's logging setup
         logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
-    app = create_app(config, metrics_dir=metrics_dir, resolve=resolve or resolve_dns)
+    app = create_app(config, metrics_dir=metrics_dir, resolve=resolve or resolve_dns, identity=identity)
     server = uvicorn.Server(uvicorn_config(config, app))
     freeze_startup_objects()
     # uvicorn drains on SIGTERM/SIGINT, then restores the handlers it found and raises the signal

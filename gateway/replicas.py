@@ -54,6 +54,8 @@ class Replica:
     last_serving_at: float = -math.inf  # loop.time() of the last SERVING answer
     queued_tokens: int = 0
     info: pb.InfoResponse | None = None
+    refusal: str = ""  # why it serves another model than the gateway's (model_check.py); "": it does not
+    accepted_at: float = -math.inf  # loop.time() its Info last passed the model check
     last_error: str = ""
     is_discovered: bool = False  # from worker_service's DNS name (removed when it is gone from it)
     is_leaving: bool = False  # gone from the DNS name: no new work; closed once none is outstanding
@@ -90,6 +92,9 @@ class Replica:
             "queued_tokens": self.queued_tokens,
             "num_chunks_served": self.num_chunks_served,
             "last_error": self.last_error or None,
+            "refused": self.refusal or None,
+            "tokenizer_digest": (self.info.tokenizer_digest or None) if self.info else None,
+            "model_digest": (self.info.model_digest or None) if self.info else None,
             "discovered": self.is_discovered,
             "leaving": self.is_leaving,
         }

@@ -32,11 +32,13 @@ from kembed.gateway.batches import Part, split_into_chunks
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.fanout import chunk_parts, gather_all, joined_rows
 from kembed.gateway.metrics import GatewayMetrics
+from kembed.gateway.model_check import ModelCheck
 from kembed.gateway.pacing import Window, paced
 from kembed.gateway.replicas import Replica, Resolve, resolve_dns, translate_error
 from kembed.gateway.transports import FrameTransport, Transport, UnaryTransport, close_quietly, data_port_host
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
+from kembed.proto.model_identity import ModelIdentity
 from kembed.proto.outputs import OutputShape
 
 log = logging.getLogger(__name__)
@@ -56,9 +58,14 @@ class WorkerPool:
     """All replicas behind one gateway. `start` probes them once; a background task keeps probing."""
 
     def __init__(
-        self, config: GatewayConfig, metrics: GatewayMetrics, resolve: Resolve = resolve_dns
+        self,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        check: ModelCheck,
+        resolve: Resolve = resolve_dns,
     ) -> None:
         self._config = config
+        self._model_check = check  # each replica's model against the gateway's (model_check.py)
         self._metrics = metrics
         self._resolve = resolve
         self.replicas: list[Replica] = []
@@ -72,7 +79,7 @@ class WorkerPool:
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        metrics.watch_workers(self.num_serving)
+        metrics.watch_workers(self.num_serving, self.num_refused)
 
     async def start(self) -> None:
         for address in self._config.static_workers:
@@ -191,6 +198,7 @@ class WorkerPool:
     def _is_available(self, replica: Replica, now: float) -> bool:
         return (
             replica.is_serving
+            and not replica.refusal
             and not replica.is_leaving
             and now - replica.last_serving_at < self._config.max_health_age_s
         )
@@ -199,6 +207,15 @@ class WorkerPool:
         """Replicas a chunk could be sent to now."""
         now = asyncio.get_running_loop().time()
         return sum(self._is_available(r, now) for r in self.replicas)
+
+    @property
+    def model(self) -> ModelIdentity:
+        """The model this gateway tokenizes for, as replicas are checked against it."""
+        return self._model_check.own
+
+    def num_refused(self) -> int:
+        """Replicas refused for serving another model than the gateway's (model_check.py)."""
+        return sum(bool(r.refusal) for r in self.replicas)
 
     def is_ready(self) -> bool:
         now = asyncio.get_running_loop().time()
@@ -231,8 +248,9 @@ class WorkerPool:
 
     @property
     def info(self) -> pb.InfoResponse | None:
-        """What the replicas serve (from the first that answered Info), None before any did."""
-        return next((r.info for r in self.replicas if r.info is not None), None)
+        """What the replicas serve (from the first that answered Info and serves the gateway's model),
+        None before any did."""
+        return next((r.info for r in self.replicas if r.info is not None and not r.refusal), None)
 
     async def _probe(self, replica: Replica) -> None:
         timeout = self._config.health_timeout_s
@@ -247,6 +265,8 @@ class WorkerPool:
                 replica.info = await replica.stub.Info(
                     pb.InfoRequest(), timeout=timeout, metadata=self._metadata
                 )
+                if self._refuse(replica, replica.info):
+                    return
                 replica.data_port_lost_at = -math.inf
                 await self._choose_transport(replica)
         except grpc.aio.AioRpcError as error:
@@ -263,6 +283,40 @@ class WorkerPool:
                 replica.mark_down(replica.last_error)
             return
         self._heard(replica, health)
+
+    def _refuse(self, replica: Replica, info: pb.InfoResponse) -> bool:
+        """Whether `replica`, answering `info`, serves another model than the gateway's: then it is
+        down with the reason (logged when it changes) until a later Info says otherwise."""
+        # The replicas serving now, and those accepted by a probe of the same pass that has not yet
+        # heard them serve (probes run concurrently: two replicas of different models probed at start
+        # must not both pass for want of a serving one to compare with).
+        now = asyncio.get_running_loop().time()
+        serving = (
+            r.info
+            for r in self.replicas
+            if r is not replica
+            and r.info is not None
+            and not r.refusal
+            and (self._is_available(r, now) or now - r.accepted_at < self._config.max_health_age_s)
+        )
+        refusal = self._model_check.refusal(info, serving)
+        if refusal != replica.refusal:
+            if refusal:
+                log.error("worker %s refused: %s", replica.address, refusal)
+            elif replica.refusal:
+                log.info("worker %s serves this gateway's model now", replica.address)
+        elif not refusal and self._model_check.is_unchecked(info) and not replica.is_serving:
+            log.warning(
+                "worker %s does not report the digests of its model (an older kembed, or no "
+                "tokenizer.json in its directory): this gateway cannot check it serves %s",
+                replica.address, self._config.model_dir,
+            )  # fmt: skip
+        replica.refusal = refusal
+        if refusal:
+            replica.mark_down(refusal)
+        else:
+            replica.accepted_at = now
+        return bool(refusal)
 
     def _heard(self, replica: Replica, health: pb.HealthResponse) -> None:
         """What a Health answer says of `replica` (a probe's or a suspect's check)."""

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkembed/proto/embedder.proto\x12\tkembed.v1\"\x9c\x02\n\x0cRequestFrame\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kembed.v1.FrameKind\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x13\n\x0btimeouts_ms\x18\x03 \x01(\x0c\x12\x12\n\npriorities\x18\x04 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x05 \x01(\x0c\x12\x0f\n\x07lengths\x18\x06 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x07 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x08 \x01(\x0c\x12\x11\n\tnum_spans\x18\t \x01(\x0c\x12\x13\n\x0bspan_bounds\x18\n \x01(\x0c\x12\x12\n\ncancel_ids\x18\x0b \x01(\x0c\x12\x12\n\nauth_token\x18\x0c \x01(\t\x12\x0f\n\x07outputs\x18\r \x01(\x0c\"p\n\x0bResultFrame\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x10\n\x08num_rows\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\x12\r\n\x05width\x18\x04 \x01(\r\x12%\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x15.kembed.v1.FrameError\"8\n\nFrameError\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"p\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12\x11\n\tnum_spans\x18\x04 \x03(\r\x12\x13\n\x0bspan_bounds\x18\x05 \x03(\r\"\x80\x01\n\x0c\x45mbedRequest\x12$\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.kembed.v1.TokenBatch\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12%\n\x08priority\x18\x03 \x01(\x0e\x32\x13.kembed.v1.Priority\x12\x0f\n\x07outputs\x18\x04 \x01(\r\"N\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\"o\n\x0cScoreRequest\x12$\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.kembed.v1.TokenBatch\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12%\n\x08priority\x18\x03 \x01(\x0e\x32\x13.kembed.v1.Priority\"J\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x02 \x01(\r\x12\x12\n\nnum_labels\x18\x03 \x01(\r\"\xca\x01\n\rStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x05\x65mbed\x18\x02 \x01(\x0b\x32\x17.kembed.v1.EmbedRequestH\x00\x12(\n\x05score\x18\x03 \x01(\x0b\x32\x17.kembed.v1.ScoreRequestH\x00\x12)\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x17.kembed.v1.StreamCancelH\x00\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nauth_token\x18\x06 \x01(\tB\x06\n\x04kind\"\x0e\n\x0cStreamCancel\"\xa5\x01\n\x0eStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x05\x65mbed\x18\x02 \x01(\x0b\x32\x18.kembed.v1.EmbedResponseH\x00\x12)\n\x05score\x18\x03 \x01(\x0b\x32\x18.kembed.v1.ScoreResponseH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.kembed.v1.StreamErrorH\x00\x42\x08\n\x06result\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\xe2\x03\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nmodel_type\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x1b\n\x13max_sequence_length\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x0f\n\x07pooling\x18\x07 \x01(\t\x12\x11\n\tnormalize\x18\x08 \x01(\x08\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0b \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x0c \x01(\r\x12\x19\n\x11max_queued_tokens\x18\r \x01(\r\x12\x10\n\x08revision\x18\x0e \x01(\t\x12\x0f\n\x07version\x18\x0f \x01(\t\x12\x11\n\tdata_port\x18\x10 \x01(\r\x12\x12\n\nframe_port\x18\x11 \x01(\r\x12\x1d\n\x15\x66rame_idle_timeout_ms\x18\x12 \x01(\r\x12\x0f\n\x07outputs\x18\x13 \x01(\r\x12\x1a\n\x12\x63olbert_dimensions\x18\x14 \x01(\r\x12\x13\n\x0bhidden_size\x18\x15 \x01(\r\x12\x19\n\x11sparse_vocabulary\x18\x16 \x01(\x08\"\x0f\n\rHealthRequest\"\xb4\x01\n\x0eHealthResponse\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .kembed.v1.HealthResponse.Status\x12\x15\n\rqueued_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\"3\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0f\n\x0bNOT_SERVING\x10\x02\"3\n\x06\x42ucket\x12\x15\n\rnum_sequences\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"O\n\nBucketStat\x12!\n\x06\x62ucket\x18\x01 \x01(\x0b\x32\x11.kembed.v1.Bucket\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08\x63\x61ptured\x18\x03 \x01(\x08\"\x14\n\x12\x42ucketStatsRequest\"=\n\x13\x42ucketStatsResponse\x12&\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x15.kembed.v1.BucketStat\"4\n\x0ePrewarmRequest\x12\"\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\"F\n\x0fPrewarmResponse\x12#\n\x08\x63\x61ptured\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\x12\x0e\n\x06\x65rrors\x18\x02 \x03(\t\"X\n\x10SmokeTestRequest\x12\"\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"o\n\x0fSmokeTestResult\x12!\n\x06\x62ucket\x18\x01 \x01(\x0b\x32\x11.kembed.v1.Bucket\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x15\n\rhas_nonfinite\x18\x03 \x01(\x08\x12\x0e\n\x06passed\x18\x04 \x01(\x08\"P\n\x11SmokeTestResponse\x12\x0e\n\x06passed\x18\x01 \x01(\x08\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.kembed.v1.SmokeTestResult*S\n\tFrameKind\x12\x1a\n\x16\x46RAME_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46RAME_KIND_EMBED\x10\x01\x12\x14\n\x10\x46RAME_KIND_SCORE\x10\x02*e\n\x06Output\x12\x0f\n\x0bOUTPUT_NONE\x10\x00\x12\x10\n\x0cOUTPUT_DENSE\x10\x01\x12\x11\n\rOUTPUT_SPARSE\x10\x02\x12\x12\n\x0eOUTPUT_COLBERT\x10\x04\x12\x11\n\rOUTPUT_TOKENS\x10\x08*Q\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x11\n\rPRIORITY_BULK\x10\x02\x32\x95\x04\n\x08\x45mbedder\x12:\n\x05\x45mbed\x12\x17.kembed.v1.EmbedRequest\x1a\x18.kembed.v1.EmbedResponse\x12:\n\x05Score\x12\x17.kembed.v1.ScoreRequest\x1a\x18.kembed.v1.ScoreResponse\x12\x37\n\x04Info\x12\x16.kembed.v1.InfoRequest\x1a\x17.kembed.v1.InfoResponse\x12=\n\x06Health\x12\x18.kembed.v1.HealthRequest\x1a\x19.kembed.v1.HealthResponse\x12L\n\x0b\x42ucketStats\x12\x1d.kembed.v1.BucketStatsRequest\x1a\x1e.kembed.v1.BucketStatsResponse\x12@\n\x07Prewarm\x12\x19.kembed.v1.PrewarmRequest\x1a\x1a.kembed.v1.PrewarmResponse\x12\x46\n\tSmokeTest\x12\x1b.kembed.v1.SmokeTestRequest\x1a\x1c.kembed.v1.SmokeTestResponse\x12\x41\n\x06Stream\x12\x18.kembed.v1.StreamRequest\x1a\x19.kembed.v1.StreamResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkembed/proto/embedder.proto\x12\tkembed.v1\"\x9c\x02\n\x0cRequestFrame\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kembed.v1.FrameKind\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x13\n\x0btimeouts_ms\x18\x03 \x01(\x0c\x12\x12\n\npriorities\x18\x04 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x05 \x01(\x0c\x12\x0f\n\x07lengths\x18\x06 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x07 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x08 \x01(\x0c\x12\x11\n\tnum_spans\x18\t \x01(\x0c\x12\x13\n\x0bspan_bounds\x18\n \x01(\x0c\x12\x12\n\ncancel_ids\x18\x0b \x01(\x0c\x12\x12\n\nauth_token\x18\x0c \x01(\t\x12\x0f\n\x07outputs\x18\r \x01(\x0c\"p\n\x0bResultFrame\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x10\n\x08num_rows\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\x12\r\n\x05width\x18\x04 \x01(\r\x12%\n\x06\x65rrors\x18\x05 \x03(\x0b\x32\x15.kembed.v1.FrameError\"8\n\nFrameError\x12\x0b\n\x03ids\x18\x01 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"p\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12\x11\n\tnum_spans\x18\x04 \x03(\r\x12\x13\n\x0bspan_bounds\x18\x05 \x03(\r\"\x80\x01\n\x0c\x45mbedRequest\x12$\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.kembed.v1.TokenBatch\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12%\n\x08priority\x18\x03 \x01(\x0e\x32\x13.kembed.v1.Priority\x12\x0f\n\x07outputs\x18\x04 \x01(\r\"N\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\"o\n\x0cScoreRequest\x12$\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.kembed.v1.TokenBatch\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12%\n\x08priority\x18\x03 \x01(\x0e\x32\x13.kembed.v1.Priority\"J\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\x15\n\rnum_sequences\x18\x02 \x01(\r\x12\x12\n\nnum_labels\x18\x03 \x01(\r\"\xca\x01\n\rStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x05\x65mbed\x18\x02 \x01(\x0b\x32\x17.kembed.v1.EmbedRequestH\x00\x12(\n\x05score\x18\x03 \x01(\x0b\x32\x17.kembed.v1.ScoreRequestH\x00\x12)\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x17.kembed.v1.StreamCancelH\x00\x12\x12\n\ntimeout_ms\x18\x05 \x01(\r\x12\x12\n\nauth_token\x18\x06 \x01(\tB\x06\n\x04kind\"\x0e\n\x0cStreamCancel\"\xa5\x01\n\x0eStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12)\n\x05\x65mbed\x18\x02 \x01(\x0b\x32\x18.kembed.v1.EmbedResponseH\x00\x12)\n\x05score\x18\x03 \x01(\x0b\x32\x18.kembed.v1.ScoreResponseH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.kembed.v1.StreamErrorH\x00\x42\x08\n\x06result\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\x92\x04\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nmodel_type\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x1b\n\x13max_sequence_length\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x0f\n\x07pooling\x18\x07 \x01(\t\x12\x11\n\tnormalize\x18\x08 \x01(\x08\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\x0b \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x0c \x01(\r\x12\x19\n\x11max_queued_tokens\x18\r \x01(\r\x12\x10\n\x08revision\x18\x0e \x01(\t\x12\x0f\n\x07version\x18\x0f \x01(\t\x12\x11\n\tdata_port\x18\x10 \x01(\r\x12\x12\n\nframe_port\x18\x11 \x01(\r\x12\x1d\n\x15\x66rame_idle_timeout_ms\x18\x12 \x01(\r\x12\x0f\n\x07outputs\x18\x13 \x01(\r\x12\x1a\n\x12\x63olbert_dimensions\x18\x14 \x01(\r\x12\x13\n\x0bhidden_size\x18\x15 \x01(\r\x12\x19\n\x11sparse_vocabulary\x18\x16 \x01(\x08\x12\x18\n\x10tokenizer_digest\x18\x17 \x01(\t\x12\x14\n\x0cmodel_digest\x18\x18 \x01(\t\"\x0f\n\rHealthRequest\"\xb4\x01\n\x0eHealthResponse\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .kembed.v1.HealthResponse.Status\x12\x15\n\rqueued_tokens\x18\x02 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x03 \x01(\x01\x12\x0e\n\x06reason\x18\x04 \x01(\t\"3\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0f\n\x0bNOT_SERVING\x10\x02\"3\n\x06\x42ucket\x12\x15\n\rnum_sequences\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"O\n\nBucketStat\x12!\n\x06\x62ucket\x18\x01 \x01(\x0b\x32\x11.kembed.v1.Bucket\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08\x63\x61ptured\x18\x03 \x01(\x08\"\x14\n\x12\x42ucketStatsRequest\"=\n\x13\x42ucketStatsResponse\x12&\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x15.kembed.v1.BucketStat\"4\n\x0ePrewarmRequest\x12\"\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\"F\n\x0fPrewarmResponse\x12#\n\x08\x63\x61ptured\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\x12\x0e\n\x06\x65rrors\x18\x02 \x03(\t\"X\n\x10SmokeTestRequest\x12\"\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x11.kembed.v1.Bucket\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"o\n\x0fSmokeTestResult\x12!\n\x06\x62ucket\x18\x01 \x01(\x0b\x32\x11.kembed.v1.Bucket\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x15\n\rhas_nonfinite\x18\x03 \x01(\x08\x12\x0e\n\x06passed\x18\x04 \x01(\x08\"P\n\x11SmokeTestResponse\x12\x0e\n\x06passed\x18\x01 \x01(\x08\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.kembed.v1.SmokeTestResult*S\n\tFrameKind\x12\x1a\n\x16\x46RAME_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x46RAME_KIND_EMBED\x10\x01\x12\x14\n\x10\x46RAME_KIND_SCORE\x10\x02*e\n\x06Output\x12\x0f\n\x0bOUTPUT_NONE\x10\x00\x12\x10\n\x0cOUTPUT_DENSE\x10\x01\x12\x11\n\rOUTPUT_SPARSE\x10\x02\x12\x12\n\x0eOUTPUT_COLBERT\x10\x04\x12\x11\n\rOUTPUT_TOKENS\x10\x08*Q\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x11\n\rPRIORITY_BULK\x10\x02\x32\x95\x04\n\x08\x45mbedder\x12:\n\x05\x45mbed\x12\x17.kembed.v1.EmbedRequest\x1a\x18.kembed.v1.EmbedResponse\x12:\n\x05Score\x12\x17.kembed.v1.ScoreRequest\x1a\x18.kembed.v1.ScoreResponse\x12\x37\n\x04Info\x12\x16.kembed.v1.InfoRequest\x1a\x17.kembed.v1.InfoResponse\x12=\n\x06Health\x12\x18.kembed.v1.HealthRequest\x1a\x19.kembed.v1.HealthResponse\x12L\n\x0b\x42ucketStats\x12\x1d.kembed.v1.BucketStatsRequest\x1a\x1e.kembed.v1.BucketStatsResponse\x12@\n\x07Prewarm\x12\x19.kembed.v1.PrewarmRequest\x1a\x1a.kembed.v1.PrewarmResponse\x12\x46\n\tSmokeTest\x12\x1b.kembed.v1.SmokeTestRequest\x1a\x1c.kembed.v1.SmokeTestResponse\x12\x41\n\x06Stream\x12\x18.kembed.v1.StreamRequest\x1a\x19.kembed.v1.StreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kembed.proto.embedder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FRAMEKIND']._serialized_start=2780
-  _globals['_FRAMEKIND']._serialized_end=2863
-  _globals['_OUTPUT']._serialized_start=2865
-  _globals['_OUTPUT']._serialized_end=2966
-  _globals['_PRIORITY']._serialized_start=2968
-  _globals['_PRIORITY']._serialized_end=3049
+  _globals['_FRAMEKIND']._serialized_start=2828
+  _globals['_FRAMEKIND']._serialized_end=2911
+  _globals['_OUTPUT']._serialized_start=2913
+  _globals['_OUTPUT']._serialized_end=3014
+  _globals['_PRIORITY']._serialized_start=3016
+  _globals['_PRIORITY']._serialized_end=3097
   _globals['_REQUESTFRAME']._serialized_start=43
   _globals['_REQUESTFRAME']._serialized_end=327
   _globals['_RESULTFRAME']._serialized_start=329
@@ -64,31 +64,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=1450
   _globals['_INFOREQUEST']._serialized_end=1463
   _globals['_INFORESPONSE']._serialized_start=1466
-  _globals['_INFORESPONSE']._serialized_end=1948
-  _globals['_HEALTHREQUEST']._serialized_start=1950
-  _globals['_HEALTHREQUEST']._serialized_end=1965
-  _globals['_HEALTHRESPONSE']._serialized_start=1968
-  _globals['_HEALTHRESPONSE']._serialized_end=2148
-  _globals['_HEALTHRESPONSE_STATUS']._serialized_start=2097
-  _globals['_HEALTHRESPONSE_STATUS']._serialized_end=2148
-  _globals['_BUCKET']._serialized_start=2150
-  _globals['_BUCKET']._serialized_end=2201
-  _globals['_BUCKETSTAT']._serialized_start=2203
-  _globals['_BUCKETSTAT']._serialized_end=2282
-  _globals['_BUCKETSTATSREQUEST']._serialized_start=2284
-  _globals['_BUCKETSTATSREQUEST']._serialized_end=2304
-  _globals['_BUCKETSTATSRESPONSE']._serialized_start=2306
-  _globals['_BUCKETSTATSRESPONSE']._serialized_end=2367
-  _globals['_PREWARMREQUEST']._serialized_start=2369
-  _globals['_PREWARMREQUEST']._serialized_end=2421
-  _globals['_PREWARMRESPONSE']._serialized_start=2423
-  _globals['_PREWARMRESPONSE']._serialized_end=2493
-  _globals['_SMOKETESTREQUEST']._serialized_start=2495
-  _globals['_SMOKETESTREQUEST']._serialized_end=2583
-  _globals['_SMOKETESTRESULT']._serialized_start=2585
-  _globals['_SMOKETESTRESULT']._serialized_end=2696
-  _globals['_SMOKETESTRESPONSE']._serialized_start=2698
-  _globals['_SMOKETESTRESPONSE']._serialized_end=2778
-  _globals['_EMBEDDER']._serialized_start=3052
-  _globals['_EMBEDDER']._serialized_end=3585
+  _globals['_INFORESPONSE']._serialized_end=1996
+  _globals['_HEALTHREQUEST']._serialized_start=1998
+  _globals['_HEALTHREQUEST']._serialized_end=2013
+  _globals['_HEALTHRESPONSE']._serialized_start=2016
+  _globals['_HEALTHRESPONSE']._serialized_end=2196
+  _globals['_HEALTHRESPONSE_STATUS']._serialized_start=2145
+  _globals['_HEALTHRESPONSE_STATUS']._serialized_end=2196
+  _globals['_BUCKET']._serialized_start=2198
+  _globals['_BUCKET']._serialized_end=2249
+  _globals['_BUCKETSTAT']._serialized_start=2251
+  _globals['_BUCKETSTAT']._serialized_end=2330
+  _globals['_BUCKETSTATSREQUEST']._serialized_start=2332
+  _globals['_BUCKETSTATSREQUEST']._serialized_end=2352
+  _globals['_BUCKETSTATSRESPONSE']._serialized_start=2354
+  _globals['_BUCKETSTATSRESPONSE']._serialized_end=2415
+  _globals['_PREWARMREQUEST']._serialized_start=2417
+  _globals['_PREWARMREQUEST']._serialized_end=2469
+  _globals['_PREWARMRESPONSE']._serialized_start=2471
+  _globals['_PREWARMRESPONSE']._serialized_end=2541
+  _globals['_SMOKETESTREQUEST']._serialized_start=2543
+  _globals['_SMOKETESTREQUEST']._serialized_end=2631
+  _globals['_SMOKETESTRESULT']._serialized_start=2633
+  _globals['_SMOKETESTRESULT']._serialized_end=2744
+  _globals['_SMOKETESTRESPONSE']._serialized_start=2746
+  _globals['_SMOKETESTRESPONSE']._serialized_end=2826
+  _globals['_EMBEDDER']._serialized_start=3100
+  _globals['_EMBEDDER']._serialized_end=3633
 # @@protoc_insertion_point(module_scope)

@@ -193,7 +193,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms", "outputs", "colbert_dimensions", "hidden_size", "sparse_vocabulary")
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms", "outputs", "colbert_dimensions", "hidden_size", "sparse_vocabulary", "tokenizer_digest", "model_digest")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,8 @@ class InfoResponse(_message.Message):
     COLBERT_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     SPARSE_VOCABULARY_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_type: str
     task: str
@@ -238,7 +240,9 @@ class InfoResponse(_message.Message):
     colbert_dimensions: int
     hidden_size: int
     sparse_vocabulary: bool
-    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ..., outputs: _Optional[int] = ..., colbert_dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ..., sparse_vocabulary: _Optional[bool] = ...) -> None: ...
+    tokenizer_digest: str
+    model_digest: str
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ..., outputs: _Optional[int] = ..., colbert_dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ..., sparse_vocabulary: _Optional[bool] = ..., tokenizer_digest: _Optional[str] = ..., model_digest: _Optional[str] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -28,6 +28,10 @@ class ModelInfo:
     colbert_dimensions: int = 0  # COLBERT vectors' size (0: none)
     hidden_size: int = 0  # TOKENS vectors' size (0: none)
     sparse_vocabulary: bool = False  # SPARSE alone, vocabulary-indexed (SPLADE): worker/vocabulary.py
+    # Which model this is, as the gateway checks it (kembed.proto.model_identity): "sha256:<hex>"
+    # each; tokenizer "" without a tokenizer.json, model "" without weight files
+    tokenizer_digest: str = ""
+    model_digest: str = ""
 
 
 @dataclass(frozen=True)

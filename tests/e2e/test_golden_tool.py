@@ -68,3 +68,58 @@ def test_a_model_directory_without_weights_or_a_dead_worker_is_a_one_line_error(
     assert "Traceback" not in no_weights.stderr and len(no_weights.stderr.strip().splitlines()) == 1
     dead = run_golden(bundled_model_dir(), f"127.0.0.1:{free_port()}")
     assert dead.returncode == 2 and "unreachable" in dead.stderr and "Traceback" not in dead.stderr
+
+
+def test_a_pod_of_another_model_fails_the_golden_check_before_its_answers_are_compared(
+    stack, log_dir, tmp_path
+):
+    """The gateway's own model check (model_check.py) runs in the golden Job: a candidate pod whose
+    tokenizer is not the gateway's fails it, naming why, even where its vectors look plausible."""
+    from processes import spawn, wait_ready
+
+    cased = tmp_path / "cased"
+    shutil.copytree(bundled_model_dir(), cased)
+    tokenizer = json.loads((cased / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(tokenizer))
+    port = free_port()
+    worker = spawn(
+        f"worker-cased-{port}",
+        [
+            "kembed.worker",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--device",
+            "cpu",
+            "--model",
+            str(cased),
+        ],
+        log_dir,
+    )
+    try:
+        gateway_port = free_port()  # a throwaway gateway only to wait until the worker serves
+        gateway = spawn(
+            f"gateway-{gateway_port}",
+            [
+                "kembed.gateway",
+                "--port",
+                str(gateway_port),
+                "--model",
+                str(cased),
+                "--worker",
+                f"127.0.0.1:{port}",
+            ],
+            log_dir,
+        )
+        try:
+            wait_ready(f"http://127.0.0.1:{gateway_port}", [worker, gateway])
+        finally:
+            gateway.stop()
+        done = run_golden(bundled_model_dir(), stack.workers[0], f"127.0.0.1:{port}")
+    finally:
+        worker.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"FAIL golden 127.0.0.1:{port}: serves another model: its tokenizer" in done.stdout, done.stdout
+    assert "kembed-golden-record" not in done.stdout

@@ -166,3 +166,87 @@ def test_a_stopped_make_run_says_so_in_one_clean_line(signal_, to_group):
                 sock.bind(("127.0.0.1", port))
             except OSError as error:
                 pytest.fail(f"{name}={port} is still taken after make run stopped: {error}")
+
+
+def test_make_run_serves_the_model_directory_it_is_given_on_both_sides(tmp_path):
+    """`make run MODEL=dir`: the workers load `dir` and the gateway tokenizes for it (docs/your-model.md)."""
+    import shutil
+
+    from kembed.worker.config import bundled_model_dir
+
+    model = tmp_path / "my-model"
+    shutil.copytree(bundled_model_dir(), model)
+    names = ("PORT", "WORKER_PORT", "WORKER_DATA_PORT", "WORKER_METRICS_PORT")
+    ports = {name: free_port() for name in names}
+    env = os.environ | {name: str(port) for name, port in ports.items()}
+    run = subprocess.Popen(
+        ["make", "--no-print-directory", "run", f"MODEL={model}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert run.stdout is not None
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in run.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("kembed is serving"):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(120), "\n".join(lines[-40:])
+        info = httpx.get(f"http://127.0.0.1:{ports['PORT']}/info", timeout=10).json()
+        (worker,) = info["workers"]
+        assert info["model_id"] == "my-model" and worker["serving"], info
+        assert (
+            worker["tokenizer_digest"] == info["tokenizer_digest"]
+            and worker["model_digest"] == info["model_digest"]
+        )
+        response = httpx.post(
+            f"http://127.0.0.1:{ports['PORT']}/v1/embeddings", json={"input": "hi"}, timeout=30
+        )
+        assert response.status_code == 200, response.text
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        run.wait(timeout=30)
+        reader.join(timeout=10)
+        run.stdout.close()
+
+
+def test_make_run_with_only_the_worker_on_another_model_exits_saying_why(tmp_path):
+    """`KEMBED_WORKER_MODEL=dir make run` (the variable `kembed-worker --help` names) moved the worker
+    alone, and the gateway, tokenizing for the bundled model, answered wrong vectors. Now it refuses
+    that worker and make run stops at once, saying what to type instead."""
+    import json
+    import shutil
+
+    from kembed.worker.config import bundled_model_dir
+
+    cased = tmp_path / "cased"
+    shutil.copytree(bundled_model_dir(), cased)
+    tokenizer = json.loads((cased / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(tokenizer))
+    names = ("PORT", "WORKER_PORT", "WORKER_DATA_PORT", "WORKER_METRICS_PORT")
+    env = os.environ | {name: str(free_port()) for name in names} | {"KEMBED_WORKER_MODEL": str(cased)}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "run"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        check=False,
+    )
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "the gateway refused 1 worker(s) serving another model" in done.stdout, done.stdout[-3000:]
+    assert "make run MODEL=dir" in done.stdout
+    assert "refused: serves another model: its tokenizer" in done.stdout + done.stderr

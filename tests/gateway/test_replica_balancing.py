@@ -107,7 +107,12 @@ async def test_no_reachable_worker_answers_503_fast(gateway_with):
         assert response.status_code == 503
         ready = await client.get("/ready")
         assert ready.status_code == 503
-        assert ready.json() == {"status": "not ready", "serving_workers": 0, "workers": 1}  # no address
+        assert ready.json() == {  # counts only: no address
+            "status": "not ready",
+            "serving_workers": 0,
+            "workers": 1,
+            "refused_workers": 0,
+        }
         assert (await client.get("/health")).status_code == 200
 
 

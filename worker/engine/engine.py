@@ -10,12 +10,16 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from kembed.proto.model_files import load_model_spec
+from kembed.proto.model_identity import ModelIdentity, read_identity
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine.attention import Attention, AttentionMetadata, FlashInferAttention, build_metadata
@@ -199,6 +203,17 @@ def _pad_tokens(
     return token_ids, np.append(lengths, num_pad).astype(lengths.dtype), token_type_ids
 
 
+def _identity(path: Path) -> ModelIdentity:
+    """The model directory's digests; its tokenizer's "" when it has no tokenizer.json (the gateway
+    then cannot check it and says so)."""
+    try:
+        spec = load_model_spec(path)
+    except (OSError, ValueError) as error:  # no tokenizer.json, or its settings unreadable
+        log.warning("model %s: no tokenizer digest, gateways cannot check its tokenizer (%s)", path, error)
+        spec = None
+    return read_identity(path, spec)
+
+
 def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
     """Read the model directory, build the encoder on the configured device and dtype; the CUDA engine
     on a GPU with a varlen attention backend, else the eager one."""
@@ -214,6 +229,10 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
     if device.type == "cpu" and config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     model_dir = read_model_dir(config.model)
+    # The digests the gateway checks (hashing the weights: ~1 GB/s a core) beside the model's load.
+    hashing = ThreadPoolExecutor(1, thread_name_prefix="kembed-model-digest")
+    identity = hashing.submit(_identity, model_dir.path)
+    hashing.shutdown(wait=False)
     if config.pooling:  # the deployment's overrides of the model's own pipeline
         model_dir = dataclasses.replace(
             model_dir, pooling={"lasttoken": "last"}.get(config.pooling, config.pooling)
@@ -236,6 +255,7 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
             "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8
         )
     facts = model.facts
+    digests = identity.result()
     info = ModelInfo(
         model_name=config.served_model_name or model_dir.path.name,
         model_type=model_dir.model_type,
@@ -252,9 +272,11 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         colbert_dimensions=facts.colbert_size,
         hidden_size=facts.hidden_size,
         sparse_vocabulary=facts.sparse_vocabulary,
+        tokenizer_digest=digests.tokenizer,
+        model_digest=digests.model,
     )
     log.info(
-        "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s in %.1fs",
+        "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s, %s in %.1fs",
         model_dir.path,
         info.model_type,
         info.task,
@@ -262,6 +284,7 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         info.dtype,
         backend,
         info.pooling,
+        digests.short(),
         time.perf_counter() - started,
     )
     # Any batch up to the larger of the token budget and the longest sequence (which runs alone);
