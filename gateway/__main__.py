@@ -28,7 +28,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.processes import LOG_FORMAT, serve
+from kembed.gateway.edge.processes import LOG_FORMAT, serve
 from kembed.proto.model_files import load_model_spec
 
 ENV_PREFIX = "KEMBED_GATEWAY_"

@@ -32,8 +32,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from kembed.gateway.model_check import ModelCheck
-from kembed.gateway.tokenization import Tokenization
+from kembed.gateway.pool.model_check import ModelCheck
+from kembed.gateway.tokenizing.tokenization import Tokenization
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.proto.accuracy import MIN_COSINE

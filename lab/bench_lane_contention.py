@@ -43,9 +43,9 @@ from sm_partition import split_sms  # noqa: E402
 from timing import cell, environment, percentile  # noqa: E402
 
 from kembed.worker.config import WorkerConfig  # noqa: E402
-from kembed.worker.engine import bert  # noqa: E402
 from kembed.worker.engine.engine import load_engine  # noqa: E402
 from kembed.worker.engine.graphs import GraphCache  # noqa: E402
+from kembed.worker.engine.models import bert  # noqa: E402
 
 ROWS = 8192
 SHAPES = {"QKV": (1024, 3072), "output": (1024, 1024), "up": (1024, 4096), "down": (4096, 1024)}  # (in, out)

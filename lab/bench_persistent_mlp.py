@@ -4,7 +4,7 @@ BGE-M3's FFN shape (1024 -> 4096 -> 1024, exact GELU, LayerNorm), bf16. For each
 CUDA graph runs LAYERS feed-forward blocks back to back, each with its own weights (so they come from
 HBM, as in a real step), through
 - the engine's path: cuBLASLt up-projection + GELU epilogue, cuBLAS down-projection, Triton add +
-  LayerNorm (worker/engine/fused.py), and
+  LayerNorm (worker/engine/kernels/fused.py), and
 - `persistent_mlp_kernel` (persistent_mlp_kernel.py), for several tile configurations.
 Both are checked against float32 eager on the same weights (cosine per row, max abs error), then
 timed by CUDA events over graph replays in interleaved rounds; printed: µs per block, median round
@@ -24,7 +24,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from persistent_mlp_kernel import PersistentMlp
 
-from kembed.worker.engine.fused import add_layer_norm
+from kembed.worker.engine.kernels.fused import add_layer_norm
 
 HIDDEN, INTER, EPS = 1024, 4096, 1e-5
 # (BM, BN1, BN2, BK, SPLIT, num_warps, num_stages)

@@ -23,8 +23,8 @@ from torch.nn.attention.varlen import varlen_attn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_layer_kernels import graph_time, ragged
 
-from kembed.worker.engine.attention import AttentionMetadata
-from kembed.worker.engine.triton_attention import tiles, varlen_attention
+from kembed.worker.engine.layers.attention import AttentionMetadata
+from kembed.worker.engine.layers.triton_attention import tiles, varlen_attention
 
 MODELS = (("bge-m3", 16, 16, 64, False), ("qwen3-0.6b", 16, 8, 128, True))
 # (label, bucket tokens, bucket sequence slots, real lengths)

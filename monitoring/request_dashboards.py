@@ -311,8 +311,8 @@ def lane_panel() -> timeseries.Panel:
 
 def classes() -> list[timeseries.Panel]:
     """The batching dashboard's row on the two classes of work: a worker serves interactive requests
-    first and lets bulk fill the room (worker/queues.py), so bulk's wait grows with interactive load
-    while interactive's should not grow with bulk."""
+    first and lets bulk fill the room (worker/scheduling/queues.py), so bulk's wait grows with
+    interactive load while interactive's should not grow with bulk."""
     return [
         graph(
             "Queue wait p99 by class",

@@ -1,6 +1,6 @@
 """Which model a directory holds, as digests both ends compute the same way: the worker reports its
 own in Info, the gateway computes them from its directory and refuses a replica that serves another
-model than the one it tokenizes for (gateway/model_check.py).
+model than the one it tokenizes for (gateway/pool/model_check.py).
 
 Two digests, because a gateway may hold only part of a directory (on Kubernetes a gateway pod
 fetches all but the weights):

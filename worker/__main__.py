@@ -22,9 +22,9 @@ from kembed.worker.errors import InvalidInput, StartupError
 if TYPE_CHECKING:  # imported in `serve`, so that `--help` and config errors answer at once
     from collections.abc import Sequence
 
+    from kembed.worker.edge.server import EngineOps
     from kembed.worker.info import EngineStats
-    from kembed.worker.scheduler import BatchRunner
-    from kembed.worker.server import EngineOps
+    from kembed.worker.scheduling.scheduler import BatchRunner
 
     class ServedEngine(EngineOps, BatchRunner, Protocol):
         """What `serve` asks of an engine: the loaded model's (`BaseEngine`), or a benchmark's stand-in."""
@@ -49,11 +49,11 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
     """Serve until SIGINT/SIGTERM. `engine` defaults to the configured model's (`load_engine`); a
     benchmark passes a stand-in to measure the request path alone (tests/bench/standin_worker.py)."""
     # Imported here so `--help` and config errors answer without loading torch.
-    from kembed.worker.frames import FrameService, serve_frames
+    from kembed.worker.edge.frames import FrameService, serve_frames
+    from kembed.worker.edge.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
     from kembed.worker.metrics import WorkerMetrics, serve_metrics
-    from kembed.worker.scheduler import Scheduler
-    from kembed.worker.server import MAX_MESSAGE_BYTES, EmbedderService, build_server
-    from kembed.worker.stalls import LoopWatch, StepWatch
+    from kembed.worker.scheduling.scheduler import Scheduler
+    from kembed.worker.scheduling.stalls import LoopWatch, StepWatch
 
     # The gRPC and data ports are bound only once the model is loaded and prewarmed (minutes on a
     # GPU): a port another process holds is found now, not then.

@@ -28,11 +28,11 @@ BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # The subcommands: name -> (module whose `main(argv) -> int` runs it, given the whole argument list,
 # the name first; its line in --help). A module is imported only when its command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "stats": ("kembed.worker.admin", "per-bucket hit counts and capture state of a running worker"),
-    "prewarm": ("kembed.worker.admin", "capture CUDA-graph buckets on running workers now"),
-    "smoke": ("kembed.worker.admin", "replay captured graphs against eager runs; exit 1 on a mismatch"),
-    "check-model": ("kembed.worker.check_model", "whether and how a model directory can be served"),
-    "fetch-model": ("kembed.worker.model_fetch", "fetch a model from the Hugging Face Hub or S3, verified"),
+    "stats": ("kembed.worker.tools.admin", "per-bucket hit counts and capture state of a running worker"),
+    "prewarm": ("kembed.worker.tools.admin", "capture CUDA-graph buckets on running workers now"),
+    "smoke": ("kembed.worker.tools.admin", "replay captured graphs against eager runs; exit 1 on a mismatch"),
+    "check-model": ("kembed.worker.tools.check_model", "whether and how a model directory can be served"),
+    "fetch-model": ("kembed.worker.tools.model_fetch", "fetch a model from the Hub or S3, verified"),
 }
 
 # Where a field's command line is not simply derived from its name and type.

@@ -27,7 +27,7 @@ class ModelInfo:
     outputs: int = 0  # the Output kinds served (kembed.proto.outputs bitmask); 0 for scorers
     colbert_dimensions: int = 0  # COLBERT vectors' size (0: none)
     hidden_size: int = 0  # TOKENS vectors' size (0: none)
-    sparse_vocabulary: bool = False  # SPARSE alone, vocabulary-indexed (SPLADE): worker/vocabulary.py
+    sparse_vocabulary: bool = False  # SPARSE alone, vocabulary-indexed (SPLADE): worker/edge/vocabulary.py
     # Which model this is, as the gateway checks it (kembed.proto.model_identity): "sha256:<hex>"
     # each; tokenizer "" without a tokenizer.json, model "" without weight files
     tokenizer_digest: str = ""

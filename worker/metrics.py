@@ -33,7 +33,8 @@ DURATION_BUCKETS = tuple(2 ** (k / 4) for k in range(-64, 25))
 TOKEN_BUCKETS = tuple(float(2**i) for i in range(18))
 SEQUENCE_BUCKETS = tuple(float(2**i) for i in range(11))
 BATCH_STAGES = ("pack", "launch", "device", "resume")  # in SchedulerHooks.batch_stages' order
-# The `class` label's values, as Priority.label names them (worker/queues.py): two, whatever clients send.
+# The `class` label's values, as Priority.label names them (worker/scheduling/queues.py): two, whatever
+# clients send.
 CLASSES = ("interactive", "bulk")
 
 

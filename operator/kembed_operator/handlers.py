@@ -17,12 +17,12 @@ from typing import Any
 
 import kopf
 
-from kembed.operator import hot_buckets
-from kembed.operator.cluster import ClusterError, KubeCluster
+from kembed.operator.cluster import hot_buckets
+from kembed.operator.cluster.cluster import ClusterError, KubeCluster
+from kembed.operator.cluster.reconcile import Images, InvalidSpec, invalid_status, reconcile
 from kembed.operator.metrics import OperatorMetrics
-from kembed.operator.reconcile import Images, InvalidSpec, invalid_status, reconcile
 from kembed.operator.settings import OperatorSettings
-from kembed.operator.spec import GROUP, PLURAL, VERSION
+from kembed.operator.spec.spec import GROUP, PLURAL, VERSION
 
 
 def plain(value: Any) -> Any:

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kembed.operator.reconcile import ReconcileHooks
-from kembed.operator.status import Phase
+from kembed.operator.cluster.reconcile import ReconcileHooks
+from kembed.operator.spec.status import Phase
 
 # A reconcile is a handful of API calls: milliseconds to tens of seconds (API timeouts).
 RECONCILE_BUCKETS = tuple(1e-3 * 2**i for i in range(16))

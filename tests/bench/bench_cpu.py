@@ -35,7 +35,7 @@ from processes import start_stack  # noqa: E402
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir  # noqa: E402
 from kembed.worker.engine import load_engine  # noqa: E402
-from kembed.worker.scheduler import Scheduler  # noqa: E402
+from kembed.worker.scheduling.scheduler import Scheduler  # noqa: E402
 
 BATCH = 32
 START, END = "<!-- bench-cpu:start -->", "<!-- bench-cpu:end -->"

@@ -41,7 +41,7 @@ from timing import environment, p50_p99, time_ms
 
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduling.scheduler import Scheduler
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 RERANKER = "bge-reranker-v2-m3"

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gateway_path import cpu_seconds
 from timing import cell, percentile, table_row
 
-from kembed.gateway.batches import Part
-from kembed.gateway.transports import FrameTransport, UnaryTransport
+from kembed.gateway.pool.batches import Part
+from kembed.gateway.pool.transports import FrameTransport, UnaryTransport
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 

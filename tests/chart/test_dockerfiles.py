@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chart_tools import CHART_DIR, REPO_ROOT
 
-from kembed.operator.pod_spec import RUN_AS
+from kembed.operator.spec.pod_spec import RUN_AS
 
 IMAGES = ("gateway", "worker", "operator")
 # the top-level folders holding the import packages (kembed.operator is operator/kembed_operator/)

@@ -9,9 +9,9 @@ import pytest
 from chart_tools import NAMESPACE, find
 from values_cases import CUSTOMISED, NETWORK_POLICY
 
-from kembed.operator import manifests as m
-from kembed.operator.naming import Owner
-from kembed.operator.spec import parse_spec
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.spec.spec import parse_spec
 
 NAME_LABEL = "kubernetes.io/metadata.name"
 

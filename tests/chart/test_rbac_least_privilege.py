@@ -1,12 +1,12 @@
 """The operator's RBAC: a Role per watched namespace by default, a ClusterRole only when asked, and
-in either case exactly what the operator declares it uses (kembed.operator.rbac.RBAC_RULES) plus what
+in either case exactly what the operator declares it uses (kembed.operator.cluster.rbac.RBAC_RULES) plus what
 kopf itself needs, nothing broader."""
 
 import pytest
 from chart_tools import NAMESPACE, find
 from values_cases import CLUSTER_WIDE, TWO_NAMESPACES
 
-from kembed.operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
+from kembed.operator.cluster.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 

@@ -1,7 +1,8 @@
 """README.md and docs/*.md stand on their own: every relative link and image, and every repository
 path they name, resolves to a file in the repository (a `#heading` to a heading of its page); nothing
 points outside it or to where the work was tracked; benchmarks are named by what they measure; the
-operator's RBAC table lists exactly the rules the operator is granted (operator/rbac.py)."""
+operator's RBAC table lists exactly the rules the operator is granted
+(operator/kembed_operator/cluster/rbac.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kembed.operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
+from kembed.operator.cluster.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

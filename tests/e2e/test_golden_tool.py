@@ -11,7 +11,7 @@ import pytest
 from processes import free_port
 
 from kembed.gateway.golden import GOLDEN_TEXTS, weights_digest
-from kembed.operator import golden
+from kembed.operator.rollout import golden
 from kembed.worker.config import bundled_model_dir
 
 

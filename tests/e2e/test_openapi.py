@@ -10,9 +10,9 @@ from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from kembed.gateway import openapi
-from kembed.gateway.app import create_app
+from kembed.gateway.api import openapi
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.edge.app import create_app
 from kembed.worker.config import bundled_model_dir
 
 # Examples per operation and mode: a few hundred requests in all, the same ones every run
@@ -36,7 +36,7 @@ def said(response) -> str:
 
 def is_accepted(response) -> bool:
     """A 2xx; or a refusal for what no schema can state, how many tokens a text has
-    (gateway/openapi_limits.py): over the model's limit untruncated, over Cohere's `max_tokens` with
+    (gateway/api/openapi_limits.py): over the model's limit untruncated, over Cohere's `max_tokens` with
     truncate NONE, a Perplexity chunk without tokens (whitespace only)."""
     if response.status_code < 300:
         return True

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
 
-from kembed.gateway.app import create_app
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.edge.app import create_app
 from kembed.proto import embedder_pb2 as pb
 
 

@@ -5,8 +5,8 @@ import math
 
 from gateway_fakes import FakeEmbedder
 
-from kembed.gateway.admission import Admission, DrainRate, estimate_tokens
-from kembed.gateway.tokenization import Tokenization
+from kembed.gateway.service.admission import Admission, DrainRate, estimate_tokens
+from kembed.gateway.tokenizing.tokenization import Tokenization
 
 
 def test_an_idle_gateway_admits_any_request():

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from gateway_fakes import FakeEmbedder, serving
 
-from kembed.gateway.tokenization import Tokenization
+from kembed.gateway.tokenizing.tokenization import Tokenization
 from kembed.proto.model_files import load_model_spec
 
 LONG = "The quick brown fox jumps over the lazy dog, while 42 onlookers (mostly tourists!) cheer. " * 12

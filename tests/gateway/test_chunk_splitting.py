@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kembed.gateway.batches import Chunk, pack, split_into_chunks
+from kembed.gateway.pool.batches import Chunk, pack, split_into_chunks
 
 
 @pytest.mark.parametrize(

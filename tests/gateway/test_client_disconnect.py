@@ -10,8 +10,8 @@ import pytest
 import uvicorn
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
 
-from kembed.gateway.app import create_app
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.edge.app import create_app
 
 
 @contextlib.asynccontextmanager

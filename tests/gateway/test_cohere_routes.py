@@ -16,7 +16,7 @@ from gateway_fakes import FakeEmbedder
 from sentence_transformers.util.quantization import quantize_embeddings
 from test_rerank_routes import DOCS, QUERY, RecordingScorer
 
-from kembed.gateway.cohere import encode_types
+from kembed.gateway.api.cohere import encode_types
 
 TEXTS = ["hello world", "x"]
 ALL_TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]

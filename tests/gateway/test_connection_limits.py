@@ -15,10 +15,10 @@ import pytest
 import uvicorn
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
 
-from kembed.gateway.app import create_app
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.connections import RESERVED_FDS, connection_cap
-from kembed.gateway.processes import uvicorn_config
+from kembed.gateway.edge.app import create_app
+from kembed.gateway.edge.connections import RESERVED_FDS, connection_cap
+from kembed.gateway.edge.processes import uvicorn_config
 
 BODY = json.dumps({"input": ["hello"]}).encode()
 

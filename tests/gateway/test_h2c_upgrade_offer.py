@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from test_connection_limits import BODY, edge, read_response, request
 
-from kembed.gateway.connections import without_upgrade
+from kembed.gateway.edge.connections import without_upgrade
 
 OFFER = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
 

@@ -10,9 +10,9 @@ import numpy as np
 from gateway_fakes import FakeEmbedder, fake_vector
 from test_gateway_metrics import scrape
 
-from kembed.gateway.attempts import MAX_HEDGE_CREDIT, Hedging
-from kembed.gateway.batches import Part
 from kembed.gateway.config import GatewayConfig
+from kembed.gateway.pool.attempts import MAX_HEDGE_CREDIT, Hedging
+from kembed.gateway.pool.batches import Part
 from kembed.proto import embedder_pb2 as pb
 
 

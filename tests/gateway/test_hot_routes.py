@@ -8,7 +8,7 @@ from gateway_fakes import FakeEmbedder
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from kembed.gateway.app import HotRoutes
+from kembed.gateway.edge.app import HotRoutes
 from kembed.gateway.errors import InvalidInput
 
 
@@ -28,14 +28,14 @@ def _app(error: Exception) -> HotRoutes:
 
 
 async def test_a_gateway_error_is_rendered_by_the_one_handler_and_not_logged(caplog):
-    with caplog.at_level(logging.ERROR, logger="kembed.gateway.app"):
+    with caplog.at_level(logging.ERROR, logger="kembed.gateway.edge.app"):
         response = await _call(_app(InvalidInput("bad")))
     assert (response.status_code, response.json()) == (418, {"error": "InvalidInput"})
     assert not caplog.records
 
 
 async def test_a_bug_is_rendered_by_the_one_handler_and_logged_with_its_traceback(caplog):
-    with caplog.at_level(logging.ERROR, logger="kembed.gateway.app"):
+    with caplog.at_level(logging.ERROR, logger="kembed.gateway.edge.app"):
         response = await _call(_app(RuntimeError("boom")))
     assert (response.status_code, response.json()) == (418, {"error": "RuntimeError"})
     assert any(record.exc_info and "POST /hot failed" in record.getMessage() for record in caplog.records)

@@ -11,7 +11,8 @@ import pytest
 from conftest import until_ready
 from gateway_fakes import FakeEmbedder
 
-from kembed.gateway import errors, openapi
+from kembed.gateway import errors
+from kembed.gateway.api import openapi
 from kembed.gateway.errors import Flavour, render
 
 LONG = "word " * 400

@@ -1,4 +1,4 @@
-"""The gateway's check of a replica's Info against its own model (gateway/model_check.py)."""
+"""The gateway's check of a replica's Info against its own model (gateway/pool/model_check.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kembed.gateway.model_check import ModelCheck
+from kembed.gateway.pool.model_check import ModelCheck
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.model_identity import ModelIdentity
 

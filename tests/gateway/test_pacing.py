@@ -8,7 +8,7 @@ import pytest
 from gateway_fakes import FakeEmbedder, fake_vector
 
 from kembed.gateway.errors import Overloaded
-from kembed.gateway.pacing import Window, paced
+from kembed.gateway.pool.pacing import Window, paced
 
 
 async def test_a_request_of_more_tokens_than_the_queues_hold_is_served_at_their_pace(gateway_with):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from gateway_fakes import FakeEmbedder
 
-from kembed.gateway.admission import Admission
+from kembed.gateway.service.admission import Admission
 from kembed.proto import embedder_pb2 as pb
 
 INTERACTIVE, BULK = pb.PRIORITY_INTERACTIVE, pb.PRIORITY_BULK

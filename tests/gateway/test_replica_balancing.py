@@ -11,7 +11,7 @@ import pytest
 from gateway_fakes import FakeEmbedder, fake_vector, serving, unused_address
 
 from kembed.gateway.errors import Overloaded
-from kembed.gateway.fanout import gather_all
+from kembed.gateway.pool.fanout import gather_all
 
 
 def expected_vectors(sequences: list[list[int]]) -> np.ndarray:
@@ -201,7 +201,7 @@ async def test_requests_over_the_concurrency_cap_are_refused_at_once(gateway_wit
 
 async def test_the_gateway_says_what_it_waits_for_and_when_it_serves(gateway_with, caplog):
     fake = FakeEmbedder(status=2)  # NOT_SERVING: still loading its model
-    caplog.set_level("INFO", logger="kembed.gateway.workers")
+    caplog.set_level("INFO", logger="kembed.gateway.pool.workers")
     async with gateway_with(fake, health_interval_s=0.05) as client:
         assert any("waiting for a worker to serve (127.0.0.1:" in r.message for r in caplog.records)
         fake.status = 1  # SERVING

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
-from kembed.gateway.tokenization import Tokenization
+from kembed.gateway.tokenizing.tokenization import Tokenization
 from kembed.proto.model_files import load_model_spec
 
 VOCAB_SIZE = 30522
@@ -232,7 +232,7 @@ async def test_both_encoding_paths_give_the_reference_ids_pairs_and_offsets(
 ):
     """A small batch is encoded text by text on the calling thread, a large one through the library's
     thread pool (encode_groups.SERIAL_MAX_CHARS): both give the same ids, pair ids and offsets."""
-    from kembed.gateway import encode_groups
+    from kembed.gateway.tokenizing import encode_groups
 
     monkeypatch.setattr(encode_groups, "SERIAL_MAX_CHARS", serial_max_chars)
     texts = list(TEXTS.values())

@@ -21,8 +21,8 @@ from gateway_fakes import BUNDLED_MODEL_DIR, unused_address
 from test_truncation_window import bert, corpus, trained
 from tokenizers import Tokenizer
 
-from kembed.gateway.heap import HeapTrim
-from kembed.gateway.tokenize_answer import PIECE_CHARS, SpecialRows, TooManyTokens, describe_tokens
+from kembed.gateway.tokenizing.heap import HeapTrim
+from kembed.gateway.tokenizing.tokenize_answer import PIECE_CHARS, SpecialRows, TooManyTokens, describe_tokens
 
 
 def whole_answer(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> list:

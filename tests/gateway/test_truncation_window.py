@@ -13,14 +13,14 @@ import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from kembed.gateway.tokenization import _encode_pairs, _OverLongPair, _pair_lengths
-from kembed.gateway.tokenizer_load import (
+from kembed.gateway.tokenizing.tokenization import _encode_pairs, _OverLongPair, _pair_lengths
+from kembed.gateway.tokenizing.tokenizer_load import (
     encode_ids,
     encode_ids_truncated,
     load_tokenizer,
     truncating_tokenizer,
 )
-from kembed.gateway.windows import most_chars
+from kembed.gateway.tokenizing.windows import most_chars
 from kembed.proto.model_files import load_model_spec
 
 WORDS = [
@@ -144,7 +144,9 @@ def test_an_8_mb_text_costs_what_its_kept_part_costs(make_text, num_ids):
 import resource, sys
 sys.path[:0] = {sys.path!r}
 from kembed.proto.model_files import load_model_spec
-from kembed.gateway.tokenizer_load import encode_ids_truncated, load_tokenizer, truncating_tokenizer
+from kembed.gateway.tokenizing.tokenizer_load import (
+    encode_ids_truncated, load_tokenizer, truncating_tokenizer,
+)
 from pathlib import Path
 base = load_tokenizer(load_model_spec(Path({str(BUNDLED_MODEL_DIR)!r})))
 truncating = truncating_tokenizer(base, 256, "right")

@@ -1,4 +1,4 @@
-"""The uvicorn internals the HTTP edge (gateway/connections.py) subclasses and reads are still there,
+"""The uvicorn internals the HTTP edge (gateway/edge/connections.py) subclasses and reads are still there,
 with the signatures it calls them with: HttpToolsProtocol's callbacks and helpers, the attributes
 it reads of a protocol, its flow control, its server state and its cycle, and STATUS_LINE. A uvicorn
 release that renames or reshapes one fails here, not in production (pyproject pins the range)."""
@@ -13,7 +13,7 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from kembed.gateway.connections import HotCycle
+from kembed.gateway.edge.connections import HotCycle
 
 # what GuardedHttpProtocol overrides or calls, and the parameters it passes (self aside)
 METHODS = {

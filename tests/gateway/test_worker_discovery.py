@@ -15,9 +15,9 @@ import pytest
 from conftest import until_ready
 from gateway_fakes import FakeEmbedder, serving
 
-from kembed.gateway.app import create_app
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.replicas import resolve_dns
+from kembed.gateway.edge.app import create_app
+from kembed.gateway.pool.replicas import resolve_dns
 from kembed.worker.config import bundled_model_dir
 
 SERVICE = "workers.kembed.svc:50051"

@@ -16,8 +16,8 @@ import pytest
 import transformers
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, fake_vector, serving, unpack
 
-from kembed.gateway.batches import Part
-from kembed.gateway.transports import FrameTransport
+from kembed.gateway.pool.batches import Part
+from kembed.gateway.pool.transports import FrameTransport
 from kembed.proto import embedder_pb2 as pb
 
 

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import kopf
 
-from kembed.operator.cluster import ClusterError
+from kembed.operator.cluster.cluster import ClusterError
 from kembed.operator.handlers import reconcile_handler
 from kembed.operator.metrics import OperatorMetrics, serve_metrics
 from kembed.operator.settings import OperatorSettings

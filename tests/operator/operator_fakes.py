@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from kembed.operator import golden
-from kembed.operator import naming as n
-from kembed.operator.rbac import allows
-from kembed.operator.reconcile import Images, ReconcileHooks, reconcile
+from kembed.operator.build import naming as n
+from kembed.operator.cluster.rbac import allows
+from kembed.operator.cluster.reconcile import Images, ReconcileHooks, reconcile
+from kembed.operator.rollout import golden
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "charts" / "kembed" / "examples"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from operator_fakes import FakeCluster
 
-from kembed.operator.apply import APPLIED_HASH, APPLIED_KEYS, _hash, apply
+from kembed.operator.cluster.apply import APPLIED_HASH, APPLIED_KEYS, _hash, apply
 
 
 def deployment(replicas: int | None = 2, node_selector: dict | None = None, **pod: object) -> dict:

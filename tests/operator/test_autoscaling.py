@@ -23,12 +23,12 @@ import yaml
 from operator_fakes import Driver, FakeCluster, example
 
 from kembed.gateway.__main__ import parse_config as parse_gateway_config
-from kembed.operator import autoscaling as a
-from kembed.operator import manifests as m
+from kembed.operator.build import autoscaling as a
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
 from kembed.operator.crd import CEL_RULES, build_crd
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec.spec import parse_spec
 
 HERE = Path(__file__).parent
 KEDA_SCHEMA = yaml.safe_load((HERE / "fixtures" / "keda-scaledobject-schema.yaml").read_text())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from operator_fakes import Driver, example
 
-from kembed.operator import naming as n
+from kembed.operator.build import naming as n
 
 
 @pytest.fixture

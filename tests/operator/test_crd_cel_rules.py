@@ -14,7 +14,7 @@ import pytest
 import yaml
 from cel_admission import admit, schema
 
-from kembed.operator.reconcile import InvalidSpec, typed_spec
+from kembed.operator.cluster.reconcile import InvalidSpec, typed_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "charts/kembed/examples"
 SCHEMA = schema()

@@ -13,7 +13,7 @@ import yaml
 from operator_fakes import EXAMPLES, REPO, example
 
 from kembed.operator.crd import CEL_RULES, POD_SETTINGS_RULES, build_crd, render
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec.spec import parse_spec
 
 CRD_FILE = REPO / "charts" / "kembed" / "crds" / "embeddingmodels.kembed.dev.yaml"
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -14,12 +14,12 @@ from operator_fakes import example
 
 from kembed.gateway.__main__ import parse_config as parse_gateway_config
 from kembed.gateway.config import GatewayConfig
-from kembed.operator import manifests as m
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
 from kembed.operator.crd import build_crd
-from kembed.operator.edge_spec import CONNECTION_VARIABLES
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec.edge_spec import CONNECTION_VARIABLES
+from kembed.operator.spec.spec import parse_spec
 
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -10,8 +10,8 @@ import json
 import pytest
 from operator_fakes import IMAGES, Driver, example, golden_log
 
-from kembed.operator import golden
-from kembed.operator import naming as n
+from kembed.operator.build import naming as n
+from kembed.operator.rollout import golden
 from kembed.proto.accuracy import MIN_COSINE
 
 OTHER_ANSWER = ((0.0, 1.0), (0.6, 0.8))  # the default answer's first row turned by 90 degrees

@@ -7,10 +7,10 @@ import kopf
 import pytest
 from operator_fakes import FakeCluster, example, model_body
 
-from kembed.operator.cluster import ClusterError
+from kembed.operator.cluster.cluster import ClusterError
+from kembed.operator.cluster.reconcile import Images
 from kembed.operator.handlers import reconcile_handler, register
 from kembed.operator.metrics import OperatorMetrics
-from kembed.operator.reconcile import Images
 from kembed.operator.settings import OperatorSettings
 
 

@@ -13,11 +13,11 @@ import pytest
 from operator_fakes import IMAGES, Driver, example
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kembed.operator import hot_buckets as h
-from kembed.operator import manifests as m
-from kembed.operator import naming as n
+from kembed.operator.build import manifests as m
+from kembed.operator.build import naming as n
+from kembed.operator.cluster import hot_buckets as h
+from kembed.operator.cluster.reconcile import reconcile
 from kembed.operator.handlers import hot_buckets_handler, register
-from kembed.operator.reconcile import reconcile
 from kembed.operator.settings import OperatorSettings, parse_settings
 from kembed.worker.info import EngineStats
 from kembed.worker.metrics import EngineCollector

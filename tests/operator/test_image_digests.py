@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from operator_fakes import Driver, example
 
-from kembed.operator import images
-from kembed.operator.reconcile import InvalidSpec
+from kembed.operator.build import images
+from kembed.operator.cluster.reconcile import InvalidSpec
 
 A = "sha256:" + "a" * 64
 B = "sha256:" + "b" * 64

@@ -8,10 +8,10 @@ import pydantic
 import pytest
 from operator_fakes import example
 
-from kembed.operator import manifests as m
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
+from kembed.operator.spec.spec import parse_spec
 
 IMAGE = "registry.test/kembed/worker:1"
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")

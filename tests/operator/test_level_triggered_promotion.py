@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from operator_fakes import example
 
-from kembed.operator.conditions import timestamp
-from kembed.operator.gate import gate_hash
-from kembed.operator.rollout import decide
-from kembed.operator.spec import parse_spec
-from kembed.operator.status import EmbeddingModelStatus, RolloutState
-from kembed.operator.world import Gateway, JobState, Workers, World
+from kembed.operator.rollout.conditions import timestamp
+from kembed.operator.rollout.gate import gate_hash
+from kembed.operator.rollout.rollout import decide
+from kembed.operator.rollout.world import Gateway, JobState, Workers, World
+from kembed.operator.spec.spec import parse_spec
+from kembed.operator.spec.status import EmbeddingModelStatus, RolloutState
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 A, B, C = "aaaaaaaa", "bbbbbbbb", "cccccccc"

@@ -9,9 +9,9 @@ import pydantic
 import pytest
 from operator_fakes import example
 
-from kembed.operator import manifests as m
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.build import manifests as m
+from kembed.operator.build.revision import revision_of
+from kembed.operator.spec.spec import parse_spec
 from kembed.worker.__main__ import parse_config as parse_worker_config
 
 IMAGE = "registry.test/kembed/worker:1"

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from operator_fakes import example
 
-from kembed.operator import jobs as j
-from kembed.operator import manifests as m
-from kembed.operator import policies as p
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.build import jobs as j
+from kembed.operator.build import manifests as m
+from kembed.operator.build import policies as p
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
+from kembed.operator.spec.spec import parse_spec
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 EXAMPLES = ["minilm-cpu.yaml", "bge-m3-gpu.yaml", "platform-gpu.yaml"]

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from operator_fakes import IMAGES, Driver, example
 
-from kembed.operator import manifests as m
-from kembed.operator import model_fetch as mf
+from kembed.operator.build import manifests as m
+from kembed.operator.build import model_fetch as mf
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
 from kembed.operator.metrics import OperatorMetrics
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec.spec import parse_spec
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")

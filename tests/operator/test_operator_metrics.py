@@ -12,7 +12,7 @@ from operator_fakes import IMAGES, Driver, FakeCluster, example, model_body
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kembed.operator.cluster import ClusterError
+from kembed.operator.cluster.cluster import ClusterError
 from kembed.operator.handlers import deleted_handler, reconcile_handler
 from kembed.operator.metrics import PHASES, OperatorMetrics, serve_metrics
 from kembed.operator.settings import OperatorSettings

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from operator_fakes import Driver, example
 
-from kembed.operator.cluster import KubeCluster
+from kembed.operator.cluster.cluster import KubeCluster
 
 MONITORS = ("ServiceMonitor", "PodMonitor")
 

@@ -12,12 +12,12 @@ import kubernetes_validate
 import pytest
 from operator_fakes import Driver, example
 
-from kembed.operator import jobs as j
-from kembed.operator import manifests as m
-from kembed.operator.naming import Owner
-from kembed.operator.pod_spec import OPERATOR_ENV
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import EmbeddingModelSpec, parse_spec
+from kembed.operator.build import jobs as j
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
+from kembed.operator.spec.pod_spec import OPERATOR_ENV
+from kembed.operator.spec.spec import EmbeddingModelSpec, parse_spec
 
 OWNER = Owner("model", "ml", "0b8c1f8e-0000-4000-8000-000000000001")
 IMAGE = "registry.test/kembed/worker:1"

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from operator_fakes import IMAGES, Driver, FakeCluster, example, model_body
 
-from kembed.operator import naming as n
-from kembed.operator.reconcile import Images, InvalidSpec, reconcile
+from kembed.operator.build import naming as n
+from kembed.operator.cluster.reconcile import Images, InvalidSpec, reconcile
 
 
 @pytest.fixture

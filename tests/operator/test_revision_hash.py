@@ -7,8 +7,8 @@ import copy
 import pytest
 from operator_fakes import example
 
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import TrafficClassesSpec, parse_spec
+from kembed.operator.build.revision import revision_of
+from kembed.operator.spec.spec import TrafficClassesSpec, parse_spec
 
 BASE = example("bge-m3-gpu.yaml")["spec"]
 IMAGE = "registry.test/kembed/worker:1"

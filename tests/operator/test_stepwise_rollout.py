@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from operator_fakes import Driver, example, golden_log
 
-from kembed.operator import naming as n
+from kembed.operator.build import naming as n
 
 R, S = 3, 1
 

@@ -14,11 +14,11 @@ from operator_fakes import Driver, example
 
 from kembed.gateway.__main__ import parse_config as parse_gateway_config
 from kembed.gateway.config import GatewayConfig
-from kembed.operator import manifests as m
+from kembed.operator.build import manifests as m
+from kembed.operator.build.naming import Owner
+from kembed.operator.build.revision import revision_of
 from kembed.operator.crd import build_crd
-from kembed.operator.naming import Owner
-from kembed.operator.revision import revision_of
-from kembed.operator.spec import parse_spec
+from kembed.operator.spec.spec import parse_spec
 from kembed.worker.__main__ import parse_config as parse_worker_config
 from kembed.worker.config import WorkerConfig
 

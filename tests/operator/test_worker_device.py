@@ -5,8 +5,8 @@ passing the smoke test on the CPU path and serving on the CPU while it holds a G
 import pytest
 from operator_fakes import example
 
-from kembed.operator import manifests as m
-from kembed.operator.spec import parse_spec
+from kembed.operator.build import manifests as m
+from kembed.operator.spec.spec import parse_spec
 
 
 def spec(device: str, limits: dict[str, str]):

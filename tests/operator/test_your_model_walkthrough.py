@@ -23,10 +23,10 @@ import yaml
 from operator_fakes import REPO
 from test_crd_schema import errors
 
-from kembed.operator.manifests import MODEL_MOUNT, model_mount, model_volume
-from kembed.operator.spec import parse_spec
-from kembed.worker.check_model import check
+from kembed.operator.build.manifests import MODEL_MOUNT, model_mount, model_volume
+from kembed.operator.spec.spec import parse_spec
 from kembed.worker.config import bundled_model_dir
+from kembed.worker.tools.check_model import check
 
 DOC = (REPO / "docs" / "your-model.md").read_text()
 BUNDLED = bundled_model_dir()

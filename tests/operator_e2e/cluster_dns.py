@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from kembed.gateway.replicas import resolve_dns
+from kembed.gateway.pool.replicas import resolve_dns
 
 SERVICE_HOST = re.compile(r"\b([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?\b")
 

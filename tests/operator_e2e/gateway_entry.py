@@ -16,7 +16,7 @@ import sys
 from cluster_dns import resolve_service
 
 from kembed.gateway.__main__ import parse_config
-from kembed.gateway.processes import LOG_FORMAT, serve
+from kembed.gateway.edge.processes import LOG_FORMAT, serve
 
 API_URL_ENV = "LOCAL_KUBELET_API_URL"
 

@@ -25,7 +25,7 @@ from kembed.proto import embedder_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.slow
 
 MAX_UNTIL_WORK_S = 10  # from the last new pod Ready until every pod has served requests
-WORKER_METRICS_PORT = 9091  # operator/manifests.py WORKER_METRICS_PORT
+WORKER_METRICS_PORT = 9091  # operator/kembed_operator/build/manifests.py WORKER_METRICS_PORT
 
 
 def worker_pods(cluster, revision: str) -> list[LocalPod]:

@@ -3,7 +3,7 @@ same bytes), and a batch without them reads as it did before they existed."""
 
 import numpy as np
 
-from kembed.gateway.batches import num_rows, pack
+from kembed.gateway.pool.batches import num_rows, pack
 from kembed.proto import embedder_pb2 as pb
 
 

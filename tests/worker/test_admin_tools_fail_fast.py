@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kembed.worker.admin import CONNECT_TIMEOUT_S
+from kembed.worker.tools.admin import CONNECT_TIMEOUT_S
 
 
 def dead_address() -> str:

@@ -8,8 +8,14 @@ import torch
 
 from kembed.worker.buckets import BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention import Attention, AttentionShape
-from kembed.worker.engine.attention_choice import RANGES, AttentionPlan, RoutedAttention, _merge, probe_inputs
+from kembed.worker.engine.attention_choice import (
+    RANGES,
+    AttentionPlan,
+    RoutedAttention,
+    _merge,
+    probe_inputs,
+)
+from kembed.worker.engine.layers.attention import Attention, AttentionShape
 
 
 class Tagged(Attention):

@@ -20,10 +20,10 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
-from kembed.worker.check_model import check
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.engine import load_engine
 from kembed.worker.errors import InvalidInput
+from kembed.worker.tools.check_model import check
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "your-model.md"

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.errors import Overloaded
-from kembed.worker.groups import RequestGroup, Segment
-from kembed.worker.queues import ClassPolicy, ClassQueues, Priority, RoundRobin, classify
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduling.groups import RequestGroup, Segment
+from kembed.worker.scheduling.queues import ClassPolicy, ClassQueues, Priority, RoundRobin, classify
+from kembed.worker.scheduling.scheduler import Scheduler
 
 STEP_S = 0.01  # simulated time between two batches
 

@@ -10,13 +10,13 @@ import transformers
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.attention import build_metadata
-from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS
-from kembed.worker.engine.model_dir import read_model_dir
-from kembed.worker.engine.models import build_model
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.engine.layers.attention import build_metadata
+from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS
+from kembed.worker.engine.models.families import build_model
+from kembed.worker.engine.models.model_dir import read_model_dir
+from kembed.worker.scheduling.scheduler import Scheduler
 
 TINY = dict(
     vocab_size=300,

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from test_frame_port import Port, Recorder, frame_of
 
-from kembed.gateway.batches import Part
-from kembed.gateway.transports import FrameTransport
+from kembed.gateway.pool.batches import Part
+from kembed.gateway.pool.transports import FrameTransport
 from kembed.proto import embedder_pb2 as pb
-from kembed.worker.frames import FrameService, serve_frames
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.edge.frames import FrameService, serve_frames
+from kembed.worker.scheduling.scheduler import Scheduler
 
 BOUND_S = 0.3
 TOKEN = "idle-token"

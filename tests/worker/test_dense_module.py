@@ -16,10 +16,10 @@ import torch
 from real_minilm import CARRY_HINT, corpus_texts, real_minilm_dir, tokenized_corpus
 from safetensors.torch import save_file
 
-from kembed.worker.check_model import check
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 from kembed.worker.errors import InvalidInput
+from kembed.worker.tools.check_model import check
 
 TEXTS = corpus_texts(32)
 Dense = Any  # sentence_transformers' Dense module, imported where the tests need it

@@ -10,14 +10,14 @@ import torch
 import transformers
 from st_pipeline import write_pipeline
 
-from kembed.operator.spec import WorkerSpec
+from kembed.operator.spec.spec import WorkerSpec
 from kembed.worker.buckets import BucketTable
 from kembed.worker.config import ATTENTION_BACKEND_CHOICES, WorkerConfig
 from kembed.worker.engine import BaseEngine, Engine, load_engine
-from kembed.worker.engine.attention import Attention, FlashInferAttention, build_metadata
-from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS
 from kembed.worker.engine.attention_choice import AttentionPlan, RoutedAttention
 from kembed.worker.engine.cuda_engine import CudaEngine, CudaLazyTensor
+from kembed.worker.engine.layers.attention import Attention, FlashInferAttention, build_metadata
+from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS
 from kembed.worker.engine.lazy import LazyTensor
 from kembed.worker.results import ResultHandle
 

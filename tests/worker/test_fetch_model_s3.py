@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kembed.worker.config import bundled_model_dir
-from kembed.worker.model_fetch import MANIFEST
+from kembed.worker.tools.model_fetch import MANIFEST
 
 REPO = Path(__file__).resolve().parents[2]
 S3_TOOLS = REPO / ".venv" / "s3-tools"

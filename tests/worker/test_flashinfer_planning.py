@@ -9,8 +9,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kembed.worker.engine.attention import Attention, AttentionMetadata, FlashInferAttention
 from kembed.worker.engine.attention_choice import AttentionPlan, RoutedAttention
+from kembed.worker.engine.layers.attention import Attention, AttentionMetadata, FlashInferAttention
 
 
 class FakeWrapper:

@@ -15,11 +15,7 @@ from torch import nn
 from kembed.worker.cli import parse_config
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.attention import build_metadata
-from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS
-from kembed.worker.engine.bert import BertEmbedder, BertShape
-from kembed.worker.engine.cross_encoder import BertCrossEncoder
-from kembed.worker.engine.fp8 import (
+from kembed.worker.engine.kernels.fp8 import (
     E4M3_MAX,
     Fp8Linear,
     activation_quantize,
@@ -29,9 +25,13 @@ from kembed.worker.engine.fp8 import (
     quantize_rows,
     quantize_rows_reference,
 )
-from kembed.worker.engine.model_dir import read_model_dir
-from kembed.worker.engine.models import build_model
-from kembed.worker.engine.qwen3 import Qwen3Embedder, Qwen3Shape
+from kembed.worker.engine.layers.attention import build_metadata
+from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS
+from kembed.worker.engine.models.bert import BertEmbedder, BertShape
+from kembed.worker.engine.models.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.models.families import build_model
+from kembed.worker.engine.models.model_dir import read_model_dir
+from kembed.worker.engine.models.qwen3 import Qwen3Embedder, Qwen3Shape
 from kembed.worker.errors import StartupError
 
 SDPA = ATTENTION_BACKENDS["sdpa"]

@@ -17,9 +17,9 @@ from st_pipeline import write_pipeline
 from kembed.worker.buckets import Bucket
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
-from kembed.worker.engine.attention_backends import cuda_backends
 from kembed.worker.engine.cuda_engine import CudaEngine
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.engine.layers.attention_backends import cuda_backends
+from kembed.worker.scheduling.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
 
@@ -296,7 +296,7 @@ def test_span_batches_run_eagerly_and_match_transformers_per_span(
 async def test_queries_on_the_interactive_lane_beside_bulk_match_transformers(minilm_dir):
     """Queries submitted while bulk steps run go to the lane (its own stream, graphs and pool) and
     come back as transformers computes them; so do the bulk rows beside them."""
-    from kembed.worker.queues import Priority
+    from kembed.worker.scheduling.queues import Priority
 
     engine = load_engine(
         WorkerConfig(model=minilm_dir, device="cuda", dtype="bfloat16", max_batch_tokens=1024)

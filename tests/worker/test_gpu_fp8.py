@@ -21,7 +21,7 @@ from real_minilm import CARRY_HINT, float32_rows, real_minilm_dir, tokenized_cor
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 from kembed.worker.engine.cuda_engine import CudaEngine
-from kembed.worker.engine.fp8 import (
+from kembed.worker.engine.kernels.fp8 import (
     Fp8Linear,
     activation_quantize,
     activation_quantize_reference,
@@ -30,10 +30,10 @@ from kembed.worker.engine.fp8 import (
     quantize_rows,
     quantize_rows_reference,
 )
-from kembed.worker.engine.fused import add_layer_norm, add_layer_norm_fp8
-from kembed.worker.engine.fused_decoder import rms_norm, rms_norm_fp8
-from kembed.worker.queues import Priority
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.engine.kernels.fused import add_layer_norm, add_layer_norm_fp8
+from kembed.worker.engine.kernels.fused_decoder import rms_norm, rms_norm_fp8
+from kembed.worker.scheduling.queues import Priority
+from kembed.worker.scheduling.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[1] / "bench" / "configs"  # the benchmark models' shapes

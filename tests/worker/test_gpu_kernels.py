@@ -14,13 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.buckets import BucketTable
-from kembed.worker.engine.attention import AttentionShape
-from kembed.worker.engine.attention_backends import cuda_backends
-from kembed.worker.engine.attention_choice import RANGES, RoutedAttention, choose_attention, probe_inputs
-from kembed.worker.engine.fused import add_layer_norm, linear_activation
-from kembed.worker.engine.fused_decoder import qk_norm_rope, rms_norm, silu_mul
-from kembed.worker.engine.qwen3 import RMSNorm
-from kembed.worker.engine.rope import RotaryEmbedding, rotate
+from kembed.worker.engine.attention_choice import (
+    RANGES,
+    RoutedAttention,
+    choose_attention,
+    probe_inputs,
+)
+from kembed.worker.engine.kernels.fused import add_layer_norm, linear_activation
+from kembed.worker.engine.kernels.fused_decoder import qk_norm_rope, rms_norm, silu_mul
+from kembed.worker.engine.layers.attention import AttentionShape
+from kembed.worker.engine.layers.attention_backends import cuda_backends
+from kembed.worker.engine.layers.rope import RotaryEmbedding, rotate
+from kembed.worker.engine.models.qwen3 import RMSNorm
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

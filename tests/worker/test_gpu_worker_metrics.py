@@ -18,7 +18,7 @@ from st_pipeline import write_random_minilm
 from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 from kembed.worker.metrics import WorkerMetrics
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduling.scheduler import Scheduler
 
 pytestmark = pytest.mark.gpu
 MAX_PINNED_BYTES = 64 << 20

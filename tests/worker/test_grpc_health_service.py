@@ -12,8 +12,8 @@ from test_worker_edge_auth import StandIn
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.edge.server import EmbedderService, build_server
+from kembed.worker.scheduling.scheduler import Scheduler
 
 SERVICES = ["", "kembed.v1.Embedder"]
 Status = health_pb2.HealthCheckResponse

@@ -4,8 +4,8 @@ InfoResponse alone (neither the model's nor the server's) fails here, not silent
 import dataclasses
 
 from kembed.proto import embedder_pb2 as pb
+from kembed.worker.edge.server import SERVING_FIELDS, info_response
 from kembed.worker.info import ModelInfo
-from kembed.worker.server import SERVING_FIELDS, info_response
 
 INFO = ModelInfo(
     model_name="m",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kembed.worker.results import ResultHandle
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduling.scheduler import Scheduler
 
 
 class _Pending(ResultHandle):

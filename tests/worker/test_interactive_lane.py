@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from test_class_queues import _pairs, _request
 from test_scheduler import RecordingRunner, ragged
 
-from kembed.worker.queues import ClassPolicy, ClassQueues, Priority
-from kembed.worker.scheduler import Scheduler
+from kembed.worker.scheduling.queues import ClassPolicy, ClassQueues, Priority
+from kembed.worker.scheduling.scheduler import Scheduler
 
 INTERACTIVE, BULK = Priority.INTERACTIVE, Priority.BULK
 

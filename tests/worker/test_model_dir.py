@@ -6,7 +6,7 @@ import pytest
 from st_pipeline import write_pipeline
 
 from kembed.worker.config import bundled_model_dir
-from kembed.worker.engine.model_dir import read_model_dir
+from kembed.worker.engine.models.model_dir import read_model_dir
 from kembed.worker.errors import InvalidInput
 
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.classes import Priority
-from kembed.worker.groups import RequestGroup
-from kembed.worker.queues import RoundRobin
+from kembed.worker.scheduling.groups import RequestGroup
+from kembed.worker.scheduling.queues import RoundRobin
 
 
 class Sink:

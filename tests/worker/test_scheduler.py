@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kembed.worker.errors import InvalidInput, Overloaded
-from kembed.worker.groups import RequestGroup
-from kembed.worker.queues import ClassPolicy, Priority, RoundRobin
-from kembed.worker.scheduler import Scheduler, SchedulerHooks
+from kembed.worker.scheduling.groups import RequestGroup
+from kembed.worker.scheduling.queues import ClassPolicy, Priority, RoundRobin
+from kembed.worker.scheduling.scheduler import Scheduler, SchedulerHooks
 
 
 class _Done:

@@ -11,9 +11,9 @@ import pytest
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.engine import load_engine
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.scheduling.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ async def test_overload_is_resource_exhausted_at_once_and_the_held_request_still
 async def test_prewarm_skips_hot_buckets_the_target_cannot_form(engine, capsys):
     # A rollout that lowers the batch budget: the serving revision's hottest bucket is not one of the
     # candidate's, and its prewarm Job must not fail for it.
-    from kembed.worker.admin import main as admin_main
+    from kembed.worker.tools.admin import main as admin_main
 
     small = load_engine(
         WorkerConfig(model=bundled_model_dir(), device="cpu", max_batch_tokens=256, max_queued_tokens=4096)

@@ -14,10 +14,10 @@ from tokenizers import Tokenizer
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.engine import load_engine
 from kembed.worker.engine.spans import SpanIndex
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.scheduling.scheduler import Scheduler
 
 CHUNKS = [
     "The Eiffel Tower was finished in 1889 for the World's Fair.",

@@ -10,10 +10,10 @@ from splade_model import build_splade_dir, splade_reference
 
 from kembed.proto.outputs import SPARSE, read_vocabulary, vocabulary_words
 from kembed.worker.config import WorkerConfig
+from kembed.worker.edge.vocabulary import check_asks, compact
 from kembed.worker.engine.engine import load_engine
 from kembed.worker.errors import InvalidInput
 from kembed.worker.info import ModelInfo
-from kembed.worker.vocabulary import check_asks, compact
 
 TEXTS = ["w1 w2 w3 w2", "w7", "w5 w9 w11 w13 w15 w17 w19 w21 nothere w5", "w0 w0 w0"]
 
@@ -114,7 +114,7 @@ def test_the_graph_replays_what_the_cpu_engine_computes(splade_dir):
 
 
 def test_check_model_says_sparse_vectors_and_their_routes(splade_dir):
-    from kembed.worker.check_model import check
+    from kembed.worker.tools.check_model import check
 
     result = check(splade_dir, load=True)
     assert result.verdict.startswith("servable: sparse vectors (splade ") and result.loaded

@@ -13,10 +13,10 @@ import pytest
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.frames import FrameService, serve_frames
+from kembed.worker.edge.frames import FrameService, serve_frames
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.info import ModelInfo
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.scheduling.scheduler import Scheduler
 
 INFO = ModelInfo(
     model_name="stand-in", model_type="bert", task="embed", dimensions=3, max_sequence_length=512,

@@ -10,7 +10,7 @@ slots), and for every tile the kernel uses.
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kembed.worker.engine.triton_attention import HEAD_DIMS, grid_blocks, tiles
+from kembed.worker.engine.layers.triton_attention import HEAD_DIMS, grid_blocks, tiles
 
 
 @st.composite

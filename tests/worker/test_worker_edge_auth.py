@@ -13,10 +13,10 @@ from test_stream_server import as_frame, as_responses
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
-from kembed.worker.frames import MAX_AUTH_FRAME_BYTES, FrameService, serve_frames
+from kembed.worker.edge.frames import MAX_AUTH_FRAME_BYTES, FrameService, serve_frames
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.info import ModelInfo
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.scheduling.scheduler import Scheduler
 
 TOKEN = "s3cret-token"
 INFO = ModelInfo(

@@ -14,12 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.worker.config import WorkerConfig, bundled_model_dir
+from kembed.worker.edge.server import EmbedderService, build_server
 from kembed.worker.engine import load_engine
 from kembed.worker.errors import Unavailable
 from kembed.worker.metrics import WorkerMetrics, serve_metrics
-from kembed.worker.queues import Priority
-from kembed.worker.scheduler import Scheduler
-from kembed.worker.server import EmbedderService, build_server
+from kembed.worker.scheduling.queues import Priority
+from kembed.worker.scheduling.scheduler import Scheduler
 
 MAX_PINNED_BYTES = 1 << 20
 CONTRACT = {  # family name -> label names of its samples (histogram `le` aside)

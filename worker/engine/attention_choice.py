@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from kembed.worker.buckets import BucketTable
-from kembed.worker.engine.attention import Attention, AttentionMetadata, AttentionShape
+from kembed.worker.engine.layers.attention import Attention, AttentionMetadata, AttentionShape
 from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)

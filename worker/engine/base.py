@@ -11,7 +11,7 @@ import torch
 
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.engine.graphs import CapturePolicy, PrewarmReport
-from kembed.worker.engine.served import ServedModel
+from kembed.worker.engine.models.served import ServedModel
 from kembed.worker.engine.smoke import SmokeResult, smoke_test
 from kembed.worker.info import EngineStats, ModelInfo
 from kembed.worker.results import ResultHandle

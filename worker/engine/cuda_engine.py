@@ -32,12 +32,12 @@ import torch
 
 from kembed.proto.outputs import COLBERT, SPARSE, TOKENS
 from kembed.worker.buckets import Bucket, BucketTable
-from kembed.worker.engine.attention import Attention, AttentionMetadata
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.graphs import CapturePolicy, GraphCache, PrewarmReport
+from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
 from kembed.worker.engine.lazy import to_host
+from kembed.worker.engine.models.served import ServedModel
 from kembed.worker.engine.payload import PayloadIndex, PayloadPlan, assemble, to_device
-from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import (
     InputLayout,

@@ -22,18 +22,23 @@ from kembed.proto.model_files import load_model_spec
 from kembed.proto.model_identity import ModelIdentity, read_identity
 from kembed.worker.buckets import Bucket, BucketTable
 from kembed.worker.config import WorkerConfig
-from kembed.worker.engine.attention import Attention, AttentionMetadata, FlashInferAttention, build_metadata
-from kembed.worker.engine.attention_backends import ATTENTION_BACKENDS, cuda_backends
 from kembed.worker.engine.attention_choice import RoutedAttention, choose_attention
 from kembed.worker.engine.base import BaseEngine
 from kembed.worker.engine.cuda_engine import CudaEngine
-from kembed.worker.engine.fp8 import fp8_unsupported_reason, quantize_linears
 from kembed.worker.engine.graphs import CapturePolicy
+from kembed.worker.engine.kernels.fp8 import fp8_unsupported_reason, quantize_linears
+from kembed.worker.engine.layers.attention import (
+    Attention,
+    AttentionMetadata,
+    FlashInferAttention,
+    build_metadata,
+)
+from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS, cuda_backends
 from kembed.worker.engine.lazy import LazyTensor, to_host
-from kembed.worker.engine.model_dir import ModelDir, read_model_dir
-from kembed.worker.engine.models import attention_shape, build_model
+from kembed.worker.engine.models.families import attention_shape, build_model
+from kembed.worker.engine.models.model_dir import ModelDir, read_model_dir
+from kembed.worker.engine.models.served import ServedModel
 from kembed.worker.engine.payload import PayloadIndex, assemble
-from kembed.worker.engine.served import ServedModel
 from kembed.worker.engine.spans import SpanIndex, forward_spans
 from kembed.worker.engine.staging import pad_batch
 from kembed.worker.errors import StartupError

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kembed.worker.engine.attention import AttentionMetadata
-from kembed.worker.engine.pooling import pool
-from kembed.worker.engine.served import ServedModel
+from kembed.worker.engine.layers.attention import AttentionMetadata
+from kembed.worker.engine.layers.pooling import pool
+from kembed.worker.engine.models.served import ServedModel
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ to the chart's appVersion. No image is public, so without a prefix or a reposito
 {{- end -}}
 
 {{/*
-What the operator uses, exactly kembed.operator.rbac.RBAC_RULES (tests/chart checks the two agree):
+What the operator uses, exactly kembed.operator.cluster.rbac.RBAC_RULES (tests/chart checks the two agree):
 kopf lists, watches and patches EmbeddingModels and their status; the operator owns ConfigMaps,
 Deployments, Services, Jobs, PodDisruptionBudgets, NetworkPolicies and (when a model asks)
 ServiceMonitors, reads pods (the Jobs' targets, failed Jobs' reports) and the golden Job's log (its

@@ -1,0 +1,52 @@
+"""The attention backends by name: the ones every worker has, and `cuda_backends`, the varlen kernels
+usable on a GPU (flash-attn, flashinfer and triton only when installed and usable there). Their names
+are the worker's `attention_backend` choices (config.py), less `auto`."""
+
+import logging
+
+import torch
+
+from kembed.worker.engine.layers.attention import (
+    Attention,
+    AttentionShape,
+    FlashInferAttention,
+    SdpaLoopAttention,
+    SdpaPaddedAttention,
+    flash_attn_4_backend,
+    flashinfer_backend,
+    torch_varlen_backend,
+)
+from kembed.worker.engine.layers.triton_attention import HEAD_DIMS, triton_attention_backend
+
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS: dict[str, Attention] = {"sdpa": SdpaLoopAttention(), "sdpa-padded": SdpaPaddedAttention()}
+# Backends that take packed sequences natively: the only ones CUDA graphs can replay, since
+# they need no per-batch gather indices whose size depends on the longest sequence.
+VARLEN_BACKENDS: dict[str, Attention] = {}
+if (_varlen := torch_varlen_backend()) is not None:
+    VARLEN_BACKENDS["torch-varlen"] = _varlen
+ATTENTION_BACKENDS.update(VARLEN_BACKENDS)
+
+
+def cuda_backends(
+    device: torch.device, shape: AttentionShape | None = None, *, compile_kernels: bool = False
+) -> dict[str, Attention]:
+    """Every varlen backend usable on `device` (for `shape`'s heads when given), in order of preference
+    before timing. `compile_kernels`: let flashinfer build kernels it lacks (minutes with nvcc)."""
+    backends: dict[str, Attention] = dict(VARLEN_BACKENDS)
+    major, _ = torch.cuda.get_device_capability(device)
+    if major in (9, 10):  # FA4 has kernels for Hopper (sm90) and Blackwell (sm100) only
+        if (fa4 := flash_attn_4_backend()) is not None:
+            backends["flash-attn"] = fa4
+        else:
+            log.info("flash-attn-4 is not installed: attention backend flash-attn unavailable")
+    ours = triton_attention_backend()
+    if ours is not None and (shape is None or shape.head_dim in HEAD_DIMS):
+        backends["triton"] = ours
+    if major >= 8 and (shape is None or shape.head_dim in FlashInferAttention.HEAD_DIMS):
+        if (flashinfer := flashinfer_backend(device, compile_kernels)) is not None:
+            backends["flashinfer"] = flashinfer
+        else:
+            log.info("flashinfer-python is not installed: attention backend flashinfer unavailable")
+    return backends
