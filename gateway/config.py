@@ -212,6 +212,15 @@ class GatewayConfig:
     """Truncation limit in tokens, special tokens included; 0 keeps the model's own (its
     sentence_bert_config.json max_seq_length, as sentence-transformers reads it)."""
 
+    token_ids: str = "framed"
+    """Which token-id inputs are embedded. `framed`: only ids this model's tokenizer makes, framed as it
+    frames a sequence (its special tokens first and last, `[CLS] ... [SEP]` for BERT; for a tokenizer
+    that adds none, ids that decode and encode back to themselves): another tokenizer's ids, such as
+    the tiktoken ids langchain-openai sends by default, are refused (400) rather than embedded as wrong
+    vectors, and an over-long sequence is cut inside its frame, as its text would be. `any`: every id
+    below the vocabulary size, as-is (for clients that send this model's own ids without its special
+    tokens)."""
+
     prompts: str = ""
     """Extra or overriding prompts as a JSON object of name to prefix text (e.g.
     `{"query": "query: "}`), merged over config_sentence_transformers.json's; empty adds none."""
@@ -323,6 +332,8 @@ class GatewayConfig:
                 raise ValueError(f"prompts must be a JSON object: {error}") from None
             if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
                 raise ValueError('prompts must be a JSON object of strings, e.g. {"query": "query: "}')
+        if self.token_ids not in ("framed", "any"):
+            raise ValueError(f"token_ids must be framed or any, not {self.token_ids!r}")
         if self.worker_transport not in ("frames", "unary"):
             raise ValueError(f"worker_transport must be frames or unary, not {self.worker_transport!r}")
         if self.interactive_max_inputs < 0 or self.interactive_max_tokens < 0:

@@ -80,10 +80,18 @@ def _bounded(schema: Schema, **bounds: int | None) -> Schema:
     return schema | {name: value for name, value in bounds.items() if value is not None}
 
 
-def _token_ids(served: Served, max_items: int | None = None, min_items: int = 1) -> Schema:
+def _token_ids(
+    served: Served, max_items: int | None = None, min_items: int = 1, *, is_input: bool = True
+) -> Schema:
     top = served.vocab_size - 1 if served.vocab_size else None
     items = _bounded({"type": "integer", "minimum": 0}, maximum=top)
-    return _bounded({"type": "array", "items": items, "minItems": min_items}, maxItems=max_items)
+    schema: Schema = {"type": "array", "items": items, "minItems": min_items}
+    if is_input:  # what the gateway embeds (GatewayConfig.token_ids), not what /decode reads
+        schema["description"] = (
+            "token ids of this model's own tokenizer, framed by its special tokens as it frames a "
+            "sequence (unless the gateway runs with --token-ids any)"
+        )
+    return _bounded(schema, maxItems=max_items)
 
 
 def _texts(served: Served, item: Schema | None = None, max_items: int | None = None) -> Schema:
@@ -134,7 +142,7 @@ def _tokenize_inputs(served: Served) -> Schema:
 
 def _decode_ids(served: Served) -> Schema:
     """One sequence of ids or several, each at most /tokenize's cap (the cap is on all together)."""
-    sequence = _token_ids(served, served.max_tokenize_tokens, min_items=0)
+    sequence = _token_ids(served, served.max_tokenize_tokens, min_items=0, is_input=False)
     return {"anyOf": [sequence, {"type": "array", "items": sequence, "maxItems": served.max_tokenize_tokens}]}
 
 

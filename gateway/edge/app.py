@@ -332,6 +332,7 @@ def create_app(
         config.max_inline_tokenize_chars,
         config.bulk_tokenization_processes if config.priority_classes else 0,
         heap,
+        config.token_ids,
     )
     metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics, check, resolve)

@@ -54,6 +54,18 @@ def _foreign_ids(index: int, token_id: int, vocab_size: int) -> InvalidInput:
     )
 
 
+def _unframed(index: int, how: str) -> InvalidInput:
+    """Token ids within the vocabulary that this model's tokenizer did not make (token_ids `framed`)."""
+    return InvalidInput(
+        f"input {index}'s token ids were not made by this model's tokenizer: {how}. Another tokenizer's "
+        "ids (tiktoken's, which langchain-openai's OpenAIEmbeddings sends unless told not to) would be "
+        "embedded as wrong vectors: send the text itself (langchain-openai: OpenAIEmbeddings(..., "
+        "check_embedding_ctx_length=False)); clients that send this model's own ids without its special "
+        "tokens need the gateway's --token-ids any",
+        param="input",
+    )
+
+
 class Tokenization:
     """Turns request inputs into int32 token-id arrays exactly as sentence-transformers would."""
 
@@ -64,8 +76,10 @@ class Tokenization:
         max_inline_chars: int = 0,
         num_bulk_processes: int = 0,
         heap: HeapTrim | None = None,
+        token_ids: str = "framed",
     ) -> None:
         self.spec = spec
+        self._is_framed = token_ids == "framed"  # GatewayConfig.token_ids
         self._heap = heap or HeapTrim()  # a large request's end gives its freed memory back (heap.py)
         # Tokenizing a short query takes less time than handing it to a thread and waking the loop
         # when it is done; past `max_inline_chars` the threads keep the loop free (the Rust calls
@@ -255,13 +269,40 @@ class Tokenization:
         bad = array[(array < 0) | (array >= vocab_size)]
         if bad.size:
             raise _foreign_ids(index, int(bad[0]), vocab_size)
+        prefix, suffix = (self._single.prefix, self._single.suffix) if self._is_framed else ([], [])
+        if self._is_framed:
+            self._check_own(index, array)
         limit = self.spec.max_seq_length
         if limit is not None and array.size > limit:
             if not truncate:
                 self._check_length(index, array.size)
             side = direction or self.spec.truncation_side
-            array = array[-limit:] if side == "left" else array[:limit]
+            # cut inside the frame, as the tokenizer truncates a text: its special tokens stay
+            body = array[len(prefix) : array.size - len(suffix)]
+            keep = max(0, limit - len(prefix) - len(suffix))
+            body = body[body.size - keep :] if side == "left" else body[:keep]
+            array = np.concatenate([np.asarray(prefix, np.int64), body, np.asarray(suffix, np.int64)])
         return array.astype(np.int32)
+
+    def _check_own(self, index: int, array: np.ndarray) -> None:
+        """InvalidInput unless `array` is framed as this model's tokenizer frames one sequence, or, for
+        a tokenizer that frames none, decodes and encodes back to itself."""
+        prefix, suffix = self._single.prefix, self._single.suffix
+        if prefix or suffix:
+            head, tail = array[: len(prefix)].tolist(), array[array.size - len(suffix) :].tolist()
+            if array.size >= len(prefix) + len(suffix) and head == prefix and tail == suffix:
+                return
+            name = self._untruncated.id_to_token
+            frame = " ... ".join(
+                " ".join(f"{name(i)} ({i})" for i in part) for part in (prefix, suffix) if part
+            )
+            raise _unframed(
+                index, f"it puts {frame} around a sequence; these start with {head} and end with {tail}"
+            )
+        ids = array.tolist()
+        text = self._untruncated.decode(ids, skip_special_tokens=False)
+        if self._untruncated.encode(text, add_special_tokens=False).ids != ids:
+            raise _unframed(index, "they do not decode and encode back to themselves")
 
     async def encode_pairs(
         self,

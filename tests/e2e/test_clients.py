@@ -137,14 +137,43 @@ def test_the_node_snippet_gets_sentence_transformers_vectors(stack, reference, t
 def test_tiktoken_ids_as_langchain_sends_them_are_refused_naming_the_setting(stack):
     """langchain-openai's default request shape: each text as tiktoken's ids, a list of lists of ints
     in `input`. tiktoken's table is fetched from the network on first use, so the ids here are
-    written out: ids of its range (100,277), one past this model's vocabulary (30,522)."""
+    written out: ids within this model's vocabulary (30,522) but not framed as its tokenizer frames
+    a sequence, and ids past it."""
     ids = [[791, 8415, 23874], [26566, 67123, 13]]
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0)
-    with client, pytest.raises(openai.BadRequestError) as refused:
-        client.embeddings.create(model=MODEL_NAME, input=ids, encoding_format="base64")
+    with client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=MODEL_NAME, input=ids, encoding_format="base64")
+        message = str(refused.value)  # the first: ids of this vocabulary's range but not its frame
+        assert "input 0's token ids were not made by this model's tokenizer" in message
+        assert "check_embedding_ctx_length=False" in message
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=MODEL_NAME, input=ids[1:], encoding_format="base64")
     message = str(refused.value)
-    assert "input 1 has token id 67123 outside [0, 30522)" in message
+    assert "input 0 has token id 67123 outside [0, 30522)" in message
     assert "this model's own tokenizer" in message and "check_embedding_ctx_length=False" in message
+
+
+TIKTOKEN_CACHE = Path(__file__).parents[2] / ".venv" / "tiktoken-cache"  # make test fills it
+
+
+def test_langchain_openais_default_client_is_refused_naming_the_setting(stack, monkeypatch):
+    """OpenAIEmbeddings as a new user writes it, check_embedding_ctx_length left at its default:
+    langchain tokenizes each text with tiktoken and sends those ids. Every id of "The cat sits on
+    the mat." is below the bundled model's 30,522, so before, it answered 200 with a vector at
+    cosine 0.015 to the right one; now the gateway refuses ids its tokenizer did not frame, and
+    langchain raises the gateway's message."""
+    from langchain_openai import OpenAIEmbeddings
+
+    assert (TIKTOKEN_CACHE / ".kembed-installed").is_file(), "tiktoken's table: `make test` fetches it"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+    embeddings = OpenAIEmbeddings(
+        model=MODEL_NAME, base_url=f"{stack.url}/v1", api_key="unused", max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        embeddings.embed_documents(["The cat sits on the mat."])
+    message = str(refused.value)
+    assert "not made by this model's tokenizer" in message and "check_embedding_ctx_length=False" in message
 
 
 def test_the_settings_the_page_warns_about_fail_as_it_says(stack, monkeypatch):

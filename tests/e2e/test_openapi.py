@@ -37,12 +37,16 @@ def said(response) -> str:
 def is_accepted(response) -> bool:
     """A 2xx; or a refusal for what no schema can state, how many tokens a text has
     (gateway/api/openapi_limits.py): over the model's limit untruncated, over Cohere's `max_tokens` with
-    truncate NONE, a Perplexity chunk without tokens (whitespace only)."""
+    truncate NONE, a Perplexity chunk without tokens (whitespace only); and token ids its tokenizer did
+    not make (the schema's description says they must be framed by its special tokens, which JSON
+    Schema cannot require of an array's last item)."""
     if response.status_code < 300:
         return True
     message = said(response)
-    return (response.status_code == 413 and "tokens" in message) or (
-        response.status_code == 400 and "has no tokens" in message
+    return (
+        (response.status_code == 413 and "tokens" in message)
+        or (response.status_code == 400 and "has no tokens" in message)
+        or (response.status_code in (400, 422) and "not made by this model's tokenizer" in message)
     )
 
 

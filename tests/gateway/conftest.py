@@ -57,7 +57,11 @@ def gateway_with() -> GatewayFactory:
                 fake if isinstance(fake, str) else await stack.enter_async_context(serving(fake))
                 for fake in fakes
             ]
-            config = GatewayConfig(model_dir=BUNDLED_MODEL_DIR, worker_addresses=tuple(addresses))
+            # token_ids "any": the fakes answer vectors made from whatever ids a test sends (the
+            # framing the default asks for has tests of its own: test_token_id_framing.py)
+            config = GatewayConfig(
+                model_dir=BUNDLED_MODEL_DIR, worker_addresses=tuple(addresses), token_ids="any"
+            )
             config = dataclasses.replace(config, **overrides)
             client = await stack.enter_async_context(running_gateway(config))
             if all(not isinstance(fake, str) and fake.status == pb.HealthResponse.SERVING for fake in fakes):

@@ -179,11 +179,15 @@ async def test_untruncated_overlong_text_names_its_index_and_length(tokenization
     ids=["right", "left"],
 )
 async def test_token_id_inputs_are_taken_as_is_and_truncated(
-    tokenization: Tokenization, direction: str, expected: list[int]
+    model_dir: Path, direction: str, expected: list[int]
 ):
+    """With `--token-ids any`: any ids below the vocabulary size, cut to the limit as they are (the
+    default's framing has tests of its own: test_token_id_framing.py)."""
+    tokenization = Tokenization(load_model_spec(model_dir), num_threads=1, token_ids="any")
     (ids,) = await tokenization.encode(
         [list(range(1, 301))], truncate=True, direction=direction, prompt_name=None, vocab_size=VOCAB_SIZE
     )
+    tokenization.close()
     assert ids.tolist() == expected
 
 
@@ -206,8 +210,9 @@ async def test_bad_token_id_inputs_are_rejected(tokenization: Tokenization, ids:
 async def test_untruncated_overlong_token_ids_are_too_large(tokenization: Tokenization):
     with pytest.raises(PayloadTooLarge, match="input 0 has 300 tokens"):
         await tokenization.encode(
-            [list(range(1, 301))], truncate=False, direction=None, prompt_name=None, vocab_size=VOCAB_SIZE
-        )
+            [[101, *range(1000, 1298), 102]], truncate=False, direction=None, prompt_name=None,
+            vocab_size=VOCAB_SIZE,
+        )  # fmt: skip
 
 
 async def test_tokenize_reports_utf8_byte_offsets_into_the_text_as_tei_does(tokenization: Tokenization):
