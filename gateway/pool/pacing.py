@@ -49,10 +49,10 @@ class Window:
         self._waiting.append(entry)
         try:
             await future
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # its client left, or its deadline passed
             if future.done() and not future.cancelled():  # granted as it was cancelled: give it back
                 self.release(num_tokens)
-            else:
+            elif entry in self._waiting:  # a release between the cancel and now dropped it already
                 self._waiting.remove(entry)
             raise
 

@@ -43,6 +43,22 @@ async def test_the_window_takes_chunks_in_order_and_gives_back_a_cancelled_grant
     assert window.held == 20
 
 
+async def test_a_wait_cancelled_just_before_a_release_ends_cancelled_not_in_an_error():
+    """A client leaving (or a deadline passing) cancels the waiter's future at once, but its task runs
+    later; a release in between drops the cancelled entry. The waiter then raised ValueError ('not
+    in deque'), which the gateway answered, and counted, as a 500."""
+    window = Window(max_tokens=10)
+    await window.acquire(10)
+    waiter = asyncio.ensure_future(window.acquire(5))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    window.release(10)  # before the cancelled task has run
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert window.held == 0
+    await window.acquire(10)  # the window is whole again
+
+
 async def test_a_chunk_refused_for_full_queues_is_tried_again_then_given_up():
     tries = []
 
