@@ -296,11 +296,18 @@ class ModelStatus(SpecModel):
     resolved: str = Field(
         "",
         description="What the source resolved to: the Hub commit sha, or etags-sha256: and a digest of "
-        "the objects' keys, sizes and ETags. Part of the revision.",
+        "the keys, sizes and ETags of the objects fetched (nothing else under the prefix counts). Part "
+        "of the revision.",
     )
     resolved_at: str = Field("", description="When it was resolved (RFC 3339).")
     revision: str = Field("", description="The revision made from it.")
     revisions: dict[str, str] = Field(
         default_factory=dict, description="What each kept revision (serving, candidate) was made from."
+    )
+    pins: dict[str, str] = Field(
+        default_factory=dict,
+        description="What a fetch asks for to get each of those resolutions again, whatever changed "
+        "upstream since: for S3 the objects' VersionIds (a versioned bucket) or ETags; none for the "
+        "Hub, whose commit sha is its own pin, or for an S3 resolution of too many objects to carry one.",
     )
     serving: str = Field("", description="What the serving revision was made from: what is served.")
