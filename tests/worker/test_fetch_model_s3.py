@@ -384,3 +384,25 @@ def test_an_endpoint_that_never_answers_ends_the_fetch_within_its_timeouts(s3, s
     assert (code, report["reason"]) == (2, "network"), stderr
     assert "timeout" in report["message"].lower()
     assert took < 25, f"{took:.1f} s: 3 attempts of 1 s each, and their back-off"
+
+
+def test_a_sha256sums_regenerated_for_a_readme_changes_nothing_fetched(s3, tiny, tmp_path):
+    import hashlib
+
+    def sums(names: list[str]) -> str:
+        return "".join(f"{hashlib.sha256((tiny / n).read_bytes()).hexdigest()}  {n}\n" for n in names)
+
+    fetched = ["config.json", "model.safetensors", "tokenizer_config.json"]
+    uri = seeded(s3, tiny, "with-sums")
+    s3.change(op="put", bucket="models", key="with-sums/SHA256SUMS", text=sums(fetched))
+    first = resolve(s3, uri, tmp_path)
+    s3.change(op="put", bucket="models", key="with-sums/SHA256SUMS", text=sums([*fetched, "README.md"]))
+    assert resolve(s3, uri, tmp_path)["resolved"] == first["resolved"]
+    dest = tmp_path / "model"
+    code, report, stderr = fetch(s3, uri, dest, "--expect", first["resolved"], "--pin", first["pin"])
+    assert code == 0, stderr
+    assert "sha256" in json.loads((dest / MANIFEST).read_text())["files"]["config.json"]
+    lying = sums(fetched).replace(hashlib.sha256((tiny / "config.json").read_bytes()).hexdigest(), "0" * 64)
+    s3.change(op="put", bucket="models", key="with-sums/SHA256SUMS", text=lying)
+    code, report, _ = fetch(s3, uri, tmp_path / "m2", "--expect", first["resolved"], "--pin", first["pin"])
+    assert (code, report["reason"]) == (1, "changed"), "a sum of a fetched file is part of what was resolved"

@@ -43,7 +43,7 @@ class FetchSettings:
     # Seconds one network call waits to connect, or for the next bytes of its answer (S3: botocore
     # tries a call 3 times). 30 s: a Hub or S3 answer that has not begun that long is not coming.
     timeout_s: float = DEFAULT_TIMEOUT_S
-    # Seconds the whole run may take, 0 for no bound. None by default: the operator sets one per
+    # Seconds the whole run may take, 0 for no bound. Unbounded by default: the operator sets one per
     # container (a resolve, a pod's fetch, a cache Job), knowing what it waits for.
     deadline_s: float = 0.0
 

@@ -13,7 +13,8 @@ part). Credentials: the AWS variables, or the pod's identity.
   versions (every one has a real one, not "null"), else their ETags. A fetch given the pin asks for
   exactly those: by VersionId (a later upload changes nothing), or, unversioned, refuses an object
   replaced or deleted since, naming it (what was resolved no longer exists: fetching the new bytes
-  would serve a model no gate has seen). SHA256SUMS, when there is one, is pinned the same way.
+  would serve a model no gate has seen). SHA256SUMS, when there is one, is pinned by its version;
+  without versions it is read as it is, and its sums of the fetched objects must be those resolved.
 
 boto3 is the `fetch` extra (the worker and gateway images): botocore caps python-dateutil below 3,
 which the operator's kubernetes client needs, so the two never share an environment.
@@ -122,7 +123,13 @@ class S3Source:
         # "null" is the version of an object written while versioning was off or suspended: the next
         # such upload replaces it, so it pins nothing
         by = BY_VERSION if heads and all(v and v != "null" for v in versions.values()) else BY_ETAG
-        ids = {p: versions[p] if by == BY_VERSION else etag_of(h["ETag"]) for p, h in heads.items()}
+        # Pinned by ETag, SHA256SUMS is not: regenerated for a README beside the model it changes
+        # nothing fetched, and a changed sum of a fetched file changes the digest (which holds them)
+        ids = {
+            p: versions[p] if by == BY_VERSION else etag_of(h["ETag"])
+            for p, h in heads.items()
+            if by == BY_VERSION or p != MANIFEST_NAME
+        }
         pin = json.dumps({"by": by, "objects": ids}, separators=(",", ":"), sort_keys=True)
         files = self._files(by, ids, heads)
         others = [RemoteFile(p, o["Size"], None) for p, o in objects.items() if p not in heads]
@@ -162,7 +169,7 @@ class S3Source:
         that object: its VersionId (pinned by version) and its ETag."""
         for path, head in heads.items():
             self._asks[path] = {"IfMatch": head["ETag"]} | (
-                {"VersionId": ids[path]} if by == BY_VERSION else {}
+                {"VersionId": ids[path]} if by == BY_VERSION and path in ids else {}
             )
         self._sums = self._manifest() if MANIFEST_NAME in heads else {}
         return tuple(
@@ -238,9 +245,10 @@ class S3Source:
                 "from: restore it, or change the source (or its refreshSeconds) for a new revision",
                 changed[0],
             )
-        return {
-            p: self._head(p, {"IfMatch": f'"{e}"'}, is_fetched=p != MANIFEST_NAME) for p, e in etags.items()
-        }
+        heads = {p: self._head(p, {"IfMatch": f'"{e}"'}, is_fetched=True) for p, e in etags.items()}
+        if MANIFEST_NAME in objects:  # as it is now: the caller's digest check covers its sums
+            heads[MANIFEST_NAME] = self._head(MANIFEST_NAME, {}, is_fetched=False)
+        return heads
 
     # --- fetching ---------------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ the operator renders both).
   then refused.
 - **Atomic**: the staging directory is renamed to DEST only once every file is verified, with a
   manifest (.kembed-model.json) inside: a half-downloaded model is never served.
-
 """
 
 from __future__ import annotations
