@@ -4,7 +4,8 @@ all-MiniLM-L6-v2, tests/worker/fake_hub.py), the local kubelet runs each pod's r
 container before the real worker and gateway start, and the gateway answers with the bundled model's
 embeddings. After a push to `main`, a worker pod deleted is replaced by one that fetches the commit
 its revision was made from, and the model keeps serving. A repository the Hub lacks is
-ModelFetchFailed, naming it, within seconds."""
+ModelFetchFailed, naming it, within seconds; so is a worker pod whose fetch fails (its init container's
+status, as the kubelet writes it), until a retry after its back-off succeeds."""
 
 from __future__ import annotations
 
@@ -129,3 +130,36 @@ def test_a_repository_the_hub_lacks_is_model_fetch_failed_naming_it(cluster, exa
     assert not cluster.items("/apis/apps/v1", "deployments") or all(
         "worker" not in d["metadata"]["name"] for d in cluster.items("/apis/apps/v1", "deployments")
     )
+
+
+def test_a_worker_pods_failed_fetch_is_model_fetch_failed_naming_the_pod_until_it_succeeds(
+    cluster, example, hub
+):
+    fake, url = hub
+    fake.corrupt.add("model.safetensors")  # what the Hub serves of it no longer matches its sha256
+    apply(cluster, hub_model(example, url))
+    failed = cluster.wait(
+        "ModelFetchFailed from the worker pod",
+        lambda: (c := condition(cluster.model(), "ModelFetchFailed")) and c["status"] == "True" and c,
+        timeout_s=120,
+    )
+    assert failed["reason"] == "ChecksumMismatch", failed
+    assert "model.safetensors" in failed["message"] and "pod minilm-worker-" in failed["message"], failed
+    pods = [p for p in cluster.items("/api/v1", "pods") if p["metadata"]["name"] in failed["message"]]
+    (status,) = [s for p in pods for s in p["status"]["initContainerStatuses"]]
+    assert status["lastState"]["terminated"]["exitCode"] == 1 and status["name"] == "fetch-model"
+    started = time.monotonic()
+    time.sleep(6)
+    runs = [r for r in cluster.kubelet.init_runs if r[0].startswith("minilm-worker")]
+    assert len(runs) <= 6, f"{len(runs)} runs: retried after a back-off, not at every pass"
+    fake.corrupt.discard("model.safetensors")
+    cluster.wait("phase Ready", lambda: is_ready(cluster), timeout_s=120)
+    cluster.wait(
+        "ModelFetchFailed cleared",
+        lambda: condition(cluster.model(), "ModelFetchFailed")["status"] == "False",
+        timeout_s=30,
+    )
+    print(f"fetch failed, shown, then fetched {time.monotonic() - started:.1f} s after the fix")
+    expected = [e for e in cluster.kubelet.errors if "init container fetch-model of minilm-worker" in e]
+    assert expected and all('"checksum"' in e for e in expected), expected
+    cluster.kubelet.errors[:] = [e for e in cluster.kubelet.errors if e not in expected]
