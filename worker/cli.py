@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prewarm": ("kembed.worker.tools.admin", "capture CUDA-graph buckets on running workers now"),
     "smoke": ("kembed.worker.tools.admin", "replay captured graphs against eager runs; exit 1 on a mismatch"),
     "check-model": ("kembed.worker.tools.check_model", "whether and how a model directory can be served"),
-    "fetch-model": ("kembed.worker.tools.model_fetch", "fetch a model from the Hub or S3, verified"),
+    "fetch-model": ("kembed.worker.tools.fetch_command", "fetch a model from the Hub or S3, verified"),
 }
 
 # Where a field's command line is not simply derived from its name and type.

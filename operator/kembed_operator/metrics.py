@@ -68,7 +68,7 @@ class OperatorMetrics:
             "kembed_operator_model_fetch_failures",
             "Fetches of a huggingFace or s3 source that failed (a resolve Job, a cache Job, a pod's fetch "
             "init container), by source and reason (forbidden, not_found, checksum, disk_full, refused, "
-            "unverified, changed, network, other); each failed Job or container run once.",
+            "unverified, changed, network, deadline, other); each failed Job or container run once.",
             ["source", "reason"],
             registry=r,
         )

@@ -1,7 +1,9 @@
 """Hugging Face Hub and S3 sources in the operator: revisions include what the source resolved to (and
 revisions of the older sources keep their hashes); the resolve Job, the pods' fetch init container and
-the cache Job as rendered (golden, valid Kubernetes); and against the fake API: resolved before any pod,
-a failure named in ModelFetchFailed at once and counted once, a cache filled before the pods exist."""
+the cache Job as rendered (golden, valid Kubernetes): each fetches what was resolved with its pin, and
+each has a deadline; and against the fake API: resolved before any pod, a failure named in
+ModelFetchFailed at once and counted once, a Job past its deadline named so, a cache filled before the
+pods exist, an S3 pin recorded and kept while the resolution is unchanged."""
 
 from __future__ import annotations
 
@@ -56,30 +58,34 @@ def test_what_a_source_resolved_to_is_in_the_revision_and_how_often_it_is_looked
     assert revision_of(parse_spec(hub_spec(repo="acme/minilm")), IMAGE, SHA) != base
 
 
-def render(name: str, resolved: str) -> list[dict]:
+S3_PIN = '{"by":"version","objects":{"config.json":"v-3HL4kqtJlcpXroDTDmJ","model.safetensors":"v-9Ah2"}}'
+
+
+def render(name: str, resolved: str, pin: str = "") -> list[dict]:
     spec = parse_spec(example(name)["spec"])
     rev = revision_of(spec, IMAGE, resolved)
     objects = [
         mf.resolve_job(OWNER, spec, mf.source_key(spec.model, 0), IMAGE),
-        mf.with_fetch(m.worker_deployment(OWNER, spec, rev, IMAGE), spec, resolved),
+        mf.with_fetch(m.worker_deployment(OWNER, spec, rev, IMAGE), spec, resolved, pin=pin),
         mf.with_fetch(
             m.gateway_deployment(OWNER, spec, rev, "registry.test/kembed/gateway:1"),
             spec,
             resolved,
+            pin=pin,
             skip_weights=True,
         ),
     ]
     if spec.model.cache is not None:
-        objects.append(mf.cache_job(OWNER, spec, rev, resolved, IMAGE))
+        objects.append(mf.cache_job(OWNER, spec, rev, resolved, IMAGE, pin))
     return objects
 
 
-CASES = {"huggingface-hub.yaml": SHA, "s3-cache.yaml": "etags-sha256:" + "ab" * 16}
+CASES = {"huggingface-hub.yaml": (SHA, ""), "s3-cache.yaml": ("etags-sha256:" + "ab" * 16, S3_PIN)}
 
 
 @pytest.mark.parametrize("name", CASES, ids=CASES)
 def test_fetch_manifests_match_golden_and_are_valid_kubernetes(name):
-    objects = render(name, CASES[name])
+    objects = render(name, *CASES[name])
     text = yaml.safe_dump_all(objects, sort_keys=False, width=110)
     path = os.path.join(GOLDEN, name)
     if os.environ.get("KEMBED_UPDATE_GOLDEN") == "1":
@@ -102,6 +108,7 @@ def test_each_pod_fetches_what_was_resolved_before_its_container_starts():
         assert init["image"] == pod["containers"][0]["image"], "the pod's own image runs the fetch"
         assert init["command"][:3] == ["kembed-worker", "fetch-model", "hf://BAAI/bge-m3@main"]
         assert init["command"][init["command"].index("--expect") + 1] == SHA
+        assert "--pin" not in init["command"], "the Hub's commit sha is its own pin"
         assert ("--skip-weights" in init["command"]) is skips
         token = next(e for e in init["env"] if e["name"] == "HF_TOKEN")
         assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
@@ -112,8 +119,8 @@ def test_each_pod_fetches_what_was_resolved_before_its_container_starts():
 
 
 def test_with_a_cache_every_pod_mounts_the_revisions_directory_read_only():
-    resolved = CASES["s3-cache.yaml"]
-    _, worker, gateway, cache = render("s3-cache.yaml", resolved)
+    resolved, pin = CASES["s3-cache.yaml"]
+    _, worker, gateway, cache = render("s3-cache.yaml", resolved, pin)
     spec = parse_spec(example("s3-cache.yaml")["spec"])
     directory = mf.cache_dir(spec.model, resolved)
     for body in (worker, gateway):
@@ -126,8 +133,32 @@ def test_with_a_cache_every_pod_mounts_the_revisions_directory_read_only():
     command = cache["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--dest") + 1] == f"/cache/{directory}"
     assert command[command.index("--expect") + 1] == resolved
+    assert command[command.index("--pin") + 1] == pin, "the cache fetches the pinned objects"
     env = {e["name"]: e for e in cache["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-model-reader"
+
+
+def test_every_fetch_has_a_deadline_of_its_own_and_every_job_one_for_all_its_attempts():
+    resolve, worker, gateway, cache = render("s3-cache.yaml", *CASES["s3-cache.yaml"])
+    hub_worker = render("huggingface-hub.yaml", SHA)[1]
+
+    def deadline(command: list[str]) -> int:
+        return int(command[command.index("--deadline-s") + 1])
+
+    resolve_command = resolve["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert deadline(resolve_command) == mf.RESOLVE_DEADLINE_S
+    retries = resolve["spec"]["backoffLimit"]
+    # three attempts, their back-off (10 s, 20 s) and 10 s for each pod's start fit the Job's deadline
+    budget = (retries + 1) * (mf.RESOLVE_DEADLINE_S + 10) + 30
+    assert budget <= resolve["spec"]["activeDeadlineSeconds"] <= 300
+    cache_command = cache["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert deadline(cache_command) == mf.FETCH_DEADLINE_S
+    assert cache["spec"]["activeDeadlineSeconds"] > (cache["spec"]["backoffLimit"] + 1) * mf.FETCH_DEADLINE_S
+    (init,) = hub_worker["spec"]["template"]["spec"]["initContainers"]
+    assert deadline(init["command"]) == mf.FETCH_DEADLINE_S, "an init container's deadline is its own"
+    assert "activeDeadlineSeconds" not in hub_worker["spec"]["template"]["spec"], "it would end the worker"
+    for body in (worker, gateway):
+        assert "initContainers" not in body["spec"]["template"]["spec"], "with a cache the pods fetch nothing"
 
 
 # --- against the fake API ---------------------------------------------------------------------
@@ -276,3 +307,87 @@ def test_a_refresh_resolves_again_while_the_old_resolution_keeps_serving():
         status["candidateRevision"],
         status.get("activeRevision"),
     }
+
+
+def s3_spec() -> dict:
+    spec = copy.deepcopy(example("minilm-cpu.yaml")["spec"])
+    spec["model"]["source"] = {"s3": {"bucket": "models", "prefix": "minilm/", "refreshSeconds": 600}}
+    return spec
+
+
+def worker_init(driver: Driver, revision: str) -> list[str]:
+    (workers,) = driver.cluster.named("Deployment", "worker", revision)
+    return workers["spec"]["template"]["spec"]["initContainers"][0]["command"]
+
+
+def test_an_s3_pin_goes_to_the_pods_and_an_unchanged_resolution_keeps_it_and_its_revision():
+    driver = Driver(s3_spec())
+    driver.step()
+    digest = "etags-sha256:" + "cd" * 16
+    finish_resolve(driver, {"ok": True, "resolved": digest, "pin": S3_PIN})
+    status = driver.step()
+    revision = status["candidateRevision"]
+    assert status["model"]["pins"] == {digest: S3_PIN}
+    command = worker_init(driver, revision)
+    assert command[command.index("--expect") + 1] == digest
+    assert command[command.index("--pin") + 1] == S3_PIN
+    (workers,) = driver.cluster.named("Deployment", "worker", revision)
+    template = copy.deepcopy(workers["spec"]["template"])
+    # A refresh: the same objects (a README changed beside them), re-uploaded copies with new
+    # VersionIds: the same digest, and the pods keep the pin they had, so nothing rolls.
+    driver.step(seconds=600)
+    finish_resolve(driver, {"ok": True, "resolved": digest, "pin": S3_PIN.replace("v-9Ah2", "v-new")})
+    status = driver.step()
+    assert status["candidateRevision"] == revision and status["model"]["pins"] == {digest: S3_PIN}
+    (workers,) = driver.cluster.named("Deployment", "worker", revision)
+    assert workers["spec"]["template"] == template, "an unchanged source leaves the pods as they are"
+    # A fetched object replaced: a new digest, a new revision with its own pin; the old kept beside.
+    driver.step(seconds=600)
+    moved, moved_pin = "etags-sha256:" + "ef" * 16, S3_PIN.replace("v-3HL4kqtJlcpXroDTDmJ", "v-pushed")
+    finish_resolve(driver, {"ok": True, "resolved": moved, "pin": moved_pin})
+    status = driver.step()
+    candidate = status["candidateRevision"]
+    assert candidate != revision
+    assert worker_init(driver, candidate)[worker_init(driver, candidate).index("--pin") + 1] == moved_pin
+    assert set(status["model"]["pins"]) <= set(status["model"]["revisions"].values()) | {moved}
+
+
+def test_a_resolve_job_past_its_deadline_is_named_so():
+    driver = Driver(hub_spec())
+    driver.step()
+    finish_resolve(driver, {}, succeeded=False)
+    (job,) = driver.cluster.named("Job", mf.RESOLVE)
+    job["status"]["conditions"][0] |= {
+        "reason": "DeadlineExceeded",
+        "message": "Job was active longer than specified deadline",
+    }
+    driver.step()
+    failed = driver.condition("ModelFetchFailed")
+    assert (failed["status"], failed["reason"]) == ("True", "DeadlineExceeded")
+    assert f"{mf.RESOLVE_TIMEOUT_S} s" in failed["message"]
+
+
+def test_a_pods_fetch_past_its_own_deadline_is_deadline_exceeded():
+    driver = Driver(hub_spec())
+    driver.step()
+    finish_resolve(driver, {"ok": True, "resolved": SHA})
+    revision = driver.step()["candidateRevision"]
+    driver.cluster.run_workers(revision, ready=False)
+    pod = next(o for (k, _, _), o in driver.cluster.objects.items() if k == "Pod" and o.get("_owner"))
+    report = {
+        "ok": False,
+        "reason": "deadline",
+        "object": "",
+        "source": "hf://sentence-transformers/all-MiniLM-L6-v2@main",
+        "message": "not done within its deadline of 3600 s (--deadline-s); what was fetched is staged",
+    }
+    pod["status"]["initContainerStatuses"] = [
+        {
+            "name": mf.INIT_CONTAINER,
+            "restartCount": 1,
+            "state": {"terminated": {"exitCode": 2, "message": json.dumps(report)}},
+        }
+    ]
+    driver.step()
+    failed = driver.condition("ModelFetchFailed")
+    assert (failed["status"], failed["reason"]) == ("True", "DeadlineExceeded")

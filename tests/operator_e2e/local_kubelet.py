@@ -2,7 +2,8 @@
 
 A thread polls the emulator through its HTTP API (as a controller would list/watch) and:
 
-- runs each Deployment replica as a real local process on a loopback address of its own
+- runs each Deployment replica as a real local process on a loopback address of its own, after its
+  init containers (init_containers.py: a failing one shown on a Pending pod, retried after a back-off)
   (127.0.0.N: Linux routes all of 127.0.0.0/8 to `lo`), so `podIP:containerPort` is what it is in a
   cluster; records a Pod (labels of the template, `status.podIP`, Ready once the template's
   readiness probe passes) and writes the Deployment's status (replicas, updated/ready/available,
@@ -52,6 +53,7 @@ import httpx
 from cluster_dns import SERVICE_HOST, ready_pod_ips
 from gateway_entry import API_URL_ENV
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from init_containers import InitContainers
 
 HERE = Path(__file__).resolve().parent
 ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "gateway_entry"}
@@ -139,8 +141,9 @@ class LocalKubelet:
         self._names = itertools.count(1)
         self._dns_turn = 0
         self.jobs: dict[str, JobRun] = {}
-        self.init_runs: list[tuple[str, str, int]] = []  # (owner, init container, exit code)
         self.errors: list[str] = []
+        self._inits = InitContainers(self._api, namespace, log_dir, ENTRY_POINTS, self.errors)
+        self.init_runs = self._inits.runs  # (owner, init container, exit code)
         self.is_holding_jobs = threading.Event()  # set: Jobs stay pending, as if no node had room
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
@@ -226,6 +229,7 @@ class LocalKubelet:
 
     def _sync_deployments(self) -> None:
         deployments = {d["metadata"]["name"]: d for d in self._items("/apis/apps/v1", "deployments")}
+        self._inits.keep({(name, _template_hash(d)) for name, d in deployments.items()})
         for pod in [p for p in self._pods.values() if p.owner_kind == "Deployment"]:
             live = deployments.get(pod.owner_name)
             if live is None or live["metadata"]["uid"] != pod.owner_uid:
@@ -236,7 +240,7 @@ class LocalKubelet:
     def _sync_deployment(self, deployment: dict[str, Any]) -> None:
         name, spec = deployment["metadata"]["name"], deployment["spec"]
         want = spec.get("replicas", 1)
-        template_hash = hashlib.sha256(json.dumps(spec["template"], sort_keys=True).encode()).hexdigest()[:10]
+        template_hash = _template_hash(deployment)
         for pod in self.pods_of(name):
             if pod.popen.poll() is not None:  # crashed: the ReplicaSet replaces it
                 self.errors.append(f"pod {pod.name} exited with {pod.popen.returncode}: {pod.log}")
@@ -369,21 +373,27 @@ class LocalKubelet:
         template = owner["spec"]["template"]
         pod_spec = template["spec"]
         container = pod_spec["containers"][0]
-        scratch = tempfile.TemporaryDirectory(prefix="pod-")
+        scratch = self._inits.scratch_for(owner_name, template_hash)
         ip = next(self._ips)
         mounts = self._mounts(pod_spec, container, Path(scratch.name))
         termination_log = Path(scratch.name) / "termination-log"
         mounts[container.get("terminationMessagePath", "/dev/termination-log")] = termination_log
-        for init in pod_spec.get("initContainers", []):
-            if not self._run_init(pod_spec, init, Path(scratch.name), owner_name):
-                scratch.cleanup()
-                return None  # the kubelet runs it again (its back-off): the next pass
+        pod_name = self._inits.run(
+            owner,
+            template_hash,
+            scratch,
+            lambda init: self._mounts(pod_spec, init, Path(scratch.name)),
+            lambda value, init_mounts: self._translate(value, init_mounts, "127.0.0.1"),
+            lambda: f"{owner_name}-{next(self._names)}",
+        )
+        if pod_name is None:
+            return None  # failed (shown on the pod, its volumes kept) or backing off: a later pass
         env: dict[str, str] = {}
         for source in container.get("envFrom", []):
             name = source["configMapRef"]["name"]
             answer = self._api.get(f"/api/v1/namespaces/{self._ns}/configmaps/{name}")
             if answer.status_code != 200:
-                scratch.cleanup()
+                self._release(scratch, owner_name, template_hash)
                 return None  # the kubelet waits for the ConfigMap
             env.update(answer.json().get("data", {}))
         for item in container.get("env", []):
@@ -398,7 +408,7 @@ class LocalKubelet:
             if value is not None:
                 env[item["name"]] = value  # read once, at container start, as the kubelet does
             elif not ref.get("optional"):
-                scratch.cleanup()
+                self._release(scratch, owner_name, template_hash)
                 return None  # the kubelet waits for the ConfigMap and its key
         try:
             env = {
@@ -406,7 +416,7 @@ class LocalKubelet:
             }
             args = [self._translate(a, mounts, ip) for a in container["command"] + container.get("args", [])]
         except LookupError:
-            scratch.cleanup()
+            self._release(scratch, owner_name, template_hash)
             return None
         if args[0] in ENTRY_POINTS:
             args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
@@ -416,14 +426,13 @@ class LocalKubelet:
         path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
         env |= {"PATH": str(Path(sys.executable).parent), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
         env[API_URL_ENV] = self._api_url
-        name = f"{owner_name}-{next(self._names)}"
-        log = self._log_dir / f"{name}.log"
+        log = self._log_dir / f"{pod_name}.log"
         with log.open("w") as out:
             popen = subprocess.Popen(
                 args, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         pod = LocalPod(
-            name,
+            pod_name,
             owner_kind,
             owner_name,
             owner["metadata"]["uid"],
@@ -435,12 +444,12 @@ class LocalKubelet:
             scratch,
             pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S),
         )
-        self._pods[name] = pod
+        self._pods[pod_name] = pod
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": name,
+                "name": pod_name,
                 "namespace": self._ns,
                 "labels": dict(template["metadata"].get("labels", {})),
                 # a ReplicaSet copies the template's annotations too (the gateway's revision is one)
@@ -461,31 +470,11 @@ class LocalKubelet:
         self._write_pod(pod, template, phase="Running" if owner_kind == "Job" else "Pending", is_ready=False)
         return pod
 
-    def _run_init(
-        self, pod_spec: dict[str, Any], init: dict[str, Any], scratch: Path, owner_name: str
-    ) -> bool:
-        """An init container run to its end before the pod's container starts (the pod's volumes
-        shared); its failure is recorded with its termination message."""
-        mounts = self._mounts(pod_spec, init, scratch)
-        report = scratch / f"termination-log-{init['name']}"
-        mounts[init.get("terminationMessagePath", "/dev/termination-log")] = report
-        env = {
-            item["name"]: self._translate(item["value"], mounts, "127.0.0.1") for item in init.get("env", [])
-        }
-        args = [self._translate(a, mounts, "127.0.0.1") for a in init["command"] + init.get("args", [])]
-        if args[0] in ENTRY_POINTS:
-            args = [sys.executable, "-P", "-m", ENTRY_POINTS[args[0]], *args[1:]]
-        env |= {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        log = self._log_dir / f"{owner_name}-{init['name']}-{next(self._names)}.log"
-        with log.open("w") as out:
-            code = subprocess.run(args, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=300).returncode
-        self.init_runs.append((owner_name, init["name"], code))
-        if code != 0:
-            message = report.read_text() if report.exists() else ""
-            self.errors.append(
-                f"init container {init['name']} of {owner_name} exited {code}: {message} {log}"
-            )
-        return code == 0
+    def _release(self, scratch: tempfile.TemporaryDirectory, owner_name: str, template_hash: str) -> None:
+        """A pod not started after all (a ConfigMap or a Service missing): its volumes go, unless they
+        are a failing pod's, which keeps them."""
+        if not self._inits.is_failing(owner_name, template_hash):
+            scratch.cleanup()
 
     def _write_pod(
         self,
@@ -579,3 +568,7 @@ class LocalKubelet:
             except httpx.TransportError:
                 return False
         return pod.popen.poll() is None
+
+
+def _template_hash(owner: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(owner["spec"]["template"], sort_keys=True).encode()).hexdigest()[:10]

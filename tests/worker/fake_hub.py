@@ -2,9 +2,11 @@
 `huggingface_hub` as the client: `GET /api/models/{repo}[/revision/{rev}]` (model-info, with files
 metadata: LFS sha256 for *.safetensors, the git blob sha1 for the rest) and `HEAD|GET
 /{repo}/resolve/{rev}/{path}` (X-Repo-Commit, ETag, Range). A gated repo answers 401 GatedRepo to a
-download without its token, as the Hub does; a repo or revision it lacks, 404 with the Hub's
-X-Error-Code. Every request is logged (method, path, Range); `cut_after` ends the first GET of a file
-after so many bytes, `corrupt` flips a byte of every GET of a file.
+download without its token, as the Hub does; a private repo answers every route 401 RepoNotFound
+without its token (the Hub's answer for a private repo and a missing one alike, to an anonymous
+caller); a repo or revision it lacks, 404 with the Hub's X-Error-Code. Every request is logged
+(method, path, Range); `cut_after` ends the first GET of a file after so many bytes, `corrupt` flips
+a byte of every GET of a file.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class FakeRepo:
     commits: list[Commit]  # newest last
     branches: dict[str, str]  # name -> sha
     gated_token: str = ""  # set: a gated repo, readable with this token
+    private_token: str = ""  # set: a private repo, seen only with this token
 
     def commit(self, revision: str) -> Commit | None:
         sha = self.branches.get(revision, revision)
@@ -112,6 +115,11 @@ class FakeHub:
                 repo = hub.repos.get(repo_id)
                 if repo is None:
                     self._error(404, "RepoNotFound", f"Repository Not Found for {repo_id}")
+                elif repo.private_token and (
+                    self.headers.get("Authorization") != f"Bearer {repo.private_token}"
+                ):
+                    self._error(401, "RepoNotFound", f"Repository Not Found for {repo_id}")
+                    return None
                 return repo
 
             def _model_info(self, rest: str) -> None:

@@ -2,7 +2,11 @@
 key or secret is refused as AWS refuses it), one IAM user whose access key it prints, and a bucket
 seeded with boto3 (large objects as multipart uploads, as `aws s3 cp` makes them). Run with
 .venv/s3-tools on PYTHONPATH (moto and boto3 live there: see the Makefile); it prints one JSON line
-(port, key, secret) and serves until its standard input closes.
+(port, key, secret) and serves until its standard input closes. Each line it reads meanwhile is a
+change made to the store, answered with one JSON line (so that a test can move objects under a
+fetch): {"op": "bucket", "bucket": B, "versioned": bool}, {"op": "seed", "bucket": B, "prefix": P,
+"dir": D}, {"op": "put", "bucket": B, "key": K, "text": T} (answers its ETag and VersionId),
+{"op": "delete", "bucket": B, "key": K}.
 
     python -P moto_s3.py BUCKET PREFIX=DIR [PREFIX=DIR ...]
 """
@@ -45,12 +49,8 @@ def main() -> None:
         | {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]},
     )
     s3.create_bucket(Bucket=bucket)
-    transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
     for prefix, directory in seeds:
-        for path in sorted(Path(directory).rglob("*")):
-            if path.is_file():
-                name = f"{prefix.strip('/')}/{path.relative_to(directory)}"
-                s3.upload_file(str(path), bucket, name, Config=transfer)
+        seed(s3, bucket, prefix, directory)
     print(
         json.dumps(
             {
@@ -61,8 +61,33 @@ def main() -> None:
         ),
         flush=True,
     )
-    sys.stdin.read()
+    for line in sys.stdin:
+        print(json.dumps(change(s3, json.loads(line))), flush=True)
     server.stop()
+
+
+def seed(s3, bucket: str, prefix: str, directory: str) -> None:
+    transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file():
+            name = f"{prefix.strip('/')}/{path.relative_to(directory)}"
+            s3.upload_file(str(path), bucket, name, Config=transfer)
+
+
+def change(s3, command: dict) -> dict:
+    op, bucket = command["op"], command["bucket"]
+    if op == "bucket":
+        s3.create_bucket(Bucket=bucket)
+        if command.get("versioned"):
+            s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    elif op == "seed":
+        seed(s3, bucket, command["prefix"], command["dir"])
+    elif op == "put":
+        put = s3.put_object(Bucket=bucket, Key=command["key"], Body=command["text"].encode())
+        return {"etag": put["ETag"], "version": put.get("VersionId", "")}
+    elif op == "delete":
+        s3.delete_object(Bucket=bucket, Key=command["key"])
+    return {}
 
 
 if __name__ == "__main__":

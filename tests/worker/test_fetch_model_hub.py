@@ -1,14 +1,18 @@
 """`kembed-worker fetch-model hf://...` as an init container runs it, against a local Hub endpoint
 (HF_ENDPOINT, fake_hub.py) serving the bundled all-MiniLM-L6-v2 as the Hub's model-info and resolve
 routes do, with `huggingface_hub` as the client: the files serving reads, verified, renamed into place;
-a revision pinned by sha; a cut resumed; a corrupted file and a gated repo refused with the reason."""
+a revision pinned by sha; what was resolved fetched after the branch moved; a cut resumed; a corrupted
+file, a gated and a private repo refused with the reason; a Hub that never answers ends the fetch
+within its timeout, and a run within its deadline, both worth a retry."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +36,16 @@ def hub(tmp_path_factory):
     old_files = files_of(BUNDLED) | {"config.json": old / "config.json"}
     minilm = FakeRepo([Commit(OLD_SHA, old_files), Commit(NEW_SHA, files_of(BUNDLED))], {"main": NEW_SHA})
     gated = FakeRepo([Commit(NEW_SHA, files_of(BUNDLED))], {"main": NEW_SHA}, gated_token="hf_reader")
-    fake = FakeHub({"sentence-transformers/all-MiniLM-L6-v2": minilm, "acme/gated-minilm": gated})
+    private = FakeRepo([Commit(NEW_SHA, files_of(BUNDLED))], {"main": NEW_SHA}, private_token="hf_team")
+    moving = FakeRepo([Commit(OLD_SHA, old_files), Commit(NEW_SHA, files_of(BUNDLED))], {"main": OLD_SHA})
+    fake = FakeHub(
+        {
+            "sentence-transformers/all-MiniLM-L6-v2": minilm,
+            "acme/gated-minilm": gated,
+            "acme/private-minilm": private,
+            "acme/moving-minilm": moving,
+        }
+    )
     server, url = fake.serve()
     yield fake, url
     server.shutdown()
@@ -94,15 +107,45 @@ def test_a_revision_pinned_by_sha_fetches_that_commit(hub, tmp_path):
     assert '"gelu_new"' in (dest / "config.json").read_text()
 
 
-def test_resolve_only_fetches_nothing_and_expect_refuses_a_moved_branch(hub, tmp_path):
+def test_resolve_only_fetches_nothing(hub, tmp_path):
     _, url = hub
     dest = tmp_path / "model"
     code, report, _ = fetch(url, "hf://sentence-transformers/all-MiniLM-L6-v2@main", dest, "--resolve-only")
     assert (code, report["resolved"], report["files"]) == (0, NEW_SHA, len(SERVED))
+    assert "pin" not in report, "the commit sha is the Hub's whole pin"
     assert not dest.exists()
-    code, report, _ = fetch(url, "hf://sentence-transformers/all-MiniLM-L6-v2", dest, "--expect", OLD_SHA)
-    assert (code, report["reason"]) == (1, "changed")
-    assert not dest.exists()
+
+
+def test_expect_fetches_the_resolved_commit_after_the_branch_moved(hub, tmp_path):
+    fake, url = hub
+    uri = "hf://acme/moving-minilm@main"
+    code, report, _ = fetch(url, uri, tmp_path / "resolve", "--resolve-only")
+    assert (code, report["resolved"]) == (0, OLD_SHA)
+    fake.repos["acme/moving-minilm"].branches["main"] = NEW_SHA  # a push to main after the resolve
+    fake.requests.clear()
+    try:
+        dest = tmp_path / "model"
+        code, report, stderr = fetch(url, uri, dest, "--expect", OLD_SHA)
+    finally:
+        fake.repos["acme/moving-minilm"].branches["main"] = OLD_SHA
+    assert code == 0, stderr
+    assert report["resolved"] == OLD_SHA
+    assert '"gelu_new"' in (dest / "config.json").read_text(), "the resolved commit's files, not main's"
+    paths = [path for _, path, _ in fake.requests]
+    assert f"/api/models/acme/moving-minilm/revision/{OLD_SHA}" in paths, paths
+    assert not [p for p in paths if "/main" in p], "the branch is never asked again"
+
+
+def test_a_fetched_model_is_kept_without_asking_the_hub(hub, tmp_path):
+    fake, url = hub
+    dest = tmp_path / "model"
+    uri = "hf://sentence-transformers/all-MiniLM-L6-v2"
+    code, _, stderr = fetch(url, uri, dest, "--expect", NEW_SHA)
+    assert code == 0, stderr
+    fake.requests.clear()
+    code, report, stderr = fetch(url, uri, dest, "--expect", NEW_SHA)
+    assert (code, report["present"], report["files"]) == (0, True, len(SERVED)), stderr
+    assert fake.requests == [], "a restarted pod's volume holding the fetch needs no Hub"
 
 
 def test_a_cut_download_resumes_from_the_bytes_it_has(hub, tmp_path):
@@ -162,3 +205,43 @@ def test_what_the_hub_lacks_is_not_found(hub, tmp_path, uri, reason):
     code, report, _ = fetch(url, uri, tmp_path / "model", "--resolve-only")
     assert (code, report["reason"]) == (1, reason)
     assert uri.removeprefix("hf://").split("@")[0] in report["message"]
+
+
+def test_a_private_repo_without_a_token_is_forbidden_not_missing(hub, tmp_path):
+    _, url = hub
+    code, report, _ = fetch(url, "hf://acme/private-minilm", tmp_path / "model", "--resolve-only")
+    assert (code, report["reason"]) == (1, "forbidden")
+    assert "401" in report["message"] and "tokenSecretRef" in report["message"]
+    code, report, stderr = fetch(
+        url, "hf://acme/private-minilm", tmp_path / "model", "--resolve-only", token="hf_team"
+    )
+    assert (code, report.get("resolved")) == (0, NEW_SHA), stderr
+
+
+@pytest.fixture
+def silent_hub():
+    """A Hub that accepts connections (the kernel's backlog) and never answers a byte."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_hub_that_never_answers_ends_the_fetch_within_its_timeout(silent_hub, tmp_path):
+    started = time.monotonic()
+    code, report, stderr = fetch(silent_hub, "hf://acme/m", tmp_path / "model", "--timeout-s", "2")
+    took = time.monotonic() - started
+    assert (code, report["reason"]) == (2, "network"), stderr
+    assert "Timeout" in report["message"] and report["source"] == "hf://acme/m@main"
+    assert took < 20, f"{took:.1f} s: the model-info call waited past its 2 s timeout"
+
+
+def test_a_fetch_past_its_deadline_ends_with_the_report_and_a_retry_code(silent_hub, tmp_path):
+    started = time.monotonic()
+    code, report, stderr = fetch(
+        silent_hub, "hf://acme/m", tmp_path / "model", "--timeout-s", "60", "--deadline-s", "3"
+    )
+    took = time.monotonic() - started
+    assert (code, report["ok"], report["reason"]) == (2, False, "deadline"), stderr
+    assert "deadline of 3 s" in report["message"] and "resumes" in report["message"]
+    assert took < 20, f"{took:.1f} s for a 3 s deadline"

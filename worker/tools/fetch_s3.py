@@ -1,9 +1,20 @@
-"""The S3 side of `fetch-model`, through boto3: the prefix listed (keys, sizes, ETags; their digest is
-what the source resolves to), each object fetched with `If-Match` on its ETag (an object replaced
-mid-fetch is refused, not spliced) and a `Range` from the bytes already staged, so a cut or a
-restarted pod resumes. An object is verified against SHA256SUMS under the prefix when there is one,
-else its ETag: the MD5 of a single-part upload, the MD5 of the part MD5s of a multipart one (the part
-size read from the object's first part). Credentials: the AWS variables, or the pod's identity.
+"""The S3 side of `fetch-model`, through boto3: the prefix listed (keys, sizes, ETags), each object
+fetched with `If-Match` on its ETag (an object replaced mid-fetch is refused, not spliced) and a
+`Range` from the bytes already staged, so a cut or a restarted pod resumes. An object is verified
+against SHA256SUMS under the prefix when there is one, else its ETag: the MD5 of a single-part
+upload, the MD5 of the part MD5s of a multipart one (the part size read from the object's first
+part). Credentials: the AWS variables, or the pod's identity.
+
+- **Resolved from what is fetched**: the digest covers the objects fetch-model fetches (the
+  `wanted` selection: the same patterns, no pickles), so a README or anything else under the prefix
+  that no pod reads changes nothing. For a prefix holding only fetched objects and no SHA256SUMS
+  it is the digest of every object, as it was before only those counted.
+- **Pinned**: resolving HEADs each fetched object; the pin is their VersionIds when the bucket keeps
+  versions (every one has a real one, not "null"), else their ETags. A fetch given the pin asks for
+  exactly those: by VersionId (a later upload changes nothing), or, unversioned, refuses an object
+  replaced or deleted since, naming it (what was resolved no longer exists: fetching the new bytes
+  would serve a model no gate has seen). SHA256SUMS, when there is one, is pinned by its version;
+  without versions it is read as it is, and its sums of the fetched objects must be those resolved.
 
 boto3 is the `fetch` extra (the worker and gateway images): botocore caps python-dateutil below 3,
 which the operator's kubernetes client needs, so the two never share an environment.
@@ -12,7 +23,9 @@ which the operator's kubernetes client needs, so the two never share an environm
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +33,15 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from kembed.worker.tools.fetch_source import CHUNK_BYTES, Checksum, FetchError, Listing, RemoteFile
+from kembed.worker.tools.fetch_source import (
+    CHUNK_BYTES,
+    DEFAULT_TIMEOUT_S,
+    Checksum,
+    FetchError,
+    Listing,
+    RemoteFile,
+    Wanted,
+)
 
 MANIFEST_NAME = "SHA256SUMS"  # `sha256sum` output: "<hex>  <path>" per line, paths under the prefix
 FORBIDDEN = {
@@ -35,28 +56,86 @@ FORBIDDEN = {
     "AccountProblem",
 }
 NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404"}
+GONE_VERSION = {"NoSuchVersion", "NoSuchKey", "404", "InvalidArgument", "400"}
 MD5 = re.compile(r"^[0-9a-f]{32}$")
 MULTIPART = re.compile(r"^[0-9a-f]{32}-\d+$")
+BY_VERSION, BY_ETAG = "version", "etag"  # the pin's kinds
+MAX_ATTEMPTS = 3  # botocore's own retries of a call (throttling, 5xx, a timeout)
+
+
+def etag_of(raw: str) -> str:
+    return raw.strip('"')
+
+
+def digest(entries: list[tuple[str, int, str, str]]) -> str:
+    """The resolution: (path, size, ETag, sha256 from SHA256SUMS or "") of each fetched object."""
+    h = hashlib.sha256()
+    for path, size, etag, sha256 in sorted(entries):
+        h.update(f'{path}\t{size}\t"{etag}"{chr(9) + sha256 if sha256 else ""}\n'.encode())
+    return f"etags-sha256:{h.hexdigest()[:32]}"
+
+
+def parse_pin(pin: str) -> tuple[str, dict[str, str]]:
+    try:
+        body = json.loads(pin)
+        by, objects = body["by"], body["objects"]
+        if by in (BY_VERSION, BY_ETAG) and isinstance(objects, dict) and objects:
+            return by, {str(k): str(v) for k, v in objects.items()}
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise FetchError("refused", f"--pin {pin[:80]!r} is not a pin this command wrote")
 
 
 class S3Source:
-    def __init__(self, bucket: str, prefix: str, endpoint_url: str = "", region: str = "") -> None:
+    def __init__(
+        self, bucket: str, prefix: str, endpoint_url: str = "", region: str = "", timeout_s: float = 0
+    ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.description = f"s3://{bucket}/{self.prefix}"
+        timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         config = Config(
-            retries={"max_attempts": 3, "mode": "standard"},
+            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
             # path-style for S3-compatible stores (MinIO, Ceph): their buckets are rarely DNS names
             s3={"addressing_style": "path" if endpoint_url else "auto"},
-            connect_timeout=10,
-            read_timeout=60,
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
         )
         self._client = boto3.client(
             "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
         )
-        self._etags: dict[str, str] = {}
+        self._asks: dict[str, dict[str, str]] = {}  # path -> what its GET asks for (IfMatch, VersionId)
+        self._sums: dict[str, str] = {}  # path -> sha256, from the (pinned) SHA256SUMS
 
-    def list(self) -> Listing:
+    # --- resolving now ----------------------------------------------------------------------------
+
+    def list(self, wanted: Wanted) -> Listing:
+        objects = self._objects()
+        if not objects:
+            raise FetchError("not_found", f"{self.description}: no objects under the prefix")
+        # Each fetched object's HEAD is what is resolved (its size, ETag and VersionId agree even if
+        # it was replaced since the listing); the rest are listed for check_servable's hints only.
+        chosen = sorted(p for p in objects if wanted(p) and p != MANIFEST_NAME)
+        heads = {p: self._head(p, {}, is_fetched=True) for p in chosen}
+        if MANIFEST_NAME in objects:
+            heads[MANIFEST_NAME] = self._head(MANIFEST_NAME, {}, is_fetched=False)
+        versions = {p: str(h.get("VersionId") or "") for p, h in heads.items()}
+        # "null" is the version of an object written while versioning was off or suspended: the next
+        # such upload replaces it, so it pins nothing
+        by = BY_VERSION if heads and all(v and v != "null" for v in versions.values()) else BY_ETAG
+        # Pinned by ETag, SHA256SUMS is not: regenerated for a README beside the model it changes
+        # nothing fetched, and a changed sum of a fetched file changes the digest (which holds them)
+        ids = {
+            p: versions[p] if by == BY_VERSION else etag_of(h["ETag"])
+            for p, h in heads.items()
+            if by == BY_VERSION or p != MANIFEST_NAME
+        }
+        pin = json.dumps({"by": by, "objects": ids}, separators=(",", ":"), sort_keys=True)
+        files = self._files(by, ids, heads)
+        others = [RemoteFile(p, o["Size"], None) for p, o in objects.items() if p not in heads]
+        return Listing(self._digest(files), tuple(sorted([*files, *others], key=lambda f: f.path)), pin)
+
+    def _objects(self) -> dict[str, dict[str, Any]]:
         objects: dict[str, dict[str, Any]] = {}
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(
@@ -67,24 +146,53 @@ class S3Source:
                         objects[item["Key"].removeprefix(self.prefix)] = item
         except (ClientError, BotoCoreError) as error:
             raise self._error(error, "") from None
-        if not objects:
-            raise FetchError("not_found", f"{self.description}: no objects under the prefix")
-        digest = hashlib.sha256()
-        for path, item in sorted(objects.items()):
-            digest.update(f"{path}\t{item['Size']}\t{item['ETag']}\n".encode())
-        sums = self._manifest() if MANIFEST_NAME in objects else {}
-        files = []
-        for path, item in sorted(objects.items()):
-            etag = item["ETag"].strip('"')
-            self._etags[path] = item["ETag"]
-            files.append(RemoteFile(path, item["Size"], self._checksum(path, etag, sums)))
-        return Listing(f"etags-sha256:{digest.hexdigest()[:32]}", tuple(files))
+        return objects
+
+    def _head(self, path: str, ask: dict[str, str], is_fetched: bool) -> dict[str, Any]:
+        """HEAD of `path` as `ask` names it (a VersionId, an ETag to match); of its first part too
+        when it is fetched and a multipart upload: every part but the last has the first's size,
+        which its checksum needs."""
+        key = self.prefix + path
+        try:
+            head: dict[str, Any] = self._client.head_object(Bucket=self.bucket, Key=key, **ask)
+            if is_fetched and MULTIPART.match(etag_of(head.get("ETag", ""))):
+                first = self._client.head_object(Bucket=self.bucket, Key=key, PartNumber=1, **ask)
+                head = head | {"PartBytes": int(first.get("ContentLength") or 0)}
+        except (ClientError, BotoCoreError) as error:
+            raise self._error(error, path, ask) from None
+        return head
+
+    def _files(
+        self, by: str, ids: dict[str, str], heads: dict[str, dict[str, Any]]
+    ) -> tuple[RemoteFile, ...]:
+        """The fetched objects as their HEADs describe them, each GET from now on asking for exactly
+        that object: its VersionId (pinned by version) and its ETag."""
+        for path, head in heads.items():
+            self._asks[path] = {"IfMatch": head["ETag"]} | (
+                {"VersionId": ids[path]} if by == BY_VERSION and path in ids else {}
+            )
+        self._sums = self._manifest() if MANIFEST_NAME in heads else {}
+        return tuple(
+            RemoteFile(p, int(h["ContentLength"]), self._checksum(p, etag_of(h["ETag"]), self._sums, h))
+            for p, h in sorted(heads.items())
+            if p != MANIFEST_NAME
+        )
+
+    def _digest(self, files: Sequence[RemoteFile]) -> str:
+        entries = [
+            (f.path, f.size, etag_of(self._asks[f.path]["IfMatch"]), self._sums.get(f.path, ""))
+            for f in files
+        ]
+        return digest(entries)
 
     def _manifest(self) -> dict[str, str]:
         try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self.prefix + MANIFEST_NAME)["Body"].read()
+            answer = self._client.get_object(
+                Bucket=self.bucket, Key=self.prefix + MANIFEST_NAME, **self._asks[MANIFEST_NAME]
+            )
+            body = answer["Body"].read()
         except (ClientError, BotoCoreError) as error:
-            raise self._error(error, MANIFEST_NAME) from None
+            raise self._error(error, MANIFEST_NAME, self._asks[MANIFEST_NAME]) from None
         sums = {}
         for line in body.decode().splitlines():
             value, _, path = line.strip().partition(" ")
@@ -92,23 +200,57 @@ class S3Source:
                 sums[path.strip().lstrip("*").removeprefix("./")] = value.lower()
         return sums
 
-    def _checksum(self, path: str, etag: str, sums: dict[str, str]) -> Checksum | None:
+    @staticmethod
+    def _checksum(path: str, etag: str, sums: dict[str, str], head: dict[str, Any] | None) -> Checksum | None:
         if path in sums:
             return Checksum("sha256", sums[path])
         if MD5.match(etag):
             return Checksum("md5", etag)
-        if MULTIPART.match(etag) and self._is_wanted(path):
-            try:  # every part but the last has the first's size
-                head = self._client.head_object(Bucket=self.bucket, Key=self.prefix + path, PartNumber=1)
-            except (ClientError, BotoCoreError) as error:
-                raise self._error(error, path) from None
-            part_bytes = int(head.get("ContentLength") or 0)
-            return Checksum("s3-multipart", etag, part_bytes) if part_bytes > 0 else None
-        return None
+        part_bytes = int((head or {}).get("PartBytes") or 0)
+        if MULTIPART.match(etag) and part_bytes > 0:
+            return Checksum("s3-multipart", etag, part_bytes)
+        return None  # not fetched (no HEAD), or an ETag that is no MD5 (SSE-KMS): refused if fetched
 
-    @staticmethod
-    def _is_wanted(path: str) -> bool:
-        return path.endswith(".safetensors") or path.endswith(".json")  # worth a HEAD only if fetched
+    # --- what was resolved ------------------------------------------------------------------------
+
+    def pinned(self, resolved: str, pin: str, wanted: Wanted) -> Listing:
+        """The pinned objects: by VersionId, or (unversioned) only while each still has its ETag.
+        Without a pin (an older resolution, or one of too many objects to carry one) the prefix
+        must still resolve to `resolved` (the caller compares)."""
+        if not pin:
+            return self.list(wanted)
+        by, ids = parse_pin(pin)
+        if by == BY_VERSION:
+            heads = {
+                p: self._head(p, {"VersionId": v}, is_fetched=p != MANIFEST_NAME) for p, v in ids.items()
+            }
+        else:
+            heads = self._unchanged(ids)
+        files = self._files(by, ids, heads)
+        return Listing(self._digest(files), files, pin)
+
+    def _unchanged(self, etags: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """The HEADs of the objects pinned by ETag, refusing (naming them) any replaced or deleted."""
+        objects = self._objects()
+        changed = [p for p, etag in etags.items() if p not in objects or etag_of(objects[p]["ETag"]) != etag]
+        if changed:
+            what = ", ".join(
+                f"{p} ({'deleted' if p not in objects else 'replaced: ETag ' + etag_of(objects[p]['ETag'])})"
+                for p in changed[:3]
+            )
+            raise FetchError(
+                "changed",
+                f"{self.description}: {what}{' and more' if len(changed) > 3 else ''} since it was "
+                "resolved for this revision, and the bucket keeps no versions to fetch what was resolved "
+                "from: restore it, or change the source (or its refreshSeconds) for a new revision",
+                changed[0],
+            )
+        heads = {p: self._head(p, {"IfMatch": f'"{e}"'}, is_fetched=True) for p, e in etags.items()}
+        if MANIFEST_NAME in objects:  # as it is now: the caller's digest check covers its sums
+            heads[MANIFEST_NAME] = self._head(MANIFEST_NAME, {}, is_fetched=False)
+        return heads
+
+    # --- fetching ---------------------------------------------------------------------------------
 
     def download(self, file: RemoteFile, staging: Path) -> Path:
         final = staging / file.path
@@ -122,16 +264,14 @@ class S3Source:
             have = 0
         key = self.prefix + file.path
         if have < file.size:
-            extra = {"Range": f"bytes={have}-"} if have else {}
+            ask = self._asks[file.path] | ({"Range": f"bytes={have}-"} if have else {})
             try:
-                answer = self._client.get_object(
-                    Bucket=self.bucket, Key=key, IfMatch=self._etags[file.path], **extra
-                )
+                answer = self._client.get_object(Bucket=self.bucket, Key=key, **ask)
                 with part.open("ab") as out:
                     for chunk in answer["Body"].iter_chunks(CHUNK_BYTES):
                         out.write(chunk)
             except (ClientError, BotoCoreError) as error:
-                raise self._error(error, file.path) from None
+                raise self._error(error, file.path, ask) from None
             except (ConnectionError, TimeoutError) as error:
                 raise FetchError(
                     "network", f"{self.description}{file.path}: {error}", file.path, is_transient=True
@@ -147,7 +287,7 @@ class S3Source:
         part.rename(final)
         return final
 
-    def _error(self, error: Exception, path: str) -> FetchError:
+    def _error(self, error: Exception, path: str, ask: dict[str, str] | None = None) -> FetchError:
         where = f"{self.description}{path}"
         if isinstance(error, NoCredentialsError):
             return FetchError(
@@ -157,12 +297,26 @@ class S3Source:
             code = str(error.response.get("Error", {}).get("Code", ""))
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             text = error.response.get("Error", {}).get("Message", "") or code
+            version = (ask or {}).get("VersionId")
             if code in FORBIDDEN:
-                return FetchError("forbidden", f"{where}: HTTP {status} {code}: {text}", path)
+                extra = " (a pinned version needs s3:GetObjectVersion)" if version else ""
+                return FetchError("forbidden", f"{where}: HTTP {status} {code}: {text}{extra}", path)
+            if version and code in GONE_VERSION:
+                return FetchError(
+                    "changed",
+                    f"{where}: version {version}, resolved for this revision, is gone (deleted, or "
+                    f"expired by a lifecycle rule): HTTP {status} {code}",
+                    path,
+                )
             if code in NOT_FOUND:
                 return FetchError("not_found", f"{where}: HTTP {status} {code}: {text}", path)
             if code in ("PreconditionFailed", "412"):
-                return FetchError("changed", f"{where}: the object changed during the fetch (its ETag)", path)
+                return FetchError(
+                    "changed",
+                    f"{where}: replaced since it was resolved (its ETag is no longer "
+                    f"{(ask or {}).get('IfMatch', '?')}); the fetch refuses other bytes than those resolved",
+                    path,
+                )
             is_transient = status is None or status >= 500 or code in ("SlowDown", "RequestTimeout", "503")
             return FetchError(
                 "network" if is_transient else "other",

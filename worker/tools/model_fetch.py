@@ -1,10 +1,16 @@
-"""`kembed-worker fetch-model URI --dest DIR`: a model from the Hugging Face Hub (`hf://REPO@REVISION`)
-or S3 (`s3://BUCKET/PREFIX`) into a directory, before a worker or gateway starts (an init container,
-or once per revision a cache Job into a shared claim; the operator renders both).
+"""What `kembed-worker fetch-model URI --dest DIR` (the command: fetch_command.py) does: a model from
+the Hugging Face Hub (`hf://REPO@REVISION`) or S3 (`s3://BUCKET/PREFIX`) into a directory, before a
+worker or gateway starts (an init container, or once per revision a cache Job into a shared claim;
+the operator renders both).
 
-- **Resolved first**: a branch or tag to its commit sha, an S3 prefix to a digest of its objects'
-  keys, sizes and ETags. `--resolve-only` stops there (the operator's resolve Job: the revision hash
-  includes what was resolved); `--expect` refuses to fetch anything else than what was resolved then.
+- **Resolved first**: a branch or tag to its commit sha, an S3 prefix to a digest of the keys, sizes
+  and ETags of the objects it would fetch (nothing else under the prefix counts), plus a pin (the
+  objects' VersionIds or ETags). `--resolve-only` stops there (the operator's resolve Job: the
+  revision hash includes what was resolved).
+- **Pinned**: `--expect` (and for S3 `--pin`) fetch exactly what was resolved then: the Hub commit
+  itself (a branch that moved since changes nothing), the pinned S3 versions, or, in a bucket
+  without versions, the same objects while they are unchanged, an object replaced since refused by
+  name. A DEST already holding that fetch is kept without asking the source anything.
 - **Only what serving reads**: the safetensors and the JSON/tokenizer files by default (`--files`
   narrows or widens it); pickled weights (.bin, .pt, ...) are never written, whatever is asked.
 - **Parallel and resumable**: `--parallel` files at a time into a staging directory beside DEST whose
@@ -14,26 +20,20 @@ or once per revision a cache Job into a shared claim; the operator renders both)
   then refused.
 - **Atomic**: the staging directory is renamed to DEST only once every file is verified, with a
   manifest (.kembed-model.json) inside: a half-downloaded model is never served.
-
-The outcome, success or failure, is one JSON object in `--report` (the pod's termination message, which
-the operator reads: a resolve's answer, or ModelFetchFailed's source, object and reason) and one line on
-stderr. Exit 0: done; 1: a verdict that retrying will not change (forbidden, not found, checksum, disk
-full, refused); 2: transient (network, server errors), worth a retry.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -50,7 +50,6 @@ PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib"
 MANIFEST = ".kembed-model.json"
 STAGING_MARK = ".kembed-staging.json"
 MAX_FILE_ATTEMPTS = 5  # per file: cuts resumed, a checksum mismatch fetched once more
-REPORT_MESSAGE_CHARS = 1500  # a termination message holds 4096 bytes
 
 
 # --- choosing files -----------------------------------------------------------------------------
@@ -60,6 +59,11 @@ def is_pickled(path: str) -> bool:
     return path.lower().endswith(PICKLED_SUFFIXES)
 
 
+def is_wanted(path: str, patterns: Sequence[str]) -> bool:
+    """Whether `path` is fetched (weights included): what an S3 resolution counts."""
+    return not is_pickled(path) and any(fnmatch.fnmatch(path, p) for p in patterns)
+
+
 def select(files: Sequence[RemoteFile], patterns: Sequence[str], skip_weights: bool) -> list[RemoteFile]:
     """The files to fetch: matching `patterns`, never a pickle, never a path out of the directory."""
     chosen = []
@@ -67,7 +71,7 @@ def select(files: Sequence[RemoteFile], patterns: Sequence[str], skip_weights: b
         parts = PurePosixPath(file.path).parts
         if file.path.startswith("/") or ".." in parts or not parts:
             raise FetchError("refused", f"{file.path!r} is not a path inside the model directory", file.path)
-        if is_pickled(file.path) or not any(fnmatch.fnmatch(file.path, p) for p in patterns):
+        if not is_wanted(file.path, patterns):
             continue
         if skip_weights and any(fnmatch.fnmatch(file.path, p) for p in WEIGHT_FILES):
             continue
@@ -135,6 +139,7 @@ class Outcome:
     num_files: int
     num_bytes: int
     was_present: bool
+    pin: str = ""  # what a later fetch of the same resolution passes as --pin
 
 
 def fetch(
@@ -143,24 +148,28 @@ def fetch(
     patterns: Sequence[str] = DEFAULT_FILES,
     *,
     expect: str = "",
+    pin: str = "",
     skip_weights: bool = False,
     parallel: int = 8,
     resolve_only: bool = False,
 ) -> Outcome:
-    listing = source.list()
+    if expect and not resolve_only and (present := _fetched(dest, expect)) is not None:
+        return present  # a restarted pod's volume, or a cache Job's claim: nothing to ask the source
+    wanted = functools.partial(is_wanted, patterns=patterns)
+    listing = source.pinned(expect, pin, wanted) if expect else source.list(wanted)
     if expect and listing.resolved != expect:
         raise FetchError(
             "changed",
-            f"{source.description} is now {listing.resolved}, not {expect} as resolved for this revision: "
-            "the operator resolves it again",
+            f"{source.description} is now {listing.resolved}, not {expect} as resolved for this revision "
+            "(and no pin says what to fetch instead): something it fetches changed since",
         )
     chosen = select(listing.files, patterns, skip_weights)
     check_servable(chosen, listing.files, skip_weights)
     total = sum(f.size for f in chosen)
     if resolve_only:
-        return Outcome(listing.resolved, len(chosen), total, False)
-    if _is_fetched(dest, listing.resolved):
-        return Outcome(listing.resolved, len(chosen), total, True)
+        return Outcome(listing.resolved, len(chosen), total, False, listing.pin)
+    if (present := _fetched(dest, listing.resolved)) is not None:
+        return present
     if dest.exists():
         raise FetchError("refused", f"{dest} exists and holds no fetch of {listing.resolved}", str(dest))
     staging = _staging(dest, listing.resolved)
@@ -211,11 +220,16 @@ def _fetch_one(source: Source, file: RemoteFile, staging: Path) -> None:
             raise
 
 
-def _is_fetched(dest: Path, resolved: str) -> bool:
+def _fetched(dest: Path, resolved: str) -> Outcome | None:
+    """The fetch of `resolved` already at `dest` (its manifest says so), or None."""
     try:
-        return bool(json.loads((dest / MANIFEST).read_text())["resolved"] == resolved)
-    except (OSError, ValueError, KeyError):
-        return False
+        manifest = json.loads((dest / MANIFEST).read_text())
+        if manifest["resolved"] != resolved:
+            return None
+        sizes = [int(f["size"]) for f in manifest["files"].values()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Outcome(resolved, len(sizes), sum(sizes), True)
 
 
 def _staging(dest: Path, resolved: str) -> Path:
@@ -265,93 +279,3 @@ def _finish(
         os.fsync(directory)
     finally:
         os.close(directory)
-
-
-# --- the command --------------------------------------------------------------------------------
-
-
-def source_of(uri: str, args: argparse.Namespace) -> Source:
-    if uri.startswith("hf://"):
-        from kembed.worker.tools.fetch_hub import HubSource
-
-        repo, _, revision = uri.removeprefix("hf://").partition("@")
-        return HubSource(repo, revision or "main", endpoint=args.endpoint)
-    if uri.startswith("s3://"):
-        from kembed.worker.tools.fetch_s3 import S3Source
-
-        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-        return S3Source(bucket, prefix, endpoint_url=args.endpoint, region=args.region)
-    raise FetchError("refused", f"{uri!r}: a source is hf://REPO[@REVISION] or s3://BUCKET[/PREFIX]")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kembed-worker fetch-model",
-        description="Fetch a model from the Hugging Face Hub or S3 into a directory: resolved, "
-        "verified, atomic. The Hub token is HF_TOKEN; S3 credentials the AWS_* variables (or the pod's "
-        "identity).",
-    )
-    p.add_argument("uri", help="hf://REPO[@REVISION] or s3://BUCKET[/PREFIX]")
-    p.add_argument("--dest", type=Path, help="the model directory to create (its parent must exist)")
-    p.add_argument(
-        "--files", default="", help=f"comma-separated glob patterns (default: {','.join(DEFAULT_FILES)})"
-    )
-    p.add_argument("--expect", default="", help="refuse unless the source still resolves to this")
-    p.add_argument("--resolve-only", action="store_true", help="resolve and list, fetch nothing")
-    p.add_argument("--skip-weights", action="store_true", help="all but the safetensors (a gateway's files)")
-    p.add_argument("--parallel", type=int, default=8, help="files fetched at a time (default 8)")
-    p.add_argument(
-        "--endpoint", default="", help="the Hub's or the S3 endpoint's URL (default: the public one)"
-    )
-    p.add_argument("--region", default="", help="S3 region")
-    p.add_argument("--report", type=Path, help="where to write the JSON outcome (a termination message)")
-    return p
-
-
-def main(argv: Sequence[str], *, clock: Callable[[], float] = time.monotonic) -> int:
-    args = parser().parse_args(list(argv)[1:])
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started = clock()
-    patterns = [p.strip() for p in args.files.split(",") if p.strip()] or list(DEFAULT_FILES)
-    report: dict[str, object] = {"source": args.uri}
-    try:
-        if args.dest is None and not args.resolve_only:
-            raise FetchError("refused", "--dest is needed unless --resolve-only")
-        source = source_of(args.uri, args)
-        report["source"] = source.description
-        outcome = fetch(
-            source,
-            args.dest or Path("."),
-            patterns,
-            expect=args.expect,
-            skip_weights=args.skip_weights,
-            parallel=args.parallel,
-            resolve_only=args.resolve_only,
-        )
-        report |= {
-            "ok": True,
-            "resolved": outcome.resolved,
-            "files": outcome.num_files,
-            "bytes": outcome.num_bytes,
-            "present": outcome.was_present,
-            "seconds": round(clock() - started, 1),
-        }
-        what = "resolved" if args.resolve_only else ("already there" if outcome.was_present else "fetched")
-        print(
-            f"fetch-model: {source.description} {what}: {outcome.resolved}, {outcome.num_files} files, "
-            f"{outcome.num_bytes} bytes",
-            file=sys.stderr,
-        )
-        code = 0
-    except FetchError as error:
-        report |= {
-            "ok": False,
-            "reason": error.reason,
-            "object": error.object,
-            "message": str(error)[:REPORT_MESSAGE_CHARS],
-        }
-        print(f"fetch-model: {report['source']}: {error.reason}: {error}", file=sys.stderr)
-        code = 2 if error.is_transient else 1
-    if args.report is not None:
-        args.report.write_text(json.dumps(report, sort_keys=True))
-    return code

@@ -2,19 +2,26 @@
 image's own `kembed-worker fetch-model` as a resolve Job, a cache Job, or an init container.
 
 - **Resolve Job** (`<model>-resolve-<key>`): `fetch-model --resolve-only` in the model's namespace, with
-  the source's Secret as environment. Its answer (the commit sha, the objects' digest) is its pod's
-  termination message, which the operator reads (model_resolve.py) and hashes into the revision. The
+  the source's Secret as environment. Its answer (the commit sha, the objects' digest, and for S3 the
+  pin: their VersionIds or ETags) is its pod's termination message, which the operator reads
+  (model_resolve.py) and hashes into the revision (the pin is not in the hash). The
   operator itself never reads the Secret and never reaches the Hub or the bucket: it needs no Secret
   access, no egress and no storage client, and the answer is what the fetch will see from where it runs
   (the namespace's DNS, proxy, endpoint and NetworkPolicy).
 - **Per pod** (no `spec.model.cache`): the pod's `model` volume is an emptyDir, filled by an init
   container running the pod's own image (the worker's, the gateway's: both carry the fetch extra) with
-  `--expect` what was resolved; the main container mounts the fetched directory read-only. A gateway
-  fetches all but the weights.
+  `--expect` what was resolved (and `--pin`): the Hub commit itself, the pinned S3 objects, never
+  the branch or the prefix as they are now; the main container mounts the fetched directory
+  read-only. A gateway fetches all but the weights.
 - **Cache** (`spec.model.cache.claimName`, ReadWriteMany): one Job per revision fetches into a
   directory of the claim named for the source and what it resolved to; every worker and gateway pod
   of that revision mounts that directory read-only (a subPath), with no init container. The operator
   creates a revision's pods only once its cache Job is Complete (reconcile.py).
+- **Deadlines**: every network call of the command waits at most its `--timeout-s` (30 s), and each
+  run has a `--deadline-s` of its own, which ends it with its report (exit 2, worth a retry that
+  resumes): a resolve RESOLVE_DEADLINE_S, a fetch FETCH_DEADLINE_S. The Jobs also carry an
+  activeDeadlineSeconds for all their attempts; an init container cannot (a pod's deadline would
+  end its serving container too), so its own deadline is the bound, and the kubelet restarts it.
 """
 
 from __future__ import annotations
@@ -39,11 +46,21 @@ INIT_CONTAINER = "fetch-model"
 FETCH_ROOT = "/models"  # the init container's mount of the model volume; the model is FETCH_ROOT/model
 CACHE_ROOT = "/cache"  # the cache Job's mount of the claim
 TERMINATION_LOG = "/dev/termination-log"
-RESOLVE_TIMEOUT_S = 300
+# A resolve is a listing and a few HEADs (seconds). 75 s per attempt: two calls that each ran into
+# the command's 30 s timeout end on their own (Unreachable, not a deadline), and the Job's three
+# attempts, their back-off (10 s, 20 s) and their pods' starts fit RESOLVE_TIMEOUT_S.
+RESOLVE_DEADLINE_S = 75
+RESOLVE_TIMEOUT_S = 300  # the resolve Job's activeDeadlineSeconds
+# A fetch run: an hour moves 36 GB at 10 MB/s. A run past it ends (its bytes staged) and the next
+# attempt (the kubelet's restart of an init container, a cache Job's retry) resumes from them.
+FETCH_DEADLINE_S = 3600
 # A fetch verifies as it goes (hashing ~1 GB/s a core) and holds little: 8 parallel streams of 1 MiB.
 FETCH_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
 RESOLVE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 MAX_TRANSIENT_RETRIES = 2  # exit 2 (network, 5xx) is retried by the Job controller; exit 1 fails at once
+# The cache Job's activeDeadlineSeconds: each of its attempts its whole run, and 10 minutes for
+# pulling the image and scheduling the pods.
+CACHE_JOB_DEADLINE_S = (MAX_TRANSIENT_RETRIES + 1) * FETCH_DEADLINE_S + 600
 
 
 def source_uri(spec: ModelSpec) -> str:
@@ -91,13 +108,17 @@ def cache_dir(spec: ModelSpec, resolved: str) -> str:
 # --- the command and its environment ------------------------------------------------------------
 
 
-def fetch_args(spec: ModelSpec, *, expect: str = "", dest: str = "", skip_weights: bool = False) -> list[str]:
+def fetch_args(
+    spec: ModelSpec, *, expect: str = "", pin: str = "", dest: str = "", skip_weights: bool = False
+) -> list[str]:
     source = spec.source.fetched
     assert source is not None
     args = ["kembed-worker", "fetch-model", source_uri(spec)]
     args += ["--dest", dest] if dest else ["--resolve-only"]
     if expect:
         args += ["--expect", expect]
+    if expect and pin:
+        args += ["--pin", pin]
     if source.files:
         args += ["--files", ",".join(source.files)]
     if skip_weights:
@@ -109,7 +130,8 @@ def fetch_args(spec: ModelSpec, *, expect: str = "", dest: str = "", skip_weight
             args += ["--endpoint", source.endpoint_url]
         if source.region:
             args += ["--region", source.region]
-    return [*args, "--report", TERMINATION_LOG]
+    deadline_s = FETCH_DEADLINE_S if dest else RESOLVE_DEADLINE_S
+    return [*args, "--deadline-s", str(deadline_s), "--report", TERMINATION_LOG]
 
 
 def fetch_env(spec: ModelSpec) -> list[dict[str, Any]]:
@@ -161,7 +183,7 @@ def _job(
     labels: dict[str, str],
     container: dict[str, Any],
     volumes: list[dict[str, Any]],
-    deadline_s: int | None,
+    deadline_s: int,
 ) -> dict[str, Any]:
     meta = m.metadata(owner, name, labels[n.COMPONENT_LABEL], labels.get(n.REVISION_LABEL))
     meta["labels"] |= labels
@@ -183,8 +205,7 @@ def _job(
             ),
         },
     }
-    if deadline_s is not None:
-        job_spec["activeDeadlineSeconds"] = deadline_s
+    job_spec["activeDeadlineSeconds"] = deadline_s  # all its attempts; each has the command's own
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
 
 
@@ -200,15 +221,15 @@ def resolve_job(owner: Owner, spec: EmbeddingModelSpec, key: str, image: str) ->
 
 
 def cache_job(
-    owner: Owner, spec: EmbeddingModelSpec, revision: str, resolved: str, image: str
+    owner: Owner, spec: EmbeddingModelSpec, revision: str, resolved: str, image: str, pin: str = ""
 ) -> dict[str, Any]:
-    """The revision's fetch into the cache claim. No deadline: a large model on a slow link takes what
-    it takes, and a cut resumes (the staging directory is on the claim)."""
+    """The revision's fetch into the cache claim: each attempt within FETCH_DEADLINE_S, a retry
+    resuming from the bytes staged on the claim, all of them within CACHE_JOB_DEADLINE_S."""
     cache = spec.model.cache
     assert cache is not None
     tmp_volume, tmp_mount = m.scratch()
     dest = f"{CACHE_ROOT}/{cache_dir(spec.model, resolved)}"
-    args = fetch_args(spec.model, expect=resolved, dest=dest)
+    args = fetch_args(spec.model, expect=resolved, pin=pin, dest=dest)
     container = _container("fetch", image, spec.worker.image_pull_policy, args, spec.model)
     container |= {
         "resources": FETCH_RESOURCES,
@@ -216,18 +237,26 @@ def cache_job(
     }
     volume = {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}}
     labels = {n.COMPONENT_LABEL: CACHE, n.REVISION_LABEL: revision}
-    return _job(owner, spec, cache_job_name(owner, revision), labels, container, [volume, tmp_volume], None)
+    volumes = [volume, tmp_volume]
+    return _job(
+        owner, spec, cache_job_name(owner, revision), labels, container, volumes, CACHE_JOB_DEADLINE_S
+    )
 
 
 # --- pods ----------------------------------------------------------------------------------------
 
 
 def with_fetch(
-    body: dict[str, Any], spec: EmbeddingModelSpec, resolved: str, *, skip_weights: bool = False
+    body: dict[str, Any],
+    spec: EmbeddingModelSpec,
+    resolved: str,
+    *,
+    pin: str = "",
+    skip_weights: bool = False,
 ) -> dict[str, Any]:
     """`body` (a Deployment or Job) with its `model` volume made the fetched model: an emptyDir filled
-    by an init container, or the cache claim's directory of `resolved`. Unchanged for a mounted source
-    or a body without that volume."""
+    by an init container fetching `resolved` (with its `pin`), or the cache claim's directory of
+    `resolved`. Unchanged for a mounted source or a body without that volume."""
     if spec.model.source.fetched is None or not resolved:
         return body
     body = copy.deepcopy(body)
@@ -248,7 +277,7 @@ def with_fetch(
     pod["volumes"][index] = {"name": "model", "emptyDir": {}}
     mount["subPath"] = "model"
     dest = f"{FETCH_ROOT}/model"
-    args = fetch_args(spec.model, expect=resolved, dest=dest, skip_weights=skip_weights)
+    args = fetch_args(spec.model, expect=resolved, pin=pin, dest=dest, skip_weights=skip_weights)
     init = _container(
         INIT_CONTAINER, main["image"], main.get("imagePullPolicy", "IfNotPresent"), args, spec.model
     )

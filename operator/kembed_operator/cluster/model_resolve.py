@@ -4,18 +4,22 @@ pods through `apply.Cluster`.
 
 - **Resolution**: `status.model` keeps what the source resolved to and for which source (a hash of it)
   and refresh interval. A new source or interval gets a resolve Job; its pod's termination message
-  is the answer, recorded, and the Job deleted. While a changed source is resolved (seconds), or
-  cannot be, `reconcile` leaves the model's objects as they are; a refresh of the same source keeps
-  serving what was resolved before. A failed resolve is retried a minute later (a Secret fixed,
-  access granted).
+  is the answer (the commit sha or the objects' digest, and for S3 a pin: their VersionIds or
+  ETags), recorded, and the Job deleted. While a changed source is resolved (seconds), or cannot be,
+  `reconcile` leaves the model's objects as they are; a refresh of the same source keeps serving
+  what was resolved before. A failed resolve is retried a minute later (a Secret fixed, access
+  granted).
+- **Pinned**: every pod and cache Job of a revision fetches what that revision was made from
+  (`status.model.revisions`) with its pin (`status.model.pins`), never the source as it is now, so a
+  pod restarted after an upstream push serves what passed the gates. A resolution met again by a
+  refresh keeps the pin it had: the pods' spec does not change for an unchanged source.
 - **Failures**: a resolve Job, a cache Job or a pod's fetch init container that exited non-zero is a
-  `ModelFetchFailed` condition naming the source, the object and the error (from the command's
-  JSON report), within a drift-timer period (10 s) of the exit, and a count by reason in the metrics.
+  `ModelFetchFailed` condition naming the source, the object and the error (model_failures.py
+  reads them), within a drift-timer period (10 s) of the exit, and a count by reason in the metrics.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -23,21 +27,19 @@ from typing import Any, Protocol
 from kembed.operator.build import model_fetch as mf
 from kembed.operator.build import naming as n
 from kembed.operator.build.naming import Owner
+from kembed.operator.cluster.model_failures import (
+    CONDITION,
+    REASONS,
+    job_conditions,
+    job_failure,
+    job_report,
+    pod_failures,
+)
+from kembed.operator.cluster.model_failures import FetchFailure as FetchFailure  # reconcile's type
 from kembed.operator.spec.model_spec import ModelStatus
 from kembed.operator.spec.spec import EmbeddingModelSpec
 
 RETRY_FAILED_RESOLVE_S = 60
-CONDITION = "ModelFetchFailed"
-REASONS = {  # the command's reason word -> the condition's reason
-    "forbidden": "Forbidden",
-    "not_found": "NotFound",
-    "checksum": "ChecksumMismatch",
-    "disk_full": "DiskFull",
-    "refused": "Refused",
-    "unverified": "Unverified",
-    "changed": "SourceChanged",
-    "network": "Unreachable",
-}
 
 
 class Cluster(Protocol):  # the part of apply.Cluster used here
@@ -48,20 +50,6 @@ class Cluster(Protocol):  # the part of apply.Cluster used here
 
 
 @dataclass(frozen=True)
-class FetchFailure:
-    uid: str  # the failed Job's, or the pod's and its restart count: the metric counts each once
-    source: str
-    reason: str  # the command's word (forbidden, not_found, checksum, ...)
-    object: str
-    message: str
-    where: str  # "resolve Job x", "pod y"
-
-    def text(self) -> str:
-        what = f" {self.object}:" if self.object else ""
-        return f"{self.source}{what} {self.message} ({self.where})"[:2000]
-
-
-@dataclass(frozen=True)
 class FetchState:
     """The fetched source this pass: nothing of it for a mounted source (status None)."""
 
@@ -69,51 +57,6 @@ class FetchState:
     resolved: str = ""
     is_pending: bool = False  # a changed source not resolved yet: leave the objects alone
     failures: list[FetchFailure] = field(default_factory=list)
-
-
-def _conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        c.get("type", ""): c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"
-    }
-
-
-def report_of(message: str) -> dict[str, Any]:
-    """The command's JSON report, or (a log tail: it died before writing one) the tail as a message."""
-    try:
-        report = json.loads(message)
-        if isinstance(report, dict):
-            return report
-    except ValueError:
-        pass
-    return {"ok": False, "reason": "other", "message": message.strip()[-1500:]}
-
-
-def _job_report(cluster: Cluster, owner: Owner, job: dict[str, Any]) -> dict[str, Any] | None:
-    labels = {n.MODEL_LABEL: owner.name, n.COMPONENT_LABEL: job["metadata"]["labels"][n.COMPONENT_LABEL]}
-    labels |= {
-        k: v for k, v in job["metadata"]["labels"].items() if k in (mf.SOURCE_KEY_LABEL, n.REVISION_LABEL)
-    }
-    pods = sorted(
-        cluster.list("Pod", owner.namespace, labels), key=lambda p: p["metadata"].get("creationTimestamp", "")
-    )
-    for pod in reversed(pods):
-        for status in pod.get("status", {}).get("containerStatuses", []):
-            message = status.get("state", {}).get("terminated", {}).get("message", "")
-            if message.strip():
-                return report_of(message)
-    return None
-
-
-def _failure(report: dict[str, Any] | None, uid: str, source: str, where: str, fallback: str) -> FetchFailure:
-    report = report or {"reason": "other", "message": fallback}
-    return FetchFailure(
-        uid,
-        str(report.get("source") or source),
-        str(report.get("reason") or "other"),
-        str(report.get("object") or ""),
-        str(report.get("message") or fallback),
-        where,
-    )
 
 
 def resolve(
@@ -149,31 +92,32 @@ def resolve(
     if job is None:
         cluster.create(mf.resolve_job(owner, spec, key, image))
         return state
-    finished = _conditions(job)
+    finished = job_conditions(job)
     name = job["metadata"]["name"]
     if "Complete" in finished:
-        report = _job_report(cluster, owner, job)
+        report = job_report(cluster, owner, job)
         cluster.delete("Job", owner.namespace, name)  # its answer is recorded below; if none, once more
         if report is None or not report.get("ok") or not report.get("resolved"):
             return state
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        revisions = usable.revisions if usable else {}
+        answer = str(report["resolved"])
+        pins = dict(usable.pins) if usable else {}
+        if report.get("pin"):  # a resolution met again keeps its pin: its pods' spec stays as it is
+            pins.setdefault(answer, str(report["pin"]))
         resolved = ModelStatus(
             source=uri,
             source_hash=source_hash,
             source_key=key,
-            resolved=str(report["resolved"]),
+            resolved=answer,
             resolved_at=stamp,
-            revisions=revisions,
+            revisions=usable.revisions if usable else {},
+            pins=pins,
             serving=usable.serving if usable else "",
         )
         return FetchState(resolved, resolved.resolved)
     if "Failed" in finished:
         failed = finished["Failed"]
-        report = _job_report(cluster, owner, job)
-        failure = _failure(
-            report, job["metadata"].get("uid", name), uri, f"Job {name}", failed.get("message", "")
-        )
+        failure = job_failure(cluster, owner, job, uri)
         ended = failed.get("lastTransitionTime")
         if (
             ended
@@ -204,23 +148,29 @@ def resolved_for(state: FetchState, revision: str, current_revision: str) -> str
     return state.status.revisions.get(revision, state.resolved)
 
 
+def pin_for(state: FetchState, resolved: str) -> str:
+    """What a fetch of `resolved` asks for besides it (S3: the objects' versions or ETags)."""
+    return state.status.pins.get(resolved, "") if state.status is not None else ""
+
+
 def cache_ready(
-    cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec, revision: str, resolved: str, image: str
+    cluster: Cluster,
+    owner: Owner,
+    spec: EmbeddingModelSpec,
+    revision: str,
+    resolved: str,
+    image: str,
+    pin: str = "",
 ) -> tuple[bool, list[FetchFailure]]:
     """Whether `revision`'s cache Job has filled the claim (creating the Job when missing)."""
     name = mf.cache_job_name(owner, revision)
     job = cluster.get("Job", owner.namespace, name)
     if job is None:
-        cluster.create(mf.cache_job(owner, spec, revision, resolved, image))
+        cluster.create(mf.cache_job(owner, spec, revision, resolved, image, pin))
         return False, []
-    finished = _conditions(job)
+    finished = job_conditions(job)
     if "Failed" in finished:
-        report = _job_report(cluster, owner, job)
-        uid = job["metadata"].get("uid", name)
-        failure = _failure(
-            report, uid, mf.source_uri(spec.model), f"Job {name}", finished["Failed"].get("message", "")
-        )
-        return False, [failure]
+        return False, [job_failure(cluster, owner, job, mf.source_uri(spec.model))]
     return "Complete" in finished, []
 
 
@@ -228,26 +178,6 @@ def prune_cache_jobs(cluster: Cluster, owner: Owner, kept: frozenset[str] | set[
     for job in cluster.list("Job", owner.namespace, {n.MODEL_LABEL: owner.name, n.COMPONENT_LABEL: mf.CACHE}):
         if job["metadata"]["labels"].get(n.REVISION_LABEL) not in kept:
             cluster.delete("Job", owner.namespace, job["metadata"]["name"])
-
-
-def pod_failures(cluster: Cluster, owner: Owner, source: str) -> list[FetchFailure]:
-    """Pods of the model whose fetch init container exited non-zero (now, or before its back-off)."""
-    failures = []
-    for pod in cluster.list("Pod", owner.namespace, {n.MODEL_LABEL: owner.name}):
-        for status in pod.get("status", {}).get("initContainerStatuses", []):
-            if status.get("name") != mf.INIT_CONTAINER:
-                continue
-            terminated = status.get("state", {}).get("terminated")
-            if terminated is None and "waiting" in status.get("state", {}):
-                terminated = status.get("lastState", {}).get("terminated")
-            if terminated and terminated.get("exitCode", 0) != 0:
-                name = pod["metadata"]["name"]
-                uid = f"{pod['metadata'].get('uid', name)}/{status.get('restartCount', 0)}"
-                report = report_of(terminated.get("message", "")) if terminated.get("message") else None
-                failures.append(
-                    _failure(report, uid, source, f"pod {name}", f"exit code {terminated.get('exitCode')}")
-                )
-    return failures
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -273,8 +203,14 @@ def with_model_status(
     model = state.status
     if state.resolved and not state.is_pending:
         revisions = {r: v for r, v in model.revisions.items() if r in kept} | {revision: state.resolved}
+        pins = {r: v for r, v in model.pins.items() if r in revisions.values()}
         model = model.model_copy(
-            update={"revision": revision, "revisions": revisions, "serving": revisions.get(active, "")}
+            update={
+                "revision": revision,
+                "revisions": revisions,
+                "pins": pins,
+                "serving": revisions.get(active, ""),
+            }
         )
     body["model"] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
     return with_condition(body, state.failures, generation, now)
@@ -354,7 +290,8 @@ class ModelFetch:
         if self.spec is None:
             return body
         resolved = resolved_for(self.state, revision, self.revision)
-        return mf.with_fetch(body, self.spec, resolved, skip_weights=skip_weights)
+        pin = pin_for(self.state, resolved)
+        return mf.with_fetch(body, self.spec, resolved, pin=pin, skip_weights=skip_weights)
 
 
 def prepare(
@@ -374,7 +311,8 @@ def prepare(
     if spec.model.cache is not None:
         for kept_revision in sorted({*kept, revision}):
             resolved = resolved_for(state, kept_revision, revision)
-            is_ready, failed = cache_ready(cluster, owner, spec, kept_revision, resolved, image)
+            pin = pin_for(state, resolved)
+            is_ready, failed = cache_ready(cluster, owner, spec, kept_revision, resolved, image, pin)
             failures += failed
             if is_ready:
                 cached.add(kept_revision)

@@ -38,7 +38,8 @@ FILES_DESCRIPTION = (
 REFRESH_DESCRIPTION = (
     "How often the operator resolves the source again, in seconds (a branch's newest commit, the "
     "objects' ETags); new weights behind the same name are a new revision and go through the rollout "
-    "gates. 0: only when this source changes. Not part of the revision."
+    "gates. 0: only when this source changes. Between resolutions every pod fetches what was resolved, "
+    "never the source as it is now. Not part of the revision."
 )
 
 
@@ -103,7 +104,8 @@ class HubTokenRef(SpecModel):
 
 class HuggingFaceSource(SpecModel):
     """A Hugging Face Hub model repository, fetched before the workers start. A branch or tag is
-    resolved to its commit, which pins the revision; `status.model` shows it."""
+    resolved to its commit, which pins the revision: every pod of the revision fetches that commit,
+    whatever the branch points at later. `status.model` shows it."""
 
     repo: str = Field(
         min_length=1,
@@ -152,8 +154,10 @@ class S3CredentialsRef(SpecModel):
 
 class S3Source(SpecModel):
     """Objects under an S3 (or S3-compatible: MinIO, Ceph, R2, GCS's XML API) prefix, fetched before
-    the workers start. The objects' keys, sizes and ETags are resolved to one digest, which pins the
-    revision; every object is verified against its ETag, or against SHA256SUMS when the prefix has one."""
+    the workers start. The keys, sizes and ETags of the objects fetched (nothing else under the prefix)
+    are resolved to one digest, which pins the revision; every pod fetches exactly those objects: by
+    VersionId in a bucket that keeps versions, else while each still has its ETag (one replaced since is
+    refused, naming it). Every object is verified against its ETag, or SHA256SUMS when there is one."""
 
     bucket: str = Field(
         min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$", description="Bucket name."
@@ -296,11 +300,18 @@ class ModelStatus(SpecModel):
     resolved: str = Field(
         "",
         description="What the source resolved to: the Hub commit sha, or etags-sha256: and a digest of "
-        "the objects' keys, sizes and ETags. Part of the revision.",
+        "the keys, sizes and ETags of the objects fetched (nothing else under the prefix counts). Part "
+        "of the revision.",
     )
     resolved_at: str = Field("", description="When it was resolved (RFC 3339).")
     revision: str = Field("", description="The revision made from it.")
     revisions: dict[str, str] = Field(
         default_factory=dict, description="What each kept revision (serving, candidate) was made from."
+    )
+    pins: dict[str, str] = Field(
+        default_factory=dict,
+        description="What a fetch asks for to get each of those resolutions again, whatever changed "
+        "upstream since: for S3 the objects' VersionIds (a versioned bucket) or ETags; none for the "
+        "Hub, whose commit sha is its own pin, or for an S3 resolution of too many objects to carry one.",
     )
     serving: str = Field("", description="What the serving revision was made from: what is served.")
