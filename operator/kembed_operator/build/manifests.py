@@ -22,9 +22,9 @@ from typing import Any
 from kembed.operator.build import naming as n
 from kembed.operator.build import placement
 from kembed.operator.build import pod_fields as pf
+from kembed.operator.build.naming import Owner
 from kembed.operator.spec.edge_spec import CONNECTION_VARIABLES
 from kembed.operator.spec.model_spec import ModelSource
-from kembed.operator.build.naming import Owner
 from kembed.operator.spec.pod_spec import PodSecuritySpec
 from kembed.operator.spec.spec import EmbeddingModelSpec, Resources, is_gpu_resource
 
@@ -164,7 +164,8 @@ def engine_settings(spec: EmbeddingModelSpec, revision: str) -> dict[str, str]:
         "KEMBED_WORKER_MAX_GRAPHS": str(w.max_graphs),
         "KEMBED_WORKER_MAX_PINNED_BYTES": str(w.max_pinned_bytes),
         "KEMBED_WORKER_NUM_THREADS": str(w.num_threads),
-        # The class rule (worker/scheduling/queues.py), part of the revision: a pod keeps the rule it started with.
+        # The class rule (worker/scheduling/queues.py), part of the revision: a pod keeps the rule it
+        # started with.
         "KEMBED_WORKER_PRIORITY_CLASSES": "true" if t.enabled else "false",
         "KEMBED_WORKER_BULK_QUEUE_SHARE": str(t.bulk_queue_share),
         "KEMBED_WORKER_BULK_STEP_TOKENS": str(t.bulk_step_tokens),  # 0: the worker takes half its budget

@@ -35,8 +35,8 @@ from typing import Any
 from kembed.operator.build import manifests as m
 from kembed.operator.build import naming as n
 from kembed.operator.build import pod_fields as pf
-from kembed.operator.spec.model_spec import HuggingFaceSource, ModelSpec, S3Source
 from kembed.operator.build.naming import Owner
+from kembed.operator.spec.model_spec import HuggingFaceSource, ModelSpec, S3Source
 from kembed.operator.spec.spec import EmbeddingModelSpec
 
 RESOLVE = "model-resolve"  # component label of the resolve Jobs
