@@ -3,29 +3,83 @@
 Every family implements `ServedModel` (served.py); a new family is a module plus a branch here.
 """
 
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
 from kembed.worker.engine.layers.attention import Attention, AttentionShape
 from kembed.worker.engine.models.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.models.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.models.distilbert import DISTILBERT_FAMILY, build_distilbert, distilbert_shape
+from kembed.worker.engine.models.gte import GTE_FAMILY, build_gte, gte_shape
 from kembed.worker.engine.models.heads import M3Heads
+from kembed.worker.engine.models.jina_v3 import (
+    JINA_V3_FAMILY,
+    build_jina_v3,
+    is_jina_lora_checkpoint,
+    jina_v3_shape,
+    refuse_jina_lora_checkpoint,
+)
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
+from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
 from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
+from kembed.worker.engine.models.rotary_bert import RotaryEncoderShape
 from kembed.worker.engine.models.served import PooledEmbedder, ServedModel
 from kembed.worker.engine.models.splade import SpladeEmbedder
 from kembed.worker.errors import InvalidInput
 
+Builder = Callable[[dict[str, Any], dict[str, torch.Tensor], Attention, str], PooledEmbedder]
+
+
+class _Encoder:
+    """An encoder embedder family: its model_types, config reading, builder and the pooling its
+    published pipelines use (the default for a directory without modules.json)."""
+
+    def __init__(
+        self,
+        model_types: tuple[str, ...],
+        shape: Callable[[dict[str, Any]], BertShape | RotaryEncoderShape],
+        build: Builder,
+        pooling: str,
+    ) -> None:
+        self.model_types, self.shape, self.build, self.pooling = model_types, shape, build, pooling
+
+
+# family name -> the encoder embedder families besides BERT's (their names are check-model's)
+ENCODERS = {
+    "distilbert": _Encoder(DISTILBERT_FAMILY, distilbert_shape, build_distilbert, "mean"),
+    "nomic_bert": _Encoder(NOMIC_FAMILY, nomic_shape, build_nomic, "mean"),
+    "gte": _Encoder(GTE_FAMILY, gte_shape, build_gte, "cls"),
+    "jina_embeddings_v3": _Encoder(JINA_V3_FAMILY, jina_v3_shape, build_jina_v3, "mean"),
+}
+SUPPORTED_MODEL_TYPES = (*BERT_FAMILY, *QWEN3_FAMILY, *(t for e in ENCODERS.values() for t in e.model_types))
+
 
 def family_of(model_dir: ModelDir) -> str:
     """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
-    sequence-classification head: scores), `bert` or `qwen3` (embedders); InvalidInput saying why not."""
+    sequence-classification head: scores), or an embedder's (`bert`, `qwen3`, or a key of ENCODERS);
+    InvalidInput saying why not."""
     model_type = model_dir.model_type
     architectures = model_dir.config.get("architectures") or ()
-    if model_type in BERT_FAMILY and any(a.endswith("ForSequenceClassification") for a in architectures):
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    if model_type in BERT_FAMILY and is_jina_lora_checkpoint(model_dir.config):
+        raise refuse_jina_lora_checkpoint(model_dir.config)
+    if model_type in BERT_FAMILY and is_classifier:
         return "cross-encoder"
     if model_type in BERT_FAMILY:
         return "bert"
     if model_type in QWEN3_FAMILY:
         return "qwen3"
-    supported = ", ".join((*BERT_FAMILY, *QWEN3_FAMILY))
+    for family, encoder in ENCODERS.items():
+        if model_type in encoder.model_types:
+            if is_classifier:
+                raise InvalidInput(
+                    f"architectures {list(architectures)}: kembed serves {family} as an embedder, not its "
+                    "sequence-classification head (cross-encoders: BERT, RoBERTa, XLM-RoBERTa)"
+                )
+            return family
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
     custom = model_dir.config.get("auto_map")
     if custom:  # the architecture exists only as the checkpoint's own Python code
         raise InvalidInput(
@@ -47,6 +101,8 @@ def pooling_of(model_dir: ModelDir) -> str:
         return f"splade {model_dir.splade.pooling}, {model_dir.splade.activation}"
     if family == "bert":
         return model_dir.pooling or "mean"
+    if family in ENCODERS:
+        return model_dir.pooling or ENCODERS[family].pooling
     return ""
 
 
@@ -67,6 +123,9 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     if family == "bert":
         embedder = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))
         embedder.encoder.load_hf_weights(load_weights(model_dir.path))
+    elif family in ENCODERS:
+        build = ENCODERS[family].build
+        embedder = build(model_dir.config, load_weights(model_dir.path), attend, pooling_of(model_dir))
     else:
         embedder = build_qwen3(model_dir, attend)
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
@@ -74,10 +133,13 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     return embedder
 
 
-def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape:
+def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape | RotaryEncoderShape:
     """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
-    if model_dir.model_type in QWEN3_FAMILY:
+    family = family_of(model_dir)
+    if family == "qwen3":
         return Qwen3Shape.from_config(model_dir.config)
+    if family in ENCODERS:
+        return ENCODERS[family].shape(model_dir.config)
     return BertShape.from_config(model_dir.config)  # raises InvalidInput for an unsupported family
 
 
