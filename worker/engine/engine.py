@@ -255,6 +255,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
             num_fp8 = quantize_linears(model)  # after the move: quantised on the device, in bf16
         except ValueError as exc:
             raise StartupError(f"--linear-dtype fp8: {exc}") from None
+        if num_fp8 == 0:  # a family without an fp8 path (its layers name no FP8_LINEARS)
+            raise StartupError(f"--linear-dtype fp8: model_type {model_dir.model_type!r} has no fp8 path")
         dtype_name += "+fp8"
         log.warning(
             "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8

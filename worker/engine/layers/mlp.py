@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.kernels.fused import linear_activation
-from kembed.worker.engine.kernels import fused_decoder
+from kembed.worker.engine.kernels.fused_decoder import can_run, silu_mul
 from kembed.worker.errors import InvalidInput
 
 # hidden_act as transformers' ACT2FN names them -> what computes them
@@ -65,8 +65,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up(x)
-        if fused_decoder.triton is not None and x.is_cuda and self.activation_name in ("silu", "swish"):
-            fused: torch.Tensor = self.down(fused_decoder.silu_mul(gate_up))
+        if can_run(gate_up) and self.activation_name in ("silu", "swish"):
+            fused: torch.Tensor = self.down(silu_mul(gate_up))
             return fused
         gate, up = gate_up.chunk(2, dim=-1)
         out: torch.Tensor = self.down(self.activation(gate) * up)

@@ -25,7 +25,9 @@ class RotaryEmbedding(nn.Module):
     cos: torch.Tensor  # buffer, registered in __init__
     sin: torch.Tensor
 
-    def __init__(self, rotary_dim: int, max_positions: int, theta: float, inv_freq_divisor: float = 1.0) -> None:
+    def __init__(
+        self, rotary_dim: int, max_positions: int, theta: float, inv_freq_divisor: float = 1.0
+    ) -> None:
         super().__init__()
         assert rotary_dim % 2 == 0, rotary_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))

@@ -36,7 +36,9 @@ def distilbert_shape(config: dict[str, Any]) -> BertShape:
     hidden_dim, activation); InvalidInput for what it does not serve."""
     activation = config.get("activation", "gelu")
     if activation not in _ACTIVATIONS:
-        raise InvalidInput(f"unsupported DistilBERT activation {activation!r} (served: {', '.join(_ACTIVATIONS)})")
+        raise InvalidInput(
+            f"unsupported DistilBERT activation {activation!r} (served: {', '.join(_ACTIVATIONS)})"
+        )
     if config["dim"] % config["n_heads"]:
         raise InvalidInput(f"DistilBERT dim {config['dim']} is not a multiple of n_heads {config['n_heads']}")
     return BertShape(

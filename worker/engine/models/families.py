@@ -149,3 +149,19 @@ def attention_shape(model_dir: ModelDir) -> AttentionShape:
     if isinstance(shape, Qwen3Shape):
         return AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal)
     return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False)
+
+
+def network_of(model_dir: ModelDir) -> str:
+    """What network is served, in a line (check-model)."""
+    family, shape = family_of(model_dir), shape_of(model_dir)
+    if isinstance(shape, RotaryEncoderShape):
+        return shape.describe()
+    if isinstance(shape, Qwen3Shape):
+        attention = "causal" if shape.is_causal else "bidirectional"
+        return f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}, {attention} attention"
+    tokens = "token types" if shape.type_vocab_size else "no token types"
+    names = " (DistilBERT's weight names)" if family == "distilbert" else ""
+    return (
+        f"{shape.num_layers} post-norm layers of {shape.hidden_size} ({shape.num_heads} heads), absolute "
+        f"positions, {tokens}, {shape.activation} MLP, bidirectional attention{names}"
+    )

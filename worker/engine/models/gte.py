@@ -37,10 +37,14 @@ def gte_shape(config: dict[str, Any]) -> RotaryEncoderShape:
         ("logn_attention_scale", False),
     ):
         if config.get(option, served) != served:
-            raise InvalidInput(f"GTE with {option}={config[option]!r} is not served (kembed serves {served!r})")
+            raise InvalidInput(
+                f"GTE with {option}={config[option]!r} is not served (kembed serves {served!r})"
+            )
     hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
     # transformers' GteConfig defaults theta to 160000; Alibaba's NewConfig to 10000
-    theta, divisor = read_rope(config, hidden // num_heads, 160000.0 if config["model_type"] == "gte" else 10000.0)
+    theta, divisor = read_rope(
+        config, hidden // num_heads, 160000.0 if config["model_type"] == "gte" else 10000.0
+    )
     return RotaryEncoderShape(
         vocab_size=config["vocab_size"],
         hidden_size=hidden,

@@ -70,7 +70,14 @@ def jina_v3_shape(config: dict[str, Any]) -> RotaryEncoderShape:
 
 
 def jina_v3_state(weights: dict[str, torch.Tensor], shape: RotaryEncoderShape) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under RotaryEncoder's names."""
+    """The checkpoint's tensors under RotaryEncoder's names; InvalidInput for a checkpoint that
+    carries adapter weights (they would be left out silently)."""
+    adapters = sorted(key for key in weights if "lora" in key or "parametrizations" in key)
+    if adapters:
+        raise InvalidInput(
+            f"the checkpoint carries adapter weights ({adapters[0]}, ... {len(adapters)} tensors), which "
+            "kembed does not apply yet: refused rather than served without them"
+        )
     state = {
         "word_embeddings.weight": take(weights, "embeddings.word_embeddings.weight"),
         "embed_norm.weight": take(weights, "emb_ln.weight"),

@@ -48,7 +48,9 @@ def nomic_shape(config: dict[str, Any]) -> RotaryEncoderShape:
     option kembed does not serve."""
     for option, off in _REFUSED.items():
         if config.get(option) not in (None, off, 0):
-            raise InvalidInput(f"NomicBERT with {option}={config[option]!r} is not served (kembed serves {off})")
+            raise InvalidInput(
+                f"NomicBERT with {option}={config[option]!r} is not served (kembed serves {off})"
+            )
     if "n_embd" in config:  # nomic's own spelling (GPT-2's field names)
         activation = config.get("activation_function", "swiglu")
         if activation != "swiglu":
@@ -77,7 +79,9 @@ def nomic_shape(config: dict[str, Any]) -> RotaryEncoderShape:
         ).check()
     hidden, num_heads = config.get("hidden_size", 768), config.get("num_attention_heads", 12)
     if config.get("head_dim") not in (None, hidden // num_heads):
-        raise InvalidInput(f"NomicBERT head_dim {config['head_dim']} is not hidden_size / num_attention_heads")
+        raise InvalidInput(
+            f"NomicBERT head_dim {config['head_dim']} is not hidden_size / num_attention_heads"
+        )
     theta, divisor = read_rope(config, hidden // num_heads, 1000.0)  # transformers' default_theta
     return RotaryEncoderShape(  # transformers 5's spelling; its defaults are nomic-embed-text-v1.5's
         vocab_size=config.get("vocab_size", 30528),

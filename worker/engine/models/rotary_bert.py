@@ -88,14 +88,12 @@ class RotaryEncoderLayer(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=shape.attention_bias)
         self.attn_out = nn.Linear(hidden, hidden, bias=shape.attention_bias)
         self.attn_norm = nn.LayerNorm(hidden, eps=eps)
-        self.mlp: GatedMLP | DenseMLP = (
-            GatedMLP(
-                hidden, shape.intermediate_size, shape.activation,
-                gate_up_bias=shape.gate_up_bias, down_bias=shape.down_bias,
-            )  # fmt: skip
-            if shape.is_gated
-            else DenseMLP(hidden, shape.intermediate_size, shape.activation)
-        )
+        self.mlp: GatedMLP | DenseMLP
+        if shape.is_gated:
+            bias = {"gate_up_bias": shape.gate_up_bias, "down_bias": shape.down_bias}
+            self.mlp = GatedMLP(hidden, shape.intermediate_size, shape.activation, **bias)
+        else:
+            self.mlp = DenseMLP(hidden, shape.intermediate_size, shape.activation)
         self.mlp_norm = nn.LayerNorm(hidden, eps=eps)
         self.num_heads, self.interleaved = shape.num_heads, shape.rotary_interleaved
         self.attend = attend
@@ -139,7 +137,7 @@ class RotaryEncoder(nn.Module):
         token_type_ids: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = self.word_embeddings(input_ids)
+        x: torch.Tensor = self.word_embeddings(input_ids)
         if self.token_type_embeddings is not None:
             # one type (jina, gte-multilingual): whatever the wire carries reads row 0, never past it
             types = token_type_ids if self.shape.type_vocab_size > 1 else torch.zeros_like(token_type_ids)
@@ -165,7 +163,9 @@ def take(weights: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     return weights[key]
 
 
-def linear_state(weights: dict[str, torch.Tensor], ours: str, theirs: str, has_bias: bool) -> dict[str, torch.Tensor]:
+def linear_state(
+    weights: dict[str, torch.Tensor], ours: str, theirs: str, has_bias: bool
+) -> dict[str, torch.Tensor]:
     """{ours.weight, ours.bias} from the checkpoint's linear `theirs` (the bias only if `has_bias`)."""
     state = {f"{ours}.weight": take(weights, f"{theirs}.weight")}
     if has_bias:
