@@ -3,6 +3,8 @@
 (words w0..w199) carrying BERT's special tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4) or
 RoBERTa's (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> 4); and the texts and ids the tests feed them."""
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +99,52 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def normalised(rows: np.ndarray) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+_LORA_LINEARS = ("Wqkv", "out_proj", "fc1", "fc2", "dense")  # jina's flash implementation's linears
+
+
+def jina_own_format(
+    native_dir: Path, target_dir: Path, tasks: list[str], theta: float, seed: int = 7
+) -> dict[str, dict[str, torch.Tensor]]:
+    """`native_dir` (transformers' JinaEmbeddingsV3Model format) rewritten into `target_dir` as Jina's
+    own checkpoint (XLMRobertaLoRA: every linear and embedding a parametrization with random
+    per-task LoRA factors, "roberta."-prefixed, config.json as Jina writes it). Returns, per task,
+    the native state dict with that task merged, as Jina's LoRAParametrization.lora_forward merges it."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(native_dir, target_dir)
+    weights = load_file(native_dir / "model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    rank, alpha = 4, 1.0
+    own: dict[str, torch.Tensor] = {}
+    merged: dict[str, dict[str, torch.Tensor]] = {task: dict(weights) for task in tasks}
+    for key, tensor in weights.items():
+        module = key.removesuffix(".weight")
+        is_embedding = module.startswith("embeddings.")
+        if not key.endswith(".weight") or not (is_embedding or module.split(".")[-1] in _LORA_LINEARS):
+            own[f"roberta.{key}"] = tensor
+            continue
+        rows, cols = tensor.shape
+        shapes = ((rows, rank), (rank, cols)) if is_embedding else ((rank, cols), (rows, rank))
+        lora_a = torch.randn(len(tasks), *shapes[0], generator=generator) * 0.3
+        lora_b = torch.randn(len(tasks), *shapes[1], generator=generator) * 0.3
+        own[f"roberta.{module}.parametrizations.weight.original"] = tensor
+        own[f"roberta.{module}.parametrizations.weight.0.lora_A"] = lora_a
+        own[f"roberta.{module}.parametrizations.weight.0.lora_B"] = lora_b
+        for t, task in enumerate(tasks):  # lora_forward: X + matmul(*swap((B[t], A[t]))).view(X.shape) * s
+            pair = (lora_a[t], lora_b[t]) if is_embedding else (lora_b[t], lora_a[t])
+            merged[task][key] = tensor + torch.matmul(*pair).view(tensor.shape) * (alpha / rank)
+    (target_dir / "model.safetensors").unlink()
+    save_file(own, target_dir / "model.safetensors")
+    config = json.loads((native_dir / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k != "rope_parameters"}
+    config |= {
+        "model_type": "xlm-roberta", "architectures": ["XLMRobertaLoRA"],
+        "auto_map": {"AutoModel": "jinaai/xlm-roberta-flash-implementation--modeling_lora.XLMRobertaLoRA"},
+        "position_embedding_type": "rotary", "rotary_emb_base": theta,
+        "lora_adaptations": tasks, "lora_rank": rank, "lora_alpha": alpha, "lora_dropout_p": 0.0,
+        "task_instructions": {task: "" for task in tasks}, "load_trained_adapters": True,
+    }  # fmt: skip
+    (target_dir / "config.json").write_text(json.dumps(config))
+    return merged

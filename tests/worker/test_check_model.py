@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from encoder_dirs import jina_own_format
 from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir
@@ -152,6 +153,18 @@ def gte_new_spelling(config: dict) -> dict:
     }  # fmt: skip
 
 
+def jina_v3_own_format(path: Path) -> Path:
+    """jina-embeddings-v3 as Jina publishes it: XLMRobertaLoRA's config.json and parametrized weights
+    with task LoRA factors (random), its sentence-transformers pipeline."""
+    native = path / "native"
+    native.mkdir()
+    encoder_embedder(
+        lambda: transformers.JinaEmbeddingsV3Model(transformers.JinaEmbeddingsV3Config(**TINY)), "mean"
+    )(native)
+    jina_own_format(native, path / "model", ["retrieval.query", "retrieval.passage"], theta=20000.0)
+    return path / "model"
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -236,17 +249,7 @@ CASES = {
             lambda: transformers.JinaEmbeddingsV3Model(transformers.JinaEmbeddingsV3Config(**TINY)), "mean"
         )
     ),
-    "`jinaai/jina-embeddings-v3` (its own code, task LoRA adapters)": Case(
-        config_only(
-            {
-                **transformers.XLMRobertaConfig(**TINY).to_dict(),
-                **custom_code("xlm-roberta", "XLMRobertaLoRA"),
-                "position_embedding_type": "rotary",
-                "lora_adaptations": ["retrieval.query", "retrieval.passage", "separation"],
-            }
-        ),
-        "task LoRA adapters",
-    ),
+    "`jinaai/jina-embeddings-v3` (Jina's own format, task LoRA adapters)": Case(jina_v3_own_format),
     "`jinaai/jina-embeddings-v2-base-en`": Case(
         config_only(
             {

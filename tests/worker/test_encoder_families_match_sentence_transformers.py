@@ -4,6 +4,8 @@ sentence-transformers 6): ragged batches of mixed lengths, alone and together; e
 the published models ship; the options each family refuses."""
 
 import json
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import transformers
 from encoder_dirs import (
     VOCAB_SIZE,
     cosine_rows,
+    jina_own_format,
     normalised,
     randomise_norms,
     save_sentence_transformer,
@@ -210,15 +213,12 @@ REFUSED = {
         {"architectures": ["DistilBertForSequenceClassification"]},
         "not its sequence-classification",
     ),
-    "jina-lora-checkpoint": (
+    "jina-adapter-not-its-own": (
         "jina-embeddings-v3",
-        {
-            "model_type": "xlm-roberta",
-            "position_embedding_type": "rotary",
-            "lora_adaptations": ["retrieval.query", "retrieval.passage"],
-        },
-        "adapters: retrieval.query, retrieval.passage",
+        {},
+        "adapter 'retrieval.query' is not one of this model's: it has no task adapters",
     ),
+    "adapter-on-a-family-without": ("nomic-bert", {}, "a nomic_bert model has no task adapters"),
 }
 
 
@@ -226,10 +226,12 @@ REFUSED = {
 def test_an_option_not_served_is_refused_at_start_naming_it(tmp_path, family, changes, reason):
     path = build(tmp_path / "model", family)
     rewrite_config(path, **{k: ... if v is None else v for k, v in changes.items()})
+    adapter = "retrieval.query" if "adapter" in reason else ""
     with pytest.raises(InvalidInput) as raised:
-        load_engine(WorkerConfig(model=path, device="cpu"))
+        load_engine(WorkerConfig(model=path, device="cpu", adapter=adapter))
     assert reason in str(raised.value)
-    assert check(path).reason == str(raised.value)  # check-model says what the worker says
+    if not adapter:  # check-model says what the worker says
+        assert check(path).reason == str(raised.value)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -239,3 +241,45 @@ def test_check_model_names_the_family_and_what_is_served(tmp_path, family):
     assert result.is_servable, result.reason
     assert result.family == SERVED_AS[family]
     assert result.pooling == FAMILIES[family][2] and result.dimensions == 64 and result.loaded
+
+
+TASKS = ["retrieval.query", "retrieval.passage", "text-matching"]
+
+
+@pytest.fixture(scope="module")
+def jina_dirs(tmp_path_factory):
+    """(transformers' format, Jina's own with adapters, per task the reference's vectors)."""
+    from safetensors.torch import save_file
+
+    base = tmp_path_factory.mktemp("jina")
+    native = build(base / "native", "jina-embeddings-v3")
+    merged = jina_own_format(native, base / "own", TASKS, theta=ROPE["rope_theta"])
+    sequences = texts(8)
+    references = {"": SentenceTransformer(str(native), device="cpu").encode(sequences)}
+    for task, state in merged.items():  # the reference: transformers' class on the merged weights
+        task_dir = base / f"merged-{task}"
+        shutil.copytree(native, task_dir)
+        save_file(state, task_dir / "model.safetensors")
+        references[task] = SentenceTransformer(str(task_dir), device="cpu").encode(sequences)
+    return native, base / "own", sequences, references
+
+
+@pytest.mark.parametrize("adapter", ["", *TASKS], ids=["no-adapter", *TASKS])
+def test_jina_own_checkpoint_serves_the_deployments_task_adapter(jina_dirs, adapter):
+    _, own, sequences, references = jina_dirs
+    engine = load_engine(WorkerConfig(model=own, device="cpu", adapter=adapter))
+    ids, lengths = token_ids(own, sequences)
+    assert_matches(engine.step(engine.pack(ids, lengths)).wait(), references[adapter])
+
+
+def test_jina_adapters_act_on_the_test_texts_and_check_model_names_them(jina_dirs):
+    _, own, _, references = jina_dirs
+    for task in TASKS:
+        assert cosine_rows(references[task], references[""]).max() < MIN_COSINE
+    result = check(own, load=True)
+    assert result.is_servable and result.family == "jina_embeddings_v3"
+    assert result.adapters == TASKS
+    with pytest.raises(
+        InvalidInput, match=re.escape("its tasks are retrieval.query, retrieval.passage, text-matching")
+    ):
+        load_engine(WorkerConfig(model=own, device="cpu", adapter="classification"))

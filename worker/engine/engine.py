@@ -244,6 +244,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         )
     if config.normalize is not None:
         model_dir = dataclasses.replace(model_dir, normalize=config.normalize)
+    if config.adapter:
+        model_dir = dataclasses.replace(model_dir, adapter=config.adapter)
     # Probed up to the configured budget; a longer single sequence takes the last range's backend.
     backend, attend, is_varlen = _resolve_attention(
         config.attention_backend, model_dir, device, dtype, config.max_batch_tokens

@@ -16,6 +16,7 @@ import torch
 
 from kembed.worker.engine.layers.attention import Attention
 from kembed.worker.engine.models.bert import _ACTIVATIONS, BertEmbedder, BertShape
+from kembed.worker.engine.models.model_dir import ModelDir
 from kembed.worker.errors import InvalidInput
 
 DISTILBERT_FAMILY = ("distilbert",)
@@ -84,9 +85,9 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
 
 
 def build_distilbert(
-    config: dict[str, Any], weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
 ) -> BertEmbedder:
     """A DistilBERT embedder on bert.py's encoder, weights loaded, on the CPU."""
-    model = BertEmbedder(distilbert_shape(config), attend, pooling)
-    model.encoder.load_hf_weights(bert_weights(weights, config))
+    model = BertEmbedder(distilbert_shape(model_dir.config), attend, pooling)
+    model.encoder.load_hf_weights(bert_weights(weights, model_dir.config))
     return model

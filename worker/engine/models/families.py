@@ -19,7 +19,7 @@ from kembed.worker.engine.models.jina_v3 import (
     build_jina_v3,
     is_jina_lora_checkpoint,
     jina_v3_shape,
-    refuse_jina_lora_checkpoint,
+    tasks_of,
 )
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
 from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
@@ -29,7 +29,7 @@ from kembed.worker.engine.models.served import PooledEmbedder, ServedModel
 from kembed.worker.engine.models.splade import SpladeEmbedder
 from kembed.worker.errors import InvalidInput
 
-Builder = Callable[[dict[str, Any], dict[str, torch.Tensor], Attention, str], PooledEmbedder]
+Builder = Callable[[ModelDir, dict[str, torch.Tensor], Attention, str], PooledEmbedder]
 
 
 class _Encoder:
@@ -64,7 +64,7 @@ def family_of(model_dir: ModelDir) -> str:
     architectures = model_dir.config.get("architectures") or ()
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
     if model_type in BERT_FAMILY and is_jina_lora_checkpoint(model_dir.config):
-        raise refuse_jina_lora_checkpoint(model_dir.config)
+        return "jina_embeddings_v3"  # Jina's own format: XLM-R with rotary positions and task adapters
     if model_type in BERT_FAMILY and is_classifier:
         return "cross-encoder"
     if model_type in BERT_FAMILY:
@@ -109,6 +109,8 @@ def pooling_of(model_dir: ModelDir) -> str:
 def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
     family = family_of(model_dir)
+    if model_dir.adapter and family != "jina_embeddings_v3":
+        raise InvalidInput(f"adapter {model_dir.adapter!r}: a {family} model has no task adapters")
     if family == "cross-encoder":
         if model_dir.dense:
             raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
@@ -125,7 +127,7 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
         embedder.encoder.load_hf_weights(load_weights(model_dir.path))
     elif family in ENCODERS:
         build = ENCODERS[family].build
-        embedder = build(model_dir.config, load_weights(model_dir.path), attend, pooling_of(model_dir))
+        embedder = build(model_dir, load_weights(model_dir.path), attend, pooling_of(model_dir))
     else:
         embedder = build_qwen3(model_dir, attend)
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
@@ -165,3 +167,8 @@ def network_of(model_dir: ModelDir) -> str:
         f"{shape.num_layers} post-norm layers of {shape.hidden_size} ({shape.num_heads} heads), absolute "
         f"positions, {tokens}, {shape.activation} MLP, bidirectional attention{names}"
     )
+
+
+def adapters_of(model_dir: ModelDir) -> tuple[str, ...]:
+    """The task adapters a deployment of `model_dir` may pick (WorkerConfig.adapter); () for none."""
+    return tasks_of(model_dir.config) if family_of(model_dir) == "jina_embeddings_v3" else ()

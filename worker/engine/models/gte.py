@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kembed.worker.engine.layers.attention import Attention
+from kembed.worker.engine.models.model_dir import ModelDir
 from kembed.worker.engine.models.rotary_bert import (
     RotaryEmbedder,
     RotaryEncoderShape,
@@ -88,10 +89,10 @@ def gte_state(weights: dict[str, torch.Tensor], shape: RotaryEncoderShape) -> di
 
 
 def build_gte(
-    config: dict[str, Any], weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
 ) -> RotaryEmbedder:
     """A GTE embedder, weights loaded, on the CPU."""
-    shape = gte_shape(config)
+    shape = gte_shape(model_dir.config)
     model = RotaryEmbedder(shape, attend, pooling)
     model.encoder.load(gte_state(weights, shape))
     return model

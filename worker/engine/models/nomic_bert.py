@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kembed.worker.engine.layers.attention import Attention
+from kembed.worker.engine.models.model_dir import ModelDir
 from kembed.worker.engine.models.rotary_bert import (
     RotaryEmbedder,
     RotaryEncoderShape,
@@ -126,10 +127,10 @@ def nomic_state(weights: dict[str, torch.Tensor], shape: RotaryEncoderShape) -> 
 
 
 def build_nomic(
-    config: dict[str, Any], weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
 ) -> RotaryEmbedder:
     """A NomicBERT embedder, weights loaded, on the CPU."""
-    shape = nomic_shape(config)
+    shape = nomic_shape(model_dir.config)
     model = RotaryEmbedder(shape, attend, pooling)
     model.encoder.load(nomic_state(weights, shape))
     return model
