@@ -9,7 +9,7 @@ Rotary scaling: NewModel's fixed NTK (`rope_scaling: {type: ntk, factor}`: the s
 every position), transformers' linear and dynamic (read_rope). NewModel's unpadding and its
 memory-efficient attention are implementation choices with the same result: kembed packs anyway.
 Refused, naming each: absolute positions, RMSNorm (layer_norm_type rms_norm), log-n attention
-scaling, mixed NTK.
+scaling, separate q/k/v projections (pack_qkv false), mixed NTK.
 """
 
 from typing import Any
@@ -36,6 +36,7 @@ def gte_shape(config: dict[str, Any]) -> RotaryEncoderShape:
         ("position_embedding_type", "rope"),
         ("layer_norm_type", "layer_norm"),
         ("logn_attention_scale", False),
+        ("pack_qkv", True),
     ):
         if config.get(option, served) != served:
             raise InvalidInput(

@@ -22,6 +22,7 @@ base weights are served, as the model's `encode` without a task does. The task's
 prefix ("Represent the query for retrieving evidence documents: ") is a prompt, the gateway's.
 """
 
+import logging
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ from kembed.worker.engine.models.rotary_bert import (
     take,
 )
 from kembed.worker.errors import InvalidInput
+
+log = logging.getLogger(__name__)
 
 JINA_V3_FAMILY = ("jina_embeddings_v3",)
 _ORIGINAL, _LORA = ".parametrizations.weight.original", ".parametrizations.weight.0.lora_"
@@ -148,4 +151,13 @@ def build_jina_v3(
     shape = jina_v3_shape(model_dir.config)
     model = RotaryEmbedder(shape, attend, pooling)
     model.encoder.load(jina_v3_state(weights, model_dir.config, shape, model_dir.adapter))
+    tasks = tasks_of(model_dir.config)
+    if model_dir.adapter:
+        log.info("jina-embeddings-v3: task adapter %s merged into the weights", model_dir.adapter)
+    elif tasks:
+        log.warning(
+            "jina-embeddings-v3: no --adapter, so the base weights are served (as its encode without a "
+            "task); its task adapters: %s",
+            ", ".join(tasks),
+        )
     return model

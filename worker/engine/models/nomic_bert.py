@@ -31,12 +31,14 @@ from kembed.worker.engine.models.rotary_bert import (
 from kembed.worker.errors import InvalidInput
 
 NOMIC_FAMILY = ("nomic_bert",)
-# nomic's own config options kembed does not serve, with the value that means "off" (absent or 0: off too)
-_REFUSED = {
+# nomic's own config options and the one value of each kembed serves (None: absent, null or 0)
+_SERVED = {
     "prenorm": False,
     "parallel_block": False,
     "use_rms_norm": False,
     "causal": False,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
     "rotary_scaling_factor": None,
     "rotary_emb_scale_base": None,
     "moe_every_n_layers": None,
@@ -47,11 +49,10 @@ _REFUSED = {
 def nomic_shape(config: dict[str, Any]) -> RotaryEncoderShape:
     """The rotary encoder of a NomicBERT config.json, in either spelling; InvalidInput naming an
     option kembed does not serve."""
-    for option, off in _REFUSED.items():
-        if config.get(option) not in (None, off, 0):
-            raise InvalidInput(
-                f"NomicBERT with {option}={config[option]!r} is not served (kembed serves {off})"
-            )
+    for option, served in _SERVED.items():
+        value = config.get(option)
+        if value is not None and value != served and not (served is None and value == 0):
+            raise InvalidInput(f"NomicBERT with {option}={value!r} is not served (kembed serves {served})")
     if "n_embd" in config:  # nomic's own spelling (GPT-2's field names)
         activation = config.get("activation_function", "swiglu")
         if activation != "swiglu":
