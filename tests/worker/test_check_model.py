@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from encoder_dirs import jina_own_format
 from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir
@@ -110,6 +111,60 @@ def qwen3_embedding(path: Path) -> Path:
     return with_tokenizer(path)
 
 
+def encoder_embedder(
+    model: Callable[[], transformers.PreTrainedModel],
+    pooling: str,
+    config_json: Callable[[dict], dict] | None = None,
+) -> Callable[[Path], Path]:
+    """`model()` saved with a sentence-transformers pipeline; `config_json` rewrites its config.json
+    as the published checkpoint spells it."""
+
+    def build(path: Path) -> Path:
+        save(model(), path)
+        if config_json is not None:
+            config = json.loads((path / "config.json").read_text())
+            (path / "config.json").write_text(json.dumps(config_json(config)))
+        write_pipeline(path, pooling_config(pooling), normalize=True)
+        return with_tokenizer(path)
+
+    return build
+
+
+def nomic_own_spelling(config: dict) -> dict:
+    """nomic-embed-text-v1.5's config.json: GPT-2's field names, rotary_emb_*, its custom code."""
+    return {
+        **custom_code("nomic_bert", "NomicBert"), "activation_function": "swiglu",
+        "n_embd": config["hidden_size"], "n_head": config["num_attention_heads"],
+        "n_layer": config["num_hidden_layers"], "n_inner": config["intermediate_size"],
+        "n_positions": 8192, "vocab_size": config["vocab_size"], "type_vocab_size": 2,
+        "layer_norm_epsilon": 1e-12, "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False, "rotary_scaling_factor": None, "qkv_proj_bias": False,
+        "mlp_fc1_bias": False, "mlp_fc2_bias": False, "prenorm": False, "causal": False,
+    }  # fmt: skip
+
+
+def gte_new_spelling(config: dict) -> dict:
+    """gte-base-en-v1.5's config.json: model_type new, fixed NTK rotary scaling, its custom code."""
+    config = {k: v for k, v in config.items() if k != "rope_parameters"}
+    return {
+        **config, **custom_code("new", "New"), "position_embedding_type": "rope", "rope_theta": 500000,
+        "rope_scaling": {"type": "ntk", "factor": 2.0}, "layer_norm_type": "layer_norm",
+        "logn_attention_scale": False, "type_vocab_size": 0, "pack_qkv": True, "unpad_inputs": True,
+    }  # fmt: skip
+
+
+def jina_v3_own_format(path: Path) -> Path:
+    """jina-embeddings-v3 as Jina publishes it: XLMRobertaLoRA's config.json and parametrized weights
+    with task LoRA factors (random), its sentence-transformers pipeline."""
+    native = path / "native"
+    native.mkdir()
+    encoder_embedder(
+        lambda: transformers.JinaEmbeddingsV3Model(transformers.JinaEmbeddingsV3Config(**TINY)), "mean"
+    )(native)
+    jina_own_format(native, path / "model", ["retrieval.query", "retrieval.passage"], theta=20000.0)
+    return path / "model"
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -167,12 +222,34 @@ CASES = {
     "`cross-encoder/ms-marco-MiniLM-L-6-v2`": Case(
         cross_encoder(transformers.BertConfig, transformers.BertForSequenceClassification)
     ),
-    "`nomic-ai/nomic-embed-text-v1.5`": Case(
-        config_only(custom_code("nomic_bert", "NomicBert")), "custom code"
+    "`sentence-transformers/multi-qa-distilbert-cos-v1`": Case(
+        encoder_embedder(
+            lambda: transformers.DistilBertModel(
+                transformers.DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+            ),
+            "mean",
+        )
+    ),
+    "`nomic-ai/nomic-embed-text-v1`, `-v1.5`": Case(
+        encoder_embedder(
+            lambda: transformers.NomicBertModel(transformers.NomicBertConfig(**TINY)),
+            "mean",
+            nomic_own_spelling,
+        )
     ),
     "`Alibaba-NLP/gte-base-en-v1.5`, `gte-multilingual-base`": Case(
-        config_only(custom_code("new", "New")), "custom code"
+        encoder_embedder(
+            lambda: transformers.GteModel(transformers.GteConfig(**TINY, type_vocab_size=0)),
+            "cls",
+            gte_new_spelling,
+        )
     ),
+    "`jinaai/jina-embeddings-v3` in transformers' format": Case(
+        encoder_embedder(
+            lambda: transformers.JinaEmbeddingsV3Model(transformers.JinaEmbeddingsV3Config(**TINY)), "mean"
+        )
+    ),
+    "`jinaai/jina-embeddings-v3` (Jina's own format, task LoRA adapters)": Case(jina_v3_own_format),
     "`jinaai/jina-embeddings-v2-base-en`": Case(
         config_only(
             {

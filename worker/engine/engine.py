@@ -244,6 +244,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         )
     if config.normalize is not None:
         model_dir = dataclasses.replace(model_dir, normalize=config.normalize)
+    if config.adapter:
+        model_dir = dataclasses.replace(model_dir, adapter=config.adapter)
     # Probed up to the configured budget; a longer single sequence takes the last range's backend.
     backend, attend, is_varlen = _resolve_attention(
         config.attention_backend, model_dir, device, dtype, config.max_batch_tokens
@@ -255,6 +257,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
             num_fp8 = quantize_linears(model)  # after the move: quantised on the device, in bf16
         except ValueError as exc:
             raise StartupError(f"--linear-dtype fp8: {exc}") from None
+        if num_fp8 == 0:  # a family without an fp8 path (its layers name no FP8_LINEARS)
+            raise StartupError(f"--linear-dtype fp8: model_type {model_dir.model_type!r} has no fp8 path")
         dtype_name += "+fp8"
         log.warning(
             "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8

@@ -37,7 +37,9 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # "bert", "qwen3" (embedders) or "cross-encoder" (scores)
+    family: str = ""  # an embedder family ("bert", "qwen3", "distilbert", ...) or "cross-encoder" (scores)
+    network: str = ""  # the network served, in a line
+    adapters: list[str] = field(default_factory=list)  # task adapters a deployment picks one of
     task: str = ""  # "embed" or "score", as the worker's Info reports it
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
@@ -87,7 +89,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     # torch's modules, imported here so that `check-model --help` answers at once
     from kembed.worker.engine.engine import resolve_dtype
     from kembed.worker.engine.models.cross_encoder import cross_encoder_architecture
-    from kembed.worker.engine.models.families import family_of, pooling_of, shape_of
+    from kembed.worker.engine.models.families import adapters_of, family_of, network_of, pooling_of, shape_of
     from kembed.worker.engine.models.model_dir import read_model_dir, weight_files
 
     if not path.is_dir():
@@ -97,6 +99,8 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.architectures = [str(a) for a in model_dir.config.get("architectures") or ()]
     result.family = family_of(model_dir)
     shape = shape_of(model_dir)
+    result.network = network_of(model_dir)
+    result.adapters = list(adapters_of(model_dir))
     result.max_positions = shape.max_sequence_length
     if result.family == "cross-encoder":
         result.task = "score"
@@ -207,6 +211,11 @@ def render(result: ModelCheck) -> str:
     if result.family:
         served = "relevance scores (a cross-encoder)" if result.task == "score" else "embeddings"
         lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
+    if result.network:
+        lines.append(("network", result.network))
+    if result.adapters:
+        tasks = ", ".join(result.adapters)
+        lines.append(("adapters", f"{tasks} (one per deployment: --adapter; without, the base weights)"))
     if result.pooling:
         lines.append(("pooling", f"{result.pooling} ({result.pooling_source})"))
         if result.dense:

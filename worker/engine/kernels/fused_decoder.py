@@ -24,7 +24,12 @@ except ImportError:  # CPU-only torch builds ship without Triton
 def can_fuse(x: torch.Tensor, head_dim: int) -> bool:
     """Whether the fused kernels serve this tensor: CUDA, Triton present, half head a power of two."""
     half = head_dim // 2
-    return triton is not None and x.is_cuda and half & (half - 1) == 0
+    return can_run(x) and half & (half - 1) == 0
+
+
+def can_run(x: torch.Tensor) -> bool:
+    """Whether the kernels here run on `x` at all: on CUDA, with Triton installed."""
+    return triton is not None and x.is_cuda
 
 
 def rms_norm(

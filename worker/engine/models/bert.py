@@ -127,7 +127,10 @@ class BertEncoder(nn.Module):
         self.shape = shape
         self.word_embeddings = nn.Embedding(shape.vocab_size, shape.hidden_size)
         self.position_embeddings = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
-        self.token_type_embeddings = nn.Embedding(shape.type_vocab_size, shape.hidden_size)
+        # DistilBERT has no token types (type_vocab_size 0): nothing is added for them
+        self.token_type_embeddings = (
+            nn.Embedding(shape.type_vocab_size, shape.hidden_size) if shape.type_vocab_size else None
+        )
         self.embed_norm = nn.LayerNorm(shape.hidden_size, eps=shape.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(shape, attend) for _ in range(shape.num_layers))
 
@@ -138,11 +141,11 @@ class BertEncoder(nn.Module):
         token_type_ids: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x: torch.Tensor = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(position_ids + self.shape.position_offset)
-            + self.token_type_embeddings(token_type_ids)
+        x: torch.Tensor = self.word_embeddings(input_ids) + self.position_embeddings(
+            position_ids + self.shape.position_offset
         )
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)
         x = self.embed_norm(x)
         if x.is_cuda and is_quantized(self.layers[0]):
             xq = quantize_rows(x)
@@ -158,10 +161,11 @@ class BertEncoder(nn.Module):
         state = {
             "word_embeddings.weight": weights["embeddings.word_embeddings.weight"],
             "position_embeddings.weight": weights["embeddings.position_embeddings.weight"],
-            "token_type_embeddings.weight": weights["embeddings.token_type_embeddings.weight"],
             "embed_norm.weight": weights["embeddings.LayerNorm.weight"],
             "embed_norm.bias": weights["embeddings.LayerNorm.bias"],
         }
+        if self.token_type_embeddings is not None:
+            state["token_type_embeddings.weight"] = weights["embeddings.token_type_embeddings.weight"]
         for i in range(self.shape.num_layers):
             hf = f"encoder.layer.{i}."
             ours = f"layers.{i}."

@@ -3,29 +3,83 @@
 Every family implements `ServedModel` (served.py); a new family is a module plus a branch here.
 """
 
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
 from kembed.worker.engine.layers.attention import Attention, AttentionShape
 from kembed.worker.engine.models.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.models.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.models.distilbert import DISTILBERT_FAMILY, build_distilbert, distilbert_shape
+from kembed.worker.engine.models.gte import GTE_FAMILY, build_gte, gte_shape
 from kembed.worker.engine.models.heads import M3Heads
+from kembed.worker.engine.models.jina_v3 import (
+    JINA_V3_FAMILY,
+    build_jina_v3,
+    is_jina_lora_checkpoint,
+    jina_v3_shape,
+    tasks_of,
+)
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
+from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
 from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
+from kembed.worker.engine.models.rotary_bert import RotaryEncoderShape
 from kembed.worker.engine.models.served import PooledEmbedder, ServedModel
 from kembed.worker.engine.models.splade import SpladeEmbedder
 from kembed.worker.errors import InvalidInput
 
+Builder = Callable[[ModelDir, dict[str, torch.Tensor], Attention, str], PooledEmbedder]
+
+
+class _Encoder:
+    """An encoder embedder family: its model_types, config reading, builder and the pooling its
+    published pipelines use (the default for a directory without modules.json)."""
+
+    def __init__(
+        self,
+        model_types: tuple[str, ...],
+        shape: Callable[[dict[str, Any]], BertShape | RotaryEncoderShape],
+        build: Builder,
+        pooling: str,
+    ) -> None:
+        self.model_types, self.shape, self.build, self.pooling = model_types, shape, build, pooling
+
+
+# family name -> the encoder embedder families besides BERT's (their names are check-model's)
+ENCODERS = {
+    "distilbert": _Encoder(DISTILBERT_FAMILY, distilbert_shape, build_distilbert, "mean"),
+    "nomic_bert": _Encoder(NOMIC_FAMILY, nomic_shape, build_nomic, "mean"),
+    "gte": _Encoder(GTE_FAMILY, gte_shape, build_gte, "cls"),
+    "jina_embeddings_v3": _Encoder(JINA_V3_FAMILY, jina_v3_shape, build_jina_v3, "mean"),
+}
+SUPPORTED_MODEL_TYPES = (*BERT_FAMILY, *QWEN3_FAMILY, *(t for e in ENCODERS.values() for t in e.model_types))
+
 
 def family_of(model_dir: ModelDir) -> str:
     """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
-    sequence-classification head: scores), `bert` or `qwen3` (embedders); InvalidInput saying why not."""
+    sequence-classification head: scores), or an embedder's (`bert`, `qwen3`, or a key of ENCODERS);
+    InvalidInput saying why not."""
     model_type = model_dir.model_type
     architectures = model_dir.config.get("architectures") or ()
-    if model_type in BERT_FAMILY and any(a.endswith("ForSequenceClassification") for a in architectures):
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    if model_type in BERT_FAMILY and is_jina_lora_checkpoint(model_dir.config):
+        return "jina_embeddings_v3"  # Jina's own format: XLM-R with rotary positions and task adapters
+    if model_type in BERT_FAMILY and is_classifier:
         return "cross-encoder"
     if model_type in BERT_FAMILY:
         return "bert"
     if model_type in QWEN3_FAMILY:
         return "qwen3"
-    supported = ", ".join((*BERT_FAMILY, *QWEN3_FAMILY))
+    for family, encoder in ENCODERS.items():
+        if model_type in encoder.model_types:
+            if is_classifier:
+                raise InvalidInput(
+                    f"architectures {list(architectures)}: kembed serves {family} as an embedder, not its "
+                    "sequence-classification head (cross-encoders: BERT, RoBERTa, XLM-RoBERTa)"
+                )
+            return family
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
     custom = model_dir.config.get("auto_map")
     if custom:  # the architecture exists only as the checkpoint's own Python code
         raise InvalidInput(
@@ -47,12 +101,16 @@ def pooling_of(model_dir: ModelDir) -> str:
         return f"splade {model_dir.splade.pooling}, {model_dir.splade.activation}"
     if family == "bert":
         return model_dir.pooling or "mean"
+    if family in ENCODERS:
+        return model_dir.pooling or ENCODERS[family].pooling
     return ""
 
 
 def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     """The served network for `model_dir`, weights loaded, on the CPU in the checkpoint's dtype."""
     family = family_of(model_dir)
+    if model_dir.adapter and family != "jina_embeddings_v3":
+        raise InvalidInput(f"adapter {model_dir.adapter!r}: a {family} model has no task adapters")
     if family == "cross-encoder":
         if model_dir.dense:
             raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
@@ -67,6 +125,9 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     if family == "bert":
         embedder = BertEmbedder(BertShape.from_config(model_dir.config), attend, pooling_of(model_dir))
         embedder.encoder.load_hf_weights(load_weights(model_dir.path))
+    elif family in ENCODERS:
+        build = ENCODERS[family].build
+        embedder = build(model_dir, load_weights(model_dir.path), attend, pooling_of(model_dir))
     else:
         embedder = build_qwen3(model_dir, attend)
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
@@ -74,10 +135,13 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     return embedder
 
 
-def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape:
+def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape | RotaryEncoderShape:
     """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
-    if model_dir.model_type in QWEN3_FAMILY:
+    family = family_of(model_dir)
+    if family == "qwen3":
         return Qwen3Shape.from_config(model_dir.config)
+    if family in ENCODERS:
+        return ENCODERS[family].shape(model_dir.config)
     return BertShape.from_config(model_dir.config)  # raises InvalidInput for an unsupported family
 
 
@@ -87,3 +151,24 @@ def attention_shape(model_dir: ModelDir) -> AttentionShape:
     if isinstance(shape, Qwen3Shape):
         return AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal)
     return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False)
+
+
+def network_of(model_dir: ModelDir) -> str:
+    """What network is served, in a line (check-model)."""
+    family, shape = family_of(model_dir), shape_of(model_dir)
+    if isinstance(shape, RotaryEncoderShape):
+        return shape.describe()
+    if isinstance(shape, Qwen3Shape):
+        attention = "causal" if shape.is_causal else "bidirectional"
+        return f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}, {attention} attention"
+    tokens = "token types" if shape.type_vocab_size else "no token types"
+    names = " (DistilBERT's weight names)" if family == "distilbert" else ""
+    return (
+        f"{shape.num_layers} post-norm layers of {shape.hidden_size} ({shape.num_heads} heads), absolute "
+        f"positions, {tokens}, {shape.activation} MLP, bidirectional attention{names}"
+    )
+
+
+def adapters_of(model_dir: ModelDir) -> tuple[str, ...]:
+    """The task adapters a deployment of `model_dir` may pick (WorkerConfig.adapter); () for none."""
+    return tasks_of(model_dir.config) if family_of(model_dir) == "jina_embeddings_v3" else ()

@@ -38,6 +38,7 @@ class ModelDir:
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
     dense: tuple[DenseSpec, ...] = ()  # Dense modules after pooling, in order (applied by the model)
     splade: SpladeSpec | None = None  # a SparseEncoder's SpladePooling (splade.py); None: not one
+    adapter: str = ""  # the deployment's task adapter (WorkerConfig.adapter); "": the base weights
 
     @property
     def model_type(self) -> str:
