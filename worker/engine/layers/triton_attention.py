@@ -11,6 +11,9 @@ sequences' block counts, so a bucket of many short sequences launches no program
 it could have held. Key blocks wholly inside the sequence (and, when causal, before the query block)
 skip the masks; causal programs take their sequence's query blocks last first, the longest rows first.
 The query block is 128 rows where the bucket's sequence slots average 256 tokens or more, 64 below.
+A `DistanceBias` (MPNet, T5: relative_bias.py) is added to each score tile from its table, indexed by
+the clamped distance key - query within the sequence, with the bias's own softmax scale (T5: 1): the
+table is a few KiB a model, read through the cache, and a buffer of the model, so graphs replay it.
 """
 
 import math
@@ -18,6 +21,7 @@ import math
 import torch
 
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
+from kembed.worker.engine.layers.relative_bias import DISTANCE, AttentionBias, DistanceBias
 
 try:
     import triton
@@ -46,10 +50,20 @@ def grid_blocks(num_tokens: int, num_slots: int, block_m: int) -> int:
 class TritonAttention(Attention):
     """The kernel above behind the `Attention` call; packed [tokens, heads, head_dim] in and out."""
 
+    bias_kinds = (DISTANCE,)
+
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
-        return varlen_attention(q, k, v, meta.cu_seqlens, causal)
+        self.refuse_bias(bias)
+        assert bias is None or isinstance(bias, DistanceBias)
+        return varlen_attention(q, k, v, meta.cu_seqlens, causal, bias=bias)
 
 
 def varlen_attention(
@@ -59,9 +73,11 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     causal: bool,
     tile: Tile | None = None,
+    bias: DistanceBias | None = None,
 ) -> torch.Tensor:
     """Attention of packed q [tokens, heads, dim] and k, v [tokens, kv heads, dim] within the
-    sequences `cu_seqlens` (int32, on the device) delimits; `tile`: `tiles`' choice overridden."""
+    sequences `cu_seqlens` (int32, on the device) delimits; `tile`: `tiles`' choice overridden;
+    `bias`: added to the scores, which it scales by its own `scale`."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim not in HEAD_DIMS or num_heads % num_kv_heads:
@@ -75,13 +91,19 @@ def varlen_attention(
     num_slots = cu_seqlens.shape[0] - 1  # static per bucket: its sequence slots
     block_m, block_n, warps, stages, split = tile or tiles(num_tokens, num_slots, head_dim)
     grid = (grid_blocks(num_tokens, num_slots, block_m), num_heads)
+    scale = 1.0 / math.sqrt(head_dim) if bias is None or bias.scale is None else bias.scale
+    if bias is not None and (bias.table.shape[0] != num_heads or bias.table.stride(1) != 1):
+        raise ValueError(f"a distance bias table [{num_heads}, distances] (contiguous) is expected")
+    table = q if bias is None else bias.table  # (unread without a bias)
     _varlen_attention_kernel[grid](
-        q, k, v, out, cu_seqlens, 1.0 / math.sqrt(head_dim),
+        q, k, v, out, cu_seqlens, table, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), 0 if bias is None else bias.table.stride(0),
         NUM_SLOTS=num_slots, SLOTS_P2=triton.next_power_of_2(num_slots),
         GROUP=num_heads // num_kv_heads, CAUSAL=causal, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_MASKS=split, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_MASKS=split,
+        HAS_BIAS=bias is not None, MAX_DISTANCE=0 if bias is None else bias.max_distance,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 
@@ -97,12 +119,13 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _attend(  # type: ignore[no-untyped-def]
-        q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
-        stride_kt, stride_kh, stride_vt, stride_vh,
+        q, acc, m_i, l_i, K, V, Bias, start, seqlen, n0, offs_m, head, kv_head, scale,
+        stride_kt, stride_kh, stride_vt, stride_vh, stride_bh,
         MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_BIAS: tl.constexpr, MAX_DISTANCE: tl.constexpr,
     ):  # fmt: skip
         """One key block of the online softmax; MASK: the block crosses the sequence's end or,
-        causal, the diagonal."""
+        causal, the diagonal. HAS_BIAS: the head's distance bias added (in base 2, as the scores)."""
         keys = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
         k_ptrs = K + (start + keys)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
@@ -110,12 +133,18 @@ if triton is not None:
         if MASK:
             valid = keys < seqlen
             s = tl.dot(q, tl.load(k_ptrs, mask=valid[None, :], other=0.0)) * scale
+        else:
+            s = tl.dot(q, tl.load(k_ptrs)) * scale
+        if HAS_BIAS:  # the clamped distance key - query indexes the head's table
+            distance = keys[None, :] - offs_m[:, None]
+            distance = tl.minimum(tl.maximum(distance, -MAX_DISTANCE), MAX_DISTANCE) + MAX_DISTANCE
+            bias = tl.load(Bias + head * stride_bh + distance).to(tl.float32)
+            s += bias * 1.4426950408889634
+        if MASK:
             if CAUSAL:
                 s = tl.where(valid[None, :] & (offs_m[:, None] >= keys[None, :]), s, float("-inf"))
             else:
                 s = tl.where(valid[None, :], s, float("-inf"))
-        else:
-            s = tl.dot(q, tl.load(k_ptrs)) * scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
@@ -127,11 +156,12 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _varlen_attention_kernel(  # type: ignore[no-untyped-def]
-        Q, K, V, Out, CU, sm_scale,
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+        Q, K, V, Out, CU, Bias, sm_scale,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bh,
         NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
         GROUP: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_MASKS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, MAX_DISTANCE: tl.constexpr,
     ):  # fmt: skip
         block = tl.program_id(0)
         head = tl.program_id(1)
@@ -187,15 +217,17 @@ if triton is not None:
             end = seqlen
         for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _attend(
-                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
-                stride_kt, stride_kh, stride_vt, stride_vh,
+                q, acc, m_i, l_i, K, V, Bias, start, seqlen, n0, offs_m, head, kv_head, scale,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_bh,
                 MASK=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                HAS_BIAS=HAS_BIAS, MAX_DISTANCE=MAX_DISTANCE,
             )  # fmt: skip
         for n0 in range(full_end, end, BLOCK_N):
             acc, m_i, l_i = _attend(
-                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
-                stride_kt, stride_kh, stride_vt, stride_vh,
+                q, acc, m_i, l_i, K, V, Bias, start, seqlen, n0, offs_m, head, kv_head, scale,
+                stride_kt, stride_kh, stride_vt, stride_vh, stride_bh,
                 MASK=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                HAS_BIAS=HAS_BIAS, MAX_DISTANCE=MAX_DISTANCE,
             )  # fmt: skip
         acc = acc / l_i[:, None]
         tl.store(
