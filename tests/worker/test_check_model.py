@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from bias_models import write_deberta_reranker, write_mpnet, write_sentence_t5
 from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.engine import load_engine
 from kembed.worker.errors import InvalidInput
-from kembed.worker.tools.check_model import check
+from kembed.worker.tools.check_model import check, render
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "your-model.md"
@@ -167,6 +168,15 @@ CASES = {
     "`cross-encoder/ms-marco-MiniLM-L-6-v2`": Case(
         cross_encoder(transformers.BertConfig, transformers.BertForSequenceClassification)
     ),
+    "`sentence-transformers/all-mpnet-base-v2`, `multi-qa-mpnet-base-cos-v1`": Case(
+        lambda path: write_mpnet(path / "mpnet")
+    ),
+    "`sentence-transformers/sentence-t5-{base,large}`, `gtr-t5-{base,large}`": Case(
+        lambda path: write_sentence_t5(path / "sentence-t5", "relu")
+    ),
+    "`mixedbread-ai/mxbai-rerank-{xsmall,base,large}-v1`": Case(
+        lambda path: write_deberta_reranker(path / "mxbai-rerank", "v3")
+    ),
     "`nomic-ai/nomic-embed-text-v1.5`": Case(
         config_only(custom_code("nomic_bert", "NomicBert")), "custom code"
     ),
@@ -267,6 +277,30 @@ def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
     assert "verdict" in done.stdout and "pytorch_model.bin" in done.stdout
     missing = run_cli(str(tmp_path / "nowhere"))
     assert missing.returncode == 1 and "is not a directory" in missing.stdout
+
+
+@pytest.mark.parametrize(
+    ("build", "attention"),
+    [
+        (lambda path: write_mpnet(path / "mpnet"), "a distance position bias: on a GPU triton in CUDA graphs"),
+        (
+            lambda path: write_deberta_reranker(path / "deberta", "v3"),
+            "a disentangled position bias, which no varlen kernel adds: on a GPU sdpa-padded in the "
+            "eager engine (no CUDA graphs)",
+        ),
+    ],
+    ids=["mpnet-triton", "deberta-eager"],
+)
+def test_check_model_says_how_a_position_bias_runs_on_a_gpu(tmp_path, build, attention):
+    result = check(build(tmp_path))
+    assert result.is_servable and result.attention.startswith(attention), result.attention
+    assert re.search(rf"^attention +{re.escape(result.attention)}$", render(result), re.MULTILINE)
+
+
+def test_check_model_names_the_sentence_t5_dense_layer(tmp_path):
+    result = check(write_sentence_t5(tmp_path / "t5", "gated-gelu"))
+    assert (result.family, result.dimensions, result.normalize) == ("t5", 48, True)
+    assert result.dense == ["2_Dense: 64 -> 48, Identity"]
 
 
 def test_cli_without_a_directory_is_a_usage_error():

@@ -37,7 +37,7 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # "bert", "qwen3" (embedders) or "cross-encoder" (scores)
+    family: str = ""  # "bert", "mpnet", "t5", "qwen3" (embedders), "cross-encoder", "deberta" (scores)
     task: str = ""  # "embed" or "score", as the worker's Info reports it
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
@@ -45,6 +45,7 @@ class ModelCheck:
     dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
+    attention: str = ""  # how attention runs on a GPU, where the family's position bias decides it
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -87,7 +88,13 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     # torch's modules, imported here so that `check-model --help` answers at once
     from kembed.worker.engine.engine import resolve_dtype
     from kembed.worker.engine.models.cross_encoder import cross_encoder_architecture
-    from kembed.worker.engine.models.families import family_of, pooling_of, shape_of
+    from kembed.worker.engine.models.families import (
+        SCORE_FAMILIES,
+        attention_shape,
+        family_of,
+        pooling_of,
+        shape_of,
+    )
     from kembed.worker.engine.models.model_dir import read_model_dir, weight_files
 
     if not path.is_dir():
@@ -98,9 +105,11 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.family = family_of(model_dir)
     shape = shape_of(model_dir)
     result.max_positions = shape.max_sequence_length
-    if result.family == "cross-encoder":
+    result.attention = _attention(attention_shape(model_dir).bias)
+    if result.family in SCORE_FAMILIES:
         result.task = "score"
-        cross_encoder_architecture(model_dir.config)
+        if result.family == "cross-encoder":
+            cross_encoder_architecture(model_dir.config)
     else:
         result.task = "embed"
         result.pooling = pooling_of(model_dir)
@@ -129,6 +138,22 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     spec = load_model_spec(path)  # FileNotFoundError without tokenizer.json
     _read_spec(spec, path, result)
     result.routes = _routes(result.task, sparse_alone=model_dir.splade is not None)
+
+
+def _attention(bias: str) -> str:
+    """How a GPU worker runs the attention of a model whose scores carry a `bias` kind ("": none)."""
+    from kembed.worker.engine.layers.attention_backends import bias_backends
+
+    if not bias:
+        return ""
+    backends = bias_backends(bias)
+    eager = "sdpa-padded in the eager engine (no CUDA graphs)"
+    if not backends:
+        return f"a {bias} position bias, which no varlen kernel adds: on a GPU {eager}"
+    return (
+        f"a {bias} position bias: on a GPU {', '.join(backends)} in CUDA graphs (where installed, "
+        f"head sizes permitting), else {eager}"
+    )
 
 
 def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
@@ -212,6 +237,8 @@ def render(result: ModelCheck) -> str:
         if result.dense:
             lines.append(("dense", "; ".join(result.dense) + " (after pooling, in modules.json)"))
         lines.append(("normalised", "yes (Normalize in modules.json)" if result.normalize else "no"))
+    if result.attention:
+        lines.append(("attention", result.attention))
     if result.dimensions is not None:
         lines.append(("dimensions", str(result.dimensions)))
     if result.labels:

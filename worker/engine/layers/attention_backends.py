@@ -9,14 +9,16 @@ import torch
 from kembed.worker.engine.layers.attention import (
     Attention,
     AttentionShape,
+    FlashAttn4Attention,
     FlashInferAttention,
     SdpaLoopAttention,
     SdpaPaddedAttention,
+    TorchVarlenAttention,
     flash_attn_4_backend,
     flashinfer_backend,
     torch_varlen_backend,
 )
-from kembed.worker.engine.layers.triton_attention import HEAD_DIMS, triton_attention_backend
+from kembed.worker.engine.layers.triton_attention import HEAD_DIMS, TritonAttention, triton_attention_backend
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +63,18 @@ def cuda_backends(
             )
         backends = {name: b for name, b in backends.items() if name not in dropped}
     return backends
+
+
+# Every varlen backend by name and class, installed here or not (what `bias_backends` reads).
+_VARLEN_CLASSES: dict[str, type[Attention]] = {
+    "torch-varlen": TorchVarlenAttention,
+    "flash-attn": FlashAttn4Attention,
+    "flashinfer": FlashInferAttention,
+    "triton": TritonAttention,
+}
+
+
+def bias_backends(bias: str) -> list[str]:
+    """The varlen backends that add a position bias of kind `bias` (AttentionShape.bias), whether
+    installed here or not: what serves such a model in CUDA graphs (check-model says it)."""
+    return [name for name, cls in _VARLEN_CLASSES.items() if bias in cls.bias_kinds]

@@ -113,6 +113,7 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
 
 def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape | T5Shape | DebertaShape:
     """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
+    family_of(model_dir)  # an unserved directory is refused with the family dispatch's reason
     model_type = model_dir.model_type
     if model_type in QWEN3_FAMILY:
         return Qwen3Shape.from_config(model_dir.config)
