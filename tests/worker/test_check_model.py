@@ -282,7 +282,10 @@ def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
 @pytest.mark.parametrize(
     ("build", "attention"),
     [
-        (lambda path: write_mpnet(path / "mpnet"), "a distance position bias: on a GPU triton in CUDA graphs"),
+        (
+            lambda path: write_mpnet(path / "mpnet"),
+            "a distance position bias: on a GPU triton in CUDA graphs",
+        ),
         (
             lambda path: write_deberta_reranker(path / "deberta", "v3"),
             "a disentangled position bias, which no varlen kernel adds: on a GPU sdpa-padded in the "
