@@ -74,7 +74,8 @@ class RoutedAttention(Attention):
         causal: bool,
         bias: AttentionBias | None = None,
     ) -> torch.Tensor:
-        return self._route(q.shape[0])(q, k, v, meta, causal, bias)
+        attend = self._route(q.shape[0])
+        return attend(q, k, v, meta, causal) if bias is None else attend(q, k, v, meta, causal, bias)
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """The batch's host offsets to the backend its size routes to (a no-op for most)."""
