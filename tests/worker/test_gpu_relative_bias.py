@@ -1,10 +1,11 @@
 """The relative-position-bias families on a real GPU (`pytest -m gpu`; CI has none and deselects these).
 
-MPNet and T5 run in the CUDA engine on the Triton kernel, which adds their distance bias in each score
-tile: cold (eager), captured and replayed steps in bf16 against the CPU engine in float32 on the same
-directory (cosine >= 0.999 a row), no host sync on a replayed step. The kernel alone against the sdpa
-loop. DeBERTa's disentangled bias has no varlen kernel: the worker runs it on sdpa-padded in the eager
-engine, its scores against the CPU engine's. No backend that adds no bias is ever chosen."""
+MPNet, T5 and DeBERTa run in the CUDA engine on the Triton kernel, which adds their bias in each score
+tile (a distance table; DeBERTa's disentangled per-token terms): cold (eager), captured and replayed
+steps in bf16 against the CPU engine in float32 on the same directory (embedders: cosine >= 0.999 a
+row; the reranker: scores within 5 % of the largest, 1 % in float32), no host sync on a replayed step.
+The kernel alone against the sdpa loop. DeBERTa on sdpa-padded in the eager engine too (where Triton is
+missing). No backend that adds no bias is ever chosen."""
 
 import copy
 
@@ -18,7 +19,13 @@ from kembed.worker.engine import Engine, load_engine
 from kembed.worker.engine.cuda_engine import CudaEngine
 from kembed.worker.engine.layers.attention import AttentionShape, SdpaLoopAttention, build_metadata
 from kembed.worker.engine.layers.attention_backends import cuda_backends
-from kembed.worker.engine.layers.relative_bias import DISENTANGLED, DISTANCE, RelativePositionBias
+from kembed.worker.engine.layers.relative_bias import (
+    DISENTANGLED,
+    DISTANCE,
+    DisentangledBias,
+    RelativePositionBias,
+    log_bucket_positions,
+)
 from kembed.worker.errors import StartupError
 
 pytestmark = [
@@ -59,6 +66,7 @@ def embedder_dirs(tmp_path_factory):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
+@torch.no_grad()  # the bias table is a parameter's gather
 def test_triton_kernel_adds_a_distance_bias_as_sdpa_does(head_dim, causal):
     if not has_triton():
         pytest.skip("triton is not installed")
@@ -82,11 +90,41 @@ def test_triton_kernel_adds_a_distance_bias_as_sdpa_does(head_dim, causal):
             assert cosine_rows(flat.numpy(), expected.reshape(num_tokens, -1).numpy()).min() >= 0.999
 
 
+@pytest.mark.parametrize("terms", [("c2p", "p2c"), ("c2p",), ("p2c",)], ids=["both", "c2p", "p2c"])
+def test_triton_kernel_gathers_disentangled_terms_as_sdpa_does(terms):
+    if not has_triton():
+        pytest.skip("triton is not installed")
+    from kembed.worker.engine.layers.triton_attention import varlen_attention
+
+    torch.manual_seed(1)
+    lengths = np.array([300, 1, 9, 64, 130])
+    meta, _ = build_metadata(lengths)
+    num_tokens, heads, head_dim, limit, span = int(lengths.sum()), 4, 64, 512, 32
+    q, k, v = (torch.randn(num_tokens, heads, head_dim) for _ in range(3))
+    positions = (log_bucket_positions(torch.arange(-(limit - 1), limit), span, limit) + span).clamp(
+        0, 2 * span - 1
+    )
+    c2p, p2c = (torch.randn(num_tokens, heads, 2 * span) if t in terms else None for t in ("c2p", "p2c"))
+    scale = 1.0 / (head_dim * (1 + len(terms))) ** 0.5
+    expected = SdpaLoopAttention()(q, k, v, meta, False, DisentangledBias(c2p, p2c, positions, limit, scale))
+
+    def cuda(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to("cuda", torch.bfloat16)
+
+    bias = DisentangledBias(cuda(c2p), cuda(p2c), positions.cuda(), limit, scale)
+    qkv = [x.to("cuda", torch.bfloat16) for x in (q, k, v)]
+    for tile in (None, (128, 64, 8, 3, True), (64, 32, 4, 3, False)):
+        got = varlen_attention(*qkv, meta.cu_seqlens.cuda(), False, tile, bias=bias)
+        flat = got.float().cpu().reshape(num_tokens, -1).numpy()
+        assert cosine_rows(flat, expected.reshape(num_tokens, -1).numpy()).min() >= 0.999
+
+
 def test_only_backends_that_add_the_bias_are_offered():
     device = torch.device("cuda")
-    distance = cuda_backends(device, AttentionShape(12, 12, 64, False, DISTANCE))
-    assert set(distance) == ({"triton"} if has_triton() else set())
-    assert cuda_backends(device, AttentionShape(12, 12, 64, False, DISENTANGLED)) == {}
+    for kind in (DISTANCE, DISENTANGLED):
+        offered = cuda_backends(device, AttentionShape(12, 12, 64, False, kind))
+        assert set(offered) == ({"triton"} if has_triton() else set()), kind
+    assert "triton" not in cuda_backends(device, AttentionShape(12, 12, 16, False, DISTANCE))  # head size
 
 
 @pytest.mark.parametrize("family", ["mpnet", "sentence-t5"])
@@ -131,15 +169,23 @@ def test_a_varlen_backend_without_the_bias_is_refused(embedder_dirs):
         )
 
 
-@pytest.mark.parametrize(("dtype", "rtol"), [("float32", 1e-2), ("bfloat16", 5e-2)])
-def test_deberta_reranker_runs_eagerly_on_sdpa_padded_as_the_cpu_engine_scores(tmp_path, dtype, rtol):
+@pytest.mark.parametrize(
+    ("backend", "dtype", "rtol"),
+    [("auto", "bfloat16", 5e-2), ("auto", "float32", 1e-2), ("sdpa-padded", "bfloat16", 5e-2)],
+    ids=["triton-graphs-bf16", "triton-graphs-fp32", "sdpa-padded-eager-bf16"],
+)
+def test_deberta_reranker_scores_as_the_cpu_engine_does(tmp_path, backend, dtype, rtol):
     path = write_deberta_reranker(tmp_path / "mxbai-rerank", "v3")
-    engine = load_engine(WorkerConfig(model=path, device="cuda", dtype=dtype))
-    assert isinstance(engine, Engine) and not isinstance(engine, CudaEngine)
-    assert engine.info.attention_backend == "sdpa-padded"
+    engine = load_engine(WorkerConfig(model=path, device="cuda", dtype=dtype, attention_backend=backend))
+    is_graphed = backend == "auto" and has_triton()
+    if is_graphed:
+        assert isinstance(engine, CudaEngine) and engine.info.attention_backend == "triton"
+    else:  # no varlen kernel: the eager engine
+        assert isinstance(engine, Engine) and engine.info.attention_backend == "sdpa-padded"
     reference = load_engine(WorkerConfig(model=path, device="cpu", dtype="float32"))
     for seed, lengths in enumerate(LENGTHS):
         ids, lens = batch([min(n, MAX_LENGTH) for n in lengths], seed)
         expected = reference.step(reference.pack(ids, lens)).wait()
-        got = engine.step(engine.pack(ids, lens)).wait()
-        np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+        for _ in range(3 if is_graphed else 1):  # cold (eager), capture, replay
+            got = engine.step(engine.pack(ids, lens)).wait()
+            np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())

@@ -8,7 +8,8 @@ Two kinds, each a family's way of telling attention where a key sits from its qu
 - `DisentangledBias` (DeBERTa-v2/v3): content-to-position (the query against the key's relative
   position embedding) and position-to-content (the key against the query's) terms: per token and head,
   one score for each of the `2 * span` relative positions, gathered by the log-bucketed distance
-  query - key. It depends on the layer's q and k, so no varlen kernel here takes it.
+  query - key. It depends on the layer's q and k: the Triton kernel gathers it per score tile from
+  the per-token tables; torch's, FlashAttention's and flashinfer's kernels take no such bias.
 
 A backend asks a bias for what it needs: `sequence(start, end)` for one packed sequence [heads, L, L]
 (the CPU loop), `padded(...)` for the padded block [num_seqs or 1, heads, max_seqlen, max_seqlen]

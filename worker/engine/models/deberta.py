@@ -8,8 +8,9 @@ sqrt(head_dim * (1 + number of terms)). The position embeddings (`rel_embeddings
 `norm_rel_ebd` says so) are weights: their projections by each layer (`key_proj`/`query_proj` with
 `share_att_key`, else `pos_key_proj`/`pos_query_proj`) are made once at load, and a forward computes
 per token and head its scores against every relative position (`DisentangledBias`), which attention
-gathers by distance. No varlen kernel takes that bias: on a GPU the model runs on `sdpa-padded` in the
-eager engine (attention_backends.py says so in the log). The base model has no enhanced mask decoder
+gathers by distance: on a GPU inside the Triton kernel (in CUDA graphs), the other varlen kernels
+taking no such bias; without Triton, on `sdpa-padded` in the eager engine (logged). The base model
+has no enhanced mask decoder
 (`DebertaV2Model.z_steps` is 0); the head is `ContextPooler` (dense + activation on the first token)
 then `classifier`. The convolution of deberta-v2-xlarge (`conv_kernel_size`) is refused.
 """
