@@ -296,8 +296,20 @@ def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
 def test_check_model_says_how_a_position_bias_runs_on_a_gpu(tmp_path, build, attention):
     result = check(build(tmp_path))
     assert result.is_servable and result.attention.startswith(attention), result.attention
-    assert result.attention.endswith("else sdpa-padded in the eager engine (no CUDA graphs)")
+    assert result.attention.endswith(
+        "(where installed), else sdpa-padded in the eager engine (no CUDA graphs)"
+    )
     assert re.search(rf"^attention +{re.escape(result.attention)}$", render(result), re.MULTILINE)
+
+
+def test_check_model_says_a_head_size_the_kernel_lacks_runs_eagerly(tmp_path):
+    path = write_mpnet(tmp_path / "mpnet")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4}))  # heads of 16
+    assert check(path).attention == (
+        "a distance position bias, which no varlen kernel adds at head size 16: on a GPU sdpa-padded "
+        "in the eager engine (no CUDA graphs)"
+    )
 
 
 def test_check_model_names_the_sentence_t5_dense_layer(tmp_path):

@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.routes import TASK_ROUTES
 from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
+
+if TYPE_CHECKING:  # torch's modules load only where a check runs (`--help` answers at once)
+    from kembed.worker.engine.layers.attention import AttentionShape
 
 # What a worker's --dtype auto gives on each device.
 DEVICES = ("cuda", "cpu")
@@ -105,7 +108,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.family = family_of(model_dir)
     shape = shape_of(model_dir)
     result.max_positions = shape.max_sequence_length
-    result.attention = _attention(attention_shape(model_dir).bias)
+    result.attention = _attention(attention_shape(model_dir))
     if result.family in SCORE_FAMILIES:
         result.task = "score"
         if result.family == "cross-encoder":
@@ -140,20 +143,19 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.routes = _routes(result.task, sparse_alone=model_dir.splade is not None)
 
 
-def _attention(bias: str) -> str:
-    """How a GPU worker runs the attention of a model whose scores carry a `bias` kind ("": none)."""
+def _attention(shape: AttentionShape) -> str:
+    """How a GPU worker runs the attention of a model whose scores carry a position bias ("": none)."""
     from kembed.worker.engine.layers.attention_backends import bias_backends
+    from kembed.worker.engine.layers.triton_attention import HEAD_DIMS
 
-    if not bias:
+    if not shape.bias:
         return ""
-    backends = bias_backends(bias)
     eager = "sdpa-padded in the eager engine (no CUDA graphs)"
+    backends = [b for b in bias_backends(shape.bias) if b != "triton" or shape.head_dim in HEAD_DIMS]
+    bias = f"a {shape.bias} position bias"
     if not backends:
-        return f"a {bias} position bias, which no varlen kernel adds: on a GPU {eager}"
-    return (
-        f"a {bias} position bias: on a GPU {', '.join(backends)} in CUDA graphs (where installed, "
-        f"head sizes permitting), else {eager}"
-    )
+        return f"{bias}, which no varlen kernel adds at head size {shape.head_dim}: on a GPU {eager}"
+    return f"{bias}: on a GPU {', '.join(backends)} in CUDA graphs (where installed), else {eager}"
 
 
 def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
