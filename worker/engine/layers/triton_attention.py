@@ -198,7 +198,7 @@ if triton is not None:
             relative = tl.minimum(tl.maximum(relative, -MAX_DISTANCE), MAX_DISTANCE) + MAX_DISTANCE
             position = tl.load(Positions + relative)
             inside = rows[:, None] & (keys < seqlen)[None, :]
-            terms = tl.zeros(s.shape, dtype=tl.float32)
+            terms = tl.zeros_like(s)  # float32, as the scores
             if HAS_C2P:
                 c2p = Bias + (start + offs_m)[:, None] * stride_bt + head * stride_bh + position
                 terms += tl.load(c2p, mask=inside, other=0.0).to(tl.float32)
