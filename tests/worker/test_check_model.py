@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from bias_models import write_deberta_reranker, write_mpnet, write_sentence_t5
 from encoder_dirs import jina_own_format
 from st_pipeline import write_pipeline
 
 from kembed.worker.config import WorkerConfig, bundled_model_dir
 from kembed.worker.engine import load_engine
 from kembed.worker.errors import InvalidInput
-from kembed.worker.tools.check_model import check
+from kembed.worker.tools.check_model import check, render
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "your-model.md"
@@ -237,6 +238,15 @@ CASES = {
             nomic_own_spelling,
         )
     ),
+    "`sentence-transformers/all-mpnet-base-v2`, `multi-qa-mpnet-base-cos-v1`": Case(
+        lambda path: write_mpnet(path / "mpnet")
+    ),
+    "`sentence-transformers/sentence-t5-{base,large}`, `gtr-t5-{base,large}`": Case(
+        lambda path: write_sentence_t5(path / "sentence-t5", "relu")
+    ),
+    "`mixedbread-ai/mxbai-rerank-{xsmall,base,large}-v1`": Case(
+        lambda path: write_deberta_reranker(path / "mxbai-rerank", "v3")
+    ),
     "`Alibaba-NLP/gte-base-en-v1.5`, `gte-multilingual-base`": Case(
         encoder_embedder(
             lambda: transformers.GteModel(transformers.GteConfig(**TINY, type_vocab_size=0)),
@@ -344,6 +354,45 @@ def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
     assert "verdict" in done.stdout and "pytorch_model.bin" in done.stdout
     missing = run_cli(str(tmp_path / "nowhere"))
     assert missing.returncode == 1 and "is not a directory" in missing.stdout
+
+
+@pytest.mark.parametrize(
+    ("build", "attention"),
+    [
+        (
+            lambda path: write_mpnet(path / "mpnet"),
+            "a distance position bias: on a GPU triton in CUDA graphs",
+        ),
+        (
+            lambda path: write_deberta_reranker(path / "deberta", "v3"),
+            "a disentangled position bias: on a GPU triton in CUDA graphs",
+        ),
+    ],
+    ids=["mpnet", "deberta"],
+)
+def test_check_model_says_how_a_position_bias_runs_on_a_gpu(tmp_path, build, attention):
+    result = check(build(tmp_path))
+    assert result.is_servable and result.attention.startswith(attention), result.attention
+    assert result.attention.endswith(
+        "(where installed), else sdpa-padded in the eager engine (no CUDA graphs)"
+    )
+    assert re.search(rf"^attention +{re.escape(result.attention)}$", render(result), re.MULTILINE)
+
+
+def test_check_model_says_a_head_size_the_kernel_lacks_runs_eagerly(tmp_path):
+    path = write_mpnet(tmp_path / "mpnet")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4}))  # heads of 16
+    assert check(path).attention == (
+        "a distance position bias, which no varlen kernel adds at head size 16: on a GPU sdpa-padded "
+        "in the eager engine (no CUDA graphs)"
+    )
+
+
+def test_check_model_names_the_sentence_t5_dense_layer(tmp_path):
+    result = check(write_sentence_t5(tmp_path / "t5", "gated-gelu"))
+    assert (result.family, result.dimensions, result.normalize) == ("t5", 48, True)
+    assert result.dense == ["2_Dense: 64 -> 48, Identity"]
 
 
 def test_cli_without_a_directory_is_a_usage_error():

@@ -19,6 +19,7 @@ import torch
 
 from kembed.worker.buckets import BucketTable
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata, AttentionShape
+from kembed.worker.engine.layers.relative_bias import AttentionBias
 from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,20 @@ class RoutedAttention(Attention):
     def __init__(self, plan: AttentionPlan, backends: dict[str, Attention]) -> None:
         self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
         self.plans_batches = any(attention.plans_batches for _, attention in self._routes)
+        kinds = [set(attention.bias_kinds) for _, attention in self._routes]
+        self.bias_kinds = tuple(sorted(set.intersection(*kinds)))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
-        return self._route(q.shape[0])(q, k, v, meta, causal)
+        attend = self._route(q.shape[0])
+        return attend(q, k, v, meta, causal) if bias is None else attend(q, k, v, meta, causal, bias)
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """The batch's host offsets to the backend its size routes to (a no-op for most)."""

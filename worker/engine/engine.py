@@ -30,6 +30,7 @@ from kembed.worker.engine.kernels.fp8 import fp8_unsupported_reason, quantize_li
 from kembed.worker.engine.layers.attention import (
     Attention,
     AttentionMetadata,
+    AttentionShape,
     FlashInferAttention,
     build_metadata,
 )
@@ -353,17 +354,25 @@ def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attentio
 def _resolve_attention(
     requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
 ) -> tuple[str, Attention, bool]:
-    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay)."""
+    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay).
+    A model whose scores carry a relative-position bias gets only a backend that adds it; on a GPU
+    where no varlen backend does, it runs on `sdpa-padded` in the eager engine, which is logged."""
+    shape = attention_shape(model_dir)
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
         if name not in ATTENTION_BACKENDS:
             raise StartupError(f"attention backend {requested!r} needs a CUDA device")
-        return name, ATTENTION_BACKENDS[name], False
-    shape = attention_shape(model_dir)
+        return name, _serving(ATTENTION_BACKENDS[name], name, shape), False
     # auto never compiles flashinfer's kernels (minutes with nvcc): it times them only when built
     varlen = cuda_backends(device, shape, compile_kernels=requested == "flashinfer")
     if requested == "auto":
         if not varlen:
+            if shape.bias:
+                log.warning(
+                    "attention: no varlen backend here adds this model's %s position bias, so it runs "
+                    "on sdpa-padded in the eager engine, without CUDA graphs",
+                    shape.bias,
+                )
             return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
         if len(varlen) == 1:
             name = next(iter(varlen))
@@ -373,11 +382,21 @@ def _resolve_attention(
     if requested in varlen:
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
-        return requested, ATTENTION_BACKENDS[requested], False
+        return requested, _serving(ATTENTION_BACKENDS[requested], requested, shape), False
     raise StartupError(
         f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "
         f"flashinfer has kernels for head sizes {FlashInferAttention.HEAD_DIMS} only)"
     )
+
+
+def _serving(attend: Attention, name: str, shape: AttentionShape) -> Attention:
+    """`attend`, if it adds the model's position bias (or the model has none); else StartupError."""
+    if shape.bias and shape.bias not in attend.bias_kinds:
+        raise StartupError(
+            f"attention backend {name!r} adds no {shape.bias} position bias, which this model's attention "
+            "needs (auto chooses one that does)"
+        )
+    return attend
 
 
 def _resolve_device(requested: str) -> torch.device:

@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from kembed.proto.model_files import ModelSpec, load_model_spec
 from kembed.proto.routes import TASK_ROUTES
 from kembed.worker.config import WorkerConfig
 from kembed.worker.errors import InvalidInput, StartupError
+
+if TYPE_CHECKING:  # torch's modules load only where a check runs (`--help` answers at once)
+    from kembed.worker.engine.layers.attention import AttentionShape
 
 # What a worker's --dtype auto gives on each device.
 DEVICES = ("cuda", "cpu")
@@ -37,7 +40,7 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # an embedder family ("bert", "qwen3", "distilbert", ...) or "cross-encoder" (scores)
+    family: str = ""  # an embedder's ("bert", "qwen3", "mpnet", ...), or "cross-encoder", "deberta" (scores)
     network: str = ""  # the network served, in a line
     adapters: list[str] = field(default_factory=list)  # task adapters a deployment picks one of
     task: str = ""  # "embed" or "score", as the worker's Info reports it
@@ -47,6 +50,7 @@ class ModelCheck:
     dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
+    attention: str = ""  # how attention runs on a GPU, where the family's position bias decides it
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -89,7 +93,15 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     # torch's modules, imported here so that `check-model --help` answers at once
     from kembed.worker.engine.engine import resolve_dtype
     from kembed.worker.engine.models.cross_encoder import cross_encoder_architecture
-    from kembed.worker.engine.models.families import adapters_of, family_of, network_of, pooling_of, shape_of
+    from kembed.worker.engine.models.families import (
+        SCORE_FAMILIES,
+        adapters_of,
+        attention_shape,
+        family_of,
+        network_of,
+        pooling_of,
+        shape_of,
+    )
     from kembed.worker.engine.models.model_dir import read_model_dir, weight_files
 
     if not path.is_dir():
@@ -102,9 +114,11 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.network = network_of(model_dir)
     result.adapters = list(adapters_of(model_dir))
     result.max_positions = shape.max_sequence_length
-    if result.family == "cross-encoder":
+    result.attention = _attention(attention_shape(model_dir))
+    if result.family in SCORE_FAMILIES:
         result.task = "score"
-        cross_encoder_architecture(model_dir.config)
+        if result.family == "cross-encoder":
+            cross_encoder_architecture(model_dir.config)
     else:
         result.task = "embed"
         result.pooling = pooling_of(model_dir)
@@ -133,6 +147,21 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     spec = load_model_spec(path)  # FileNotFoundError without tokenizer.json
     _read_spec(spec, path, result)
     result.routes = _routes(result.task, sparse_alone=model_dir.splade is not None)
+
+
+def _attention(shape: AttentionShape) -> str:
+    """How a GPU worker runs the attention of a model whose scores carry a position bias ("": none)."""
+    from kembed.worker.engine.layers.attention_backends import bias_backends
+    from kembed.worker.engine.layers.triton_attention import HEAD_DIMS
+
+    if not shape.bias:
+        return ""
+    eager = "sdpa-padded in the eager engine (no CUDA graphs)"
+    backends = [b for b in bias_backends(shape.bias) if b != "triton" or shape.head_dim in HEAD_DIMS]
+    bias = f"a {shape.bias} position bias"
+    if not backends:
+        return f"{bias}, which no varlen kernel adds at head size {shape.head_dim}: on a GPU {eager}"
+    return f"{bias}: on a GPU {', '.join(backends)} in CUDA graphs (where installed), else {eager}"
 
 
 def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
@@ -221,6 +250,8 @@ def render(result: ModelCheck) -> str:
         if result.dense:
             lines.append(("dense", "; ".join(result.dense) + " (after pooling, in modules.json)"))
         lines.append(("normalised", "yes (Normalize in modules.json)" if result.normalize else "no"))
+    if result.attention:
+        lines.append(("attention", result.attention))
     if result.dimensions is not None:
         lines.append(("dimensions", str(result.dimensions)))
     if result.labels:

@@ -12,6 +12,10 @@ varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
 on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`) and
 `triton` (triton_attention.py: a Triton kernel of our own).
+
+A family whose scores carry a relative-position bias (relative_bias.py) passes it as the call's
+`bias`; a backend serves the kinds it names in `bias_kinds` and raises for any other, and the engine
+never chooses it for a model of another kind (attention_backends.py).
 """
 
 import inspect
@@ -28,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kembed.worker.engine.layers.relative_bias import DISENTANGLED, DISTANCE, AttentionBias
+
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -37,6 +43,7 @@ class AttentionShape:
     num_kv_heads: int  # < num_heads: grouped-query attention
     head_dim: int
     is_causal: bool
+    bias: str = ""  # the kind of relative-position bias its scores carry (relative_bias.py); "": none
 
 
 @dataclass(frozen=True)
@@ -74,14 +81,27 @@ class Attention(ABC):
     """An attention backend: `attention(q, k, v, meta, causal) -> out` over the packed tokens of a
     batch. A backend that needs a plan made on the host per batch (flashinfer) sets `plans_batches`;
     the engine then calls `plan_batch` with the batch's host offsets before every forward, eager or
-    replayed. For every other backend `plan_batch` does nothing."""
+    replayed. For every other backend `plan_batch` does nothing. `bias`: an additive bias of the
+    scores, of a kind in `bias_kinds` (a backend raises for any other)."""
 
     plans_batches: bool = False
+    bias_kinds: tuple[str, ...] = ()  # the AttentionBias kinds it adds exactly
 
     @abstractmethod
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor: ...
+
+    def refuse_bias(self, bias: AttentionBias | None) -> None:
+        """Raise unless this backend serves `bias` (None: always)."""
+        if bias is not None and bias.kind not in self.bias_kinds:
+            raise ValueError(f"{type(self).__name__} adds no {bias.kind} attention bias")
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
@@ -127,29 +147,56 @@ def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
 class SdpaLoopAttention(Attention):
     """CPU attention: one SDPA call per sequence on views of the packed tensors, so no FLOP is spent
     on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
-    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
+    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for. A bias is
+    materialised per sequence ([heads, len, len])."""
+
+    bias_kinds = (DISTANCE, DISENTANGLED)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
         out = q.new_empty(q.shape)
         is_gqa = k.shape[1] != q.shape[1]
+        scale = None if bias is None else bias.scale
         for start, end in itertools.pairwise(meta.host_cu_seqlens):
             if start == end:  # an empty padding slot of a bucketed batch
                 continue
             # [len, heads, head_dim] -> [1, heads, len, head_dim]
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            if bias is None:
+                attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            else:  # an explicit mask: sdpa takes is_causal only without one
+                mask = bias.sequence(start, end).to(q.dtype).unsqueeze(0)
+                if causal:
+                    mask = mask.masked_fill(_above_diagonal(end - start, q.device), float("-inf"))
+                attn = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=is_gqa
+                )
             out[start:end] = attn[0].transpose(0, 1)
         return out
 
 
 class SdpaPaddedAttention(Attention):
     """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
-    attention product only, then scattered back: the eager GPU fallback."""
+    attention product only, then scattered back: the eager GPU fallback, and the GPU path of a bias
+    no varlen kernel adds (a [num_seqs, heads, max_seqlen, max_seqlen] block per call)."""
+
+    bias_kinds = (DISTANCE, DISENTANGLED)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
         _, num_heads, head_dim = q.shape
         num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
@@ -159,19 +206,30 @@ class SdpaPaddedAttention(Attention):
                 x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[meta.pad_index]
             return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
 
-        mask = meta.key_mask
+        mask: torch.Tensor | None = meta.key_mask
         if causal and mask is not None:
-            mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
+            mask = mask & ~_above_diagonal(max_seqlen, q.device)
+        if bias is not None:  # the additive form: -inf where the boolean mask says no
+            additive = bias.padded(meta.pad_index, num_seqs, max_seqlen).to(q.dtype)
+            if mask is None and causal:
+                mask = ~_above_diagonal(max_seqlen, q.device)
+            mask = additive if mask is None else additive.masked_fill(~mask, float("-inf"))
         out = F.scaled_dot_product_attention(
             padded(q),
             padded(k),
             padded(v),
             attn_mask=mask,
             is_causal=causal and mask is None,
+            scale=None if bias is None else bias.scale,
             enable_gqa=k.shape[1] != num_heads,
         )
         out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
         return out if meta.unpad_index is None else out[meta.unpad_index]
+
+
+def _above_diagonal(length: int, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where a key comes after its query (what causal attention hides)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
 
 
 class TorchVarlenAttention(Attention):
@@ -185,8 +243,15 @@ class TorchVarlenAttention(Attention):
         self._has_gqa = "enable_gqa" in params
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
         kwargs: dict[str, Any] = {}
         if self._has_window:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
@@ -220,8 +285,15 @@ class FlashAttn4Attention(Attention):
         self._varlen_func = flash_attn_varlen_func
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
         cu = meta.cu_seqlens
         out = self._varlen_func(
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
@@ -289,8 +361,15 @@ class FlashInferAttention(Attention):
             self._plan(planned, cu_seqlens, scratch)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
         key = (q.shape[0], meta.cu_seqlens.shape[0] - 1)
         shape: _Shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
         planned = self._wrappers.setdefault(key, {}).get(shape)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kembed.worker.engine.layers.attention import Attention
-from kembed.worker.engine.models.bert import _ACTIVATIONS, BertEmbedder, BertShape
+from kembed.worker.engine.models.bert import HIDDEN_ACTIVATIONS, BertEmbedder, BertShape
 from kembed.worker.engine.models.model_dir import ModelDir
 from kembed.worker.errors import InvalidInput
 
@@ -36,9 +36,9 @@ def distilbert_shape(config: dict[str, Any]) -> BertShape:
     """The BERT shape of a DistilBERT config.json (its own field names: dim, n_layers, n_heads,
     hidden_dim, activation); InvalidInput for what it does not serve."""
     activation = config.get("activation", "gelu")
-    if activation not in _ACTIVATIONS:
+    if activation not in HIDDEN_ACTIVATIONS:
         raise InvalidInput(
-            f"unsupported DistilBERT activation {activation!r} (served: {', '.join(_ACTIVATIONS)})"
+            f"unsupported DistilBERT activation {activation!r} (served: {', '.join(HIDDEN_ACTIVATIONS)})"
         )
     if config["dim"] % config["n_heads"]:
         raise InvalidInput(f"DistilBERT dim {config['dim']} is not a multiple of n_heads {config['n_heads']}")

@@ -9,8 +9,15 @@ from typing import Any
 import torch
 
 from kembed.worker.engine.layers.attention import Attention, AttentionShape
+from kembed.worker.engine.layers.relative_bias import DISENTANGLED, DISTANCE
 from kembed.worker.engine.models.bert import BERT_FAMILY, BertEmbedder, BertShape
 from kembed.worker.engine.models.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.models.deberta import (
+    DEBERTA_ARCHITECTURE,
+    DEBERTA_FAMILY,
+    DebertaCrossEncoder,
+    DebertaShape,
+)
 from kembed.worker.engine.models.distilbert import DISTILBERT_FAMILY, build_distilbert, distilbert_shape
 from kembed.worker.engine.models.gte import GTE_FAMILY, build_gte, gte_shape
 from kembed.worker.engine.models.heads import M3Heads
@@ -22,14 +29,33 @@ from kembed.worker.engine.models.jina_v3 import (
     tasks_of,
 )
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
+from kembed.worker.engine.models.mpnet import MPNET_FAMILY, MPNetEmbedder, mpnet_shape
 from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
 from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
 from kembed.worker.engine.models.rotary_bert import RotaryEncoderShape
 from kembed.worker.engine.models.served import PooledEmbedder, ServedModel
 from kembed.worker.engine.models.splade import SpladeEmbedder
+from kembed.worker.engine.models.t5 import T5_FAMILY, T5Embedder, T5Shape
 from kembed.worker.errors import InvalidInput
 
 Builder = Callable[[ModelDir, dict[str, torch.Tensor], Attention, str], PooledEmbedder]
+Shape = BertShape | Qwen3Shape | RotaryEncoderShape | T5Shape | DebertaShape
+
+
+def _build_mpnet(
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+) -> PooledEmbedder:
+    mpnet = MPNetEmbedder(model_dir.config, attend, pooling)
+    mpnet.encoder.load_hf_weights(weights)
+    return mpnet
+
+
+def _build_t5(
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+) -> PooledEmbedder:
+    t5 = T5Embedder(T5Shape.from_config(model_dir.config), attend, pooling)
+    t5.load_hf_weights(weights)
+    return t5
 
 
 class _Encoder:
@@ -39,7 +65,7 @@ class _Encoder:
     def __init__(
         self,
         model_types: tuple[str, ...],
-        shape: Callable[[dict[str, Any]], BertShape | RotaryEncoderShape],
+        shape: Callable[[dict[str, Any]], Shape],
         build: Builder,
         pooling: str,
     ) -> None:
@@ -52,14 +78,23 @@ ENCODERS = {
     "nomic_bert": _Encoder(NOMIC_FAMILY, nomic_shape, build_nomic, "mean"),
     "gte": _Encoder(GTE_FAMILY, gte_shape, build_gte, "cls"),
     "jina_embeddings_v3": _Encoder(JINA_V3_FAMILY, jina_v3_shape, build_jina_v3, "mean"),
+    "mpnet": _Encoder(MPNET_FAMILY, mpnet_shape, _build_mpnet, "mean"),
+    "t5": _Encoder(T5_FAMILY, T5Shape.from_config, _build_t5, "mean"),
 }
-SUPPORTED_MODEL_TYPES = (*BERT_FAMILY, *QWEN3_FAMILY, *(t for e in ENCODERS.values() for t in e.model_types))
+# The families that answer scores (rerankers); every other family embeds.
+SCORE_FAMILIES = ("cross-encoder", "deberta")
+SUPPORTED_MODEL_TYPES = (
+    *BERT_FAMILY,
+    *QWEN3_FAMILY,
+    *(t for e in ENCODERS.values() for t in e.model_types),
+    *DEBERTA_FAMILY,
+)
 
 
 def family_of(model_dir: ModelDir) -> str:
     """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
-    sequence-classification head: scores), or an embedder's (`bert`, `qwen3`, or a key of ENCODERS);
-    InvalidInput saying why not."""
+    sequence-classification head) or `deberta` (a DeBERTa-v2/v3 reranker), which score; or an
+    embedder's (`bert`, `qwen3`, or a key of ENCODERS); InvalidInput saying why not."""
     model_type = model_dir.model_type
     architectures = model_dir.config.get("architectures") or ()
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
@@ -71,12 +106,19 @@ def family_of(model_dir: ModelDir) -> str:
         return "bert"
     if model_type in QWEN3_FAMILY:
         return "qwen3"
+    if model_type in DEBERTA_FAMILY:
+        if DEBERTA_ARCHITECTURE not in architectures:
+            raise InvalidInput(
+                f"a DeBERTa-v2 model is served as a reranker ({DEBERTA_ARCHITECTURE}), not as "
+                f"{', '.join(architectures) or 'a bare encoder'}"
+            )
+        return "deberta"
     for family, encoder in ENCODERS.items():
         if model_type in encoder.model_types:
             if is_classifier:
                 raise InvalidInput(
                     f"architectures {list(architectures)}: kembed serves {family} as an embedder, not its "
-                    "sequence-classification head (cross-encoders: BERT, RoBERTa, XLM-RoBERTa)"
+                    "sequence-classification head (cross-encoders: BERT, RoBERTa, XLM-RoBERTa, DeBERTa-v2)"
                 )
             return family
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
@@ -92,18 +134,18 @@ def family_of(model_dir: ModelDir) -> str:
 
 def pooling_of(model_dir: ModelDir) -> str:
     """The pooling an embedder of `model_dir` uses: its sentence-transformers pipeline's (or the
-    deployment's override), else its family's default; "" for a cross-encoder (its head reads the
-    first token)."""
+    deployment's override), else its family's default; "" for a scorer (its head reads the first
+    token)."""
     family = family_of(model_dir)
     if family == "qwen3":
         return qwen3_pooling(model_dir, Qwen3Shape.from_config(model_dir.config))
     if model_dir.splade is not None:
         return f"splade {model_dir.splade.pooling}, {model_dir.splade.activation}"
-    if family == "bert":
-        return model_dir.pooling or "mean"
+    if family in SCORE_FAMILIES:
+        return ""
     if family in ENCODERS:
         return model_dir.pooling or ENCODERS[family].pooling
-    return ""
+    return model_dir.pooling or "mean"
 
 
 def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
@@ -111,9 +153,11 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     family = family_of(model_dir)
     if model_dir.adapter and family != "jina_embeddings_v3":
         raise InvalidInput(f"adapter {model_dir.adapter!r}: a {family} model has no task adapters")
-    if family == "cross-encoder":
+    if family in SCORE_FAMILIES:
         if model_dir.dense:
             raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
+        if family == "deberta":
+            return DebertaCrossEncoder.load(model_dir, attend)
         return BertCrossEncoder.load(model_dir, attend)
     if model_dir.splade is not None:
         if family != "bert":
@@ -135,22 +179,32 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
     return embedder
 
 
-def shape_of(model_dir: ModelDir) -> BertShape | Qwen3Shape | RotaryEncoderShape:
+def shape_of(model_dir: ModelDir) -> Shape:
     """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
     family = family_of(model_dir)
     if family == "qwen3":
         return Qwen3Shape.from_config(model_dir.config)
+    if family == "deberta":
+        return DebertaShape.from_config(model_dir.config)
     if family in ENCODERS:
         return ENCODERS[family].shape(model_dir.config)
     return BertShape.from_config(model_dir.config)  # raises InvalidInput for an unsupported family
 
 
 def attention_shape(model_dir: ModelDir) -> AttentionShape:
-    """The attention shape of `model_dir`'s network, before building it (for `auto` timing)."""
+    """The attention shape of `model_dir`'s network, before building it (for `auto` timing, and the
+    backends that serve its position bias)."""
     shape = shape_of(model_dir)
     if isinstance(shape, Qwen3Shape):
         return AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal)
-    return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False)
+    if isinstance(shape, T5Shape):
+        return AttentionShape(shape.num_heads, shape.num_heads, shape.head_dim, False, DISTANCE)
+    if isinstance(shape, DebertaShape):
+        heads = shape.layers.num_heads
+        bias = DISENTANGLED if shape.has_bias else ""
+        return AttentionShape(heads, heads, shape.hidden_size // heads, False, bias)
+    bias = DISTANCE if model_dir.model_type in MPNET_FAMILY else ""
+    return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False, bias)
 
 
 def network_of(model_dir: ModelDir) -> str:
@@ -161,11 +215,25 @@ def network_of(model_dir: ModelDir) -> str:
     if isinstance(shape, Qwen3Shape):
         attention = "causal" if shape.is_causal else "bidirectional"
         return f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}, {attention} attention"
+    if isinstance(shape, T5Shape):
+        mlp = f"gated {shape.activation}" if shape.is_gated else shape.activation
+        return (
+            f"{shape.num_layers} pre-norm T5 encoder layers of {shape.hidden_size} ({shape.num_heads} "
+            f"heads), relative position buckets, {mlp} MLP, bidirectional attention"
+        )
+    if isinstance(shape, DebertaShape):
+        layers = shape.layers
+        terms = "+".join(shape.terms) or "no"
+        return (
+            f"{layers.num_layers} post-norm DeBERTa-v2 layers of {layers.hidden_size} ({layers.num_heads} "
+            f"heads), disentangled attention ({terms} position terms), a sequence-classification head"
+        )
     tokens = "token types" if shape.type_vocab_size else "no token types"
-    names = " (DistilBERT's weight names)" if family == "distilbert" else ""
+    names = {"distilbert": " (DistilBERT's weight names)", "mpnet": ", a relative position bias"}
+    positions = "absolute positions"
     return (
-        f"{shape.num_layers} post-norm layers of {shape.hidden_size} ({shape.num_heads} heads), absolute "
-        f"positions, {tokens}, {shape.activation} MLP, bidirectional attention{names}"
+        f"{shape.num_layers} post-norm layers of {shape.hidden_size} ({shape.num_heads} heads), {positions}, "
+        f"{tokens}, {shape.activation} MLP, bidirectional attention{names.get(family, '')}"
     )
 
 

@@ -19,7 +19,7 @@ from kembed.worker.engine.models.splade import SpladeSpec, read_splade
 from kembed.worker.errors import InvalidInput
 
 # Prefixes under which task heads (BertForSequenceClassification, ...) store the encoder.
-_ENCODER_PREFIXES = ("bert.", "roberta.", "model.")
+_ENCODER_PREFIXES = ("bert.", "roberta.", "model.", "mpnet.", "deberta.")
 # sentence-transformers pooling flags, in the order it checks them, mapped to our pooling names.
 _POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
