@@ -63,9 +63,19 @@ class RoutedAttention(Attention):
         self.plans_batches = any(attention.plans_batches for _, attention in self._routes)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
-        return self._route(q.shape[0])(q, k, v, meta, causal)
+        return self._route(q.shape[0])(q, k, v, meta, causal, window)
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """The first refusal among the backends it routes to (each was chosen for the model's shape)."""
+        return next((r for _, a in self._routes if (r := a.window_refusal(causal)) is not None), None)
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """The batch's host offsets to the backend its size routes to (a no-op for most)."""
@@ -100,7 +110,9 @@ def choose_attention(
         totals = {}
         for name, attend in list(usable.items()):
             try:
-                totals[name] = sum(_time_probe(attend, *probe, shape.is_causal) for probe in inputs)
+                totals[name] = sum(
+                    _time_probe(attend, *probe, shape.is_causal, shape.window) for probe in inputs
+                )
             except Exception as error:  # a kernel that cannot run this shape: never route to it
                 log.warning("attention backend %s failed on %s: %s; not used", name, shape, error)
                 del usable[name]
@@ -172,15 +184,17 @@ def _time_probe(
     v: torch.Tensor,
     meta: AttentionMetadata,
     causal: bool,
+    window: int | None = None,
 ) -> float:
-    """Microseconds per call of `attend` on one probe, as a graph replay."""
+    """Microseconds per call of `attend` on one probe, as a graph replay (with the model's sliding
+    window where it has one: its local layers' call, the one backends differ on)."""
     with torch.inference_mode():
-        attend(q, k, v, meta, causal)  # compile / lazy init outside the capture
+        attend(q, k, v, meta, causal, window)  # compile / lazy init outside the capture
         torch.cuda.synchronize(q.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(_CALLS_PER_GRAPH):
-                attend(q, k, v, meta, causal)
+                attend(q, k, v, meta, causal, window)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -33,7 +33,11 @@ from kembed.worker.engine.layers.attention import (
     FlashInferAttention,
     build_metadata,
 )
-from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS, cuda_backends
+from kembed.worker.engine.layers.attention_backends import (
+    ATTENTION_BACKENDS,
+    cuda_backends,
+    window_refusal,
+)
 from kembed.worker.engine.lazy import LazyTensor, to_host
 from kembed.worker.engine.models.families import attention_shape, build_model
 from kembed.worker.engine.models.model_dir import ModelDir, read_model_dir
@@ -349,17 +353,26 @@ def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attentio
 def _resolve_attention(
     requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
 ) -> tuple[str, Attention, bool]:
-    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay)."""
+    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay).
+    A backend that cannot serve the model's sliding window exactly is never chosen (said in the log);
+    asked for by name, it refuses the start."""
+    shape = attention_shape(model_dir)
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
         if name not in ATTENTION_BACKENDS:
             raise StartupError(f"attention backend {requested!r} needs a CUDA device")
+        if (reason := window_refusal(ATTENTION_BACKENDS[name], shape)) is not None:
+            raise StartupError(f"attention backend {name!r} cannot serve this model: {reason}")
         return name, ATTENTION_BACKENDS[name], False
-    shape = attention_shape(model_dir)
     # auto never compiles flashinfer's kernels (minutes with nvcc): it times them only when built
     varlen = cuda_backends(device, shape, compile_kernels=requested == "flashinfer")
     if requested == "auto":
         if not varlen:
+            log.warning(
+                "attention: no varlen backend serves this model's attention (%s): the eager engine "
+                "with sdpa-padded, no CUDA graphs",
+                shape,
+            )
             return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
         if len(varlen) == 1:
             name = next(iter(varlen))
@@ -369,6 +382,8 @@ def _resolve_attention(
     if requested in varlen:
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
+        if (reason := window_refusal(ATTENTION_BACKENDS[requested], shape)) is not None:
+            raise StartupError(f"attention backend {requested!r} cannot serve this model: {reason}")
         return requested, ATTENTION_BACKENDS[requested], False
     raise StartupError(
         f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "

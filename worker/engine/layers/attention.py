@@ -4,14 +4,22 @@ Sequences are packed back to back (`cu_seqlens`), never padded between each othe
 layer runs on exactly the real tokens. `sdpa` (one call per sequence) is the CPU path and
 `sdpa-padded` (q/k/v gathered into a [batch, heads, max_seqlen, head_dim] block for the attention
 product only) the eager GPU fallback. Every backend is an `Attention`: the same call,
-`attention(q, k, v, meta, causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have
-fewer heads: grouped-query attention), and `plan_batch`, a no-op but where `plans_batches`. The
+`attention(q, k, v, meta, causal, window)` on packed [num_tokens, heads, head_dim] tensors (k and v may
+have fewer heads: grouped-query attention; `window`: a sliding window, below), and `plan_batch`, a no-op
+but where `plans_batches`. The
 varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
 `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
 on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`) and
 `triton` (triton_attention.py: a Triton kernel of our own).
+
+Sliding windows (ModernBERT's and Gemma 3's local layers, Mistral's): with `window` w a query sees the
+keys of its sequence at most w positions before it and, unless causal, at most w after it (a band
+2w + 1 wide, or w + 1 causal); None is no window. A backend that cannot serve a window exactly says
+why in `window_refusal`, and is then not chosen for a windowed model (attention_backends.py). Where a
+window is longer than every sequence of a batch the band holds every key, the same as full attention;
+the backends still apply it as given (no shortcut that a later, longer batch would have to undo).
 """
 
 import inspect
@@ -37,6 +45,7 @@ class AttentionShape:
     num_kv_heads: int  # < num_heads: grouped-query attention
     head_dim: int
     is_causal: bool
+    window: int | None = None  # the sliding window of the model's local layers (tokens each side), if any
 
 
 @dataclass(frozen=True)
@@ -71,17 +80,28 @@ class AttentionMetadata:
 
 
 class Attention(ABC):
-    """An attention backend: `attention(q, k, v, meta, causal) -> out` over the packed tokens of a
-    batch. A backend that needs a plan made on the host per batch (flashinfer) sets `plans_batches`;
-    the engine then calls `plan_batch` with the batch's host offsets before every forward, eager or
-    replayed. For every other backend `plan_batch` does nothing."""
+    """An attention backend: `attention(q, k, v, meta, causal, window) -> out` over the packed tokens of
+    a batch (`window`: the module docstring). A backend that needs a plan made on the host per batch
+    (flashinfer) sets `plans_batches`; the engine then calls `plan_batch` with the batch's host offsets
+    before every forward, eager or replayed. For every other backend `plan_batch` does nothing."""
 
     plans_batches: bool = False
 
     @abstractmethod
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor: ...
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """None where this backend serves a sliding window exactly (causal or, not causal, symmetric),
+        else why not. A backend serves none unless it says so."""
+        return "it has no sliding-window attention"
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
@@ -90,7 +110,19 @@ class Attention(ABC):
         return None
 
 
-_Shape = tuple[int, int, int, torch.dtype, bool]  # (num_heads, num_kv_heads, head_dim, dtype, causal)
+# (num_heads, num_kv_heads, head_dim, dtype, causal, window: -1 for none)
+_Shape = tuple[int, int, int, torch.dtype, bool, int]
+
+
+def window_mask(length: int, causal: bool, window: int | None, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where query row i may see key column j: j <= i when causal, and
+    |i - j| <= window with a window."""
+    rows = torch.arange(length, device=device)[:, None]
+    cols = torch.arange(length, device=device)[None, :]
+    mask = cols <= rows if causal else torch.ones(length, length, dtype=torch.bool, device=device)
+    if window is not None:
+        mask = mask & ((rows - cols).abs() <= window)
+    return mask
 
 
 def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
@@ -127,10 +159,17 @@ def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
 class SdpaLoopAttention(Attention):
     """CPU attention: one SDPA call per sequence on views of the packed tensors, so no FLOP is spent
     on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
-    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
+    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for. A window is
+    a banded mask per sequence."""
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
         out = q.new_empty(q.shape)
         is_gqa = k.shape[1] != q.shape[1]
@@ -139,17 +178,31 @@ class SdpaLoopAttention(Attention):
                 continue
             # [len, heads, head_dim] -> [1, heads, len, head_dim]
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            if window is None:
+                attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            else:  # the band, even where it holds the whole sequence (then it is full attention)
+                band = window_mask(end - start, causal, window, q.device)
+                attn = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=band, enable_gqa=is_gqa)
             out[start:end] = attn[0].transpose(0, 1)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
 
 
 class SdpaPaddedAttention(Attention):
     """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
-    attention product only, then scattered back: the eager GPU fallback."""
+    attention product only, then scattered back: the eager GPU fallback. A window is a band over the
+    block's positions (those within each sequence), and'ed with the key mask."""
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
         _, num_heads, head_dim = q.shape
         num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
@@ -160,7 +213,10 @@ class SdpaPaddedAttention(Attention):
             return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
 
         mask = meta.key_mask
-        if causal and mask is not None:
+        if window is not None:  # padded query rows may see no key at all: their rows are dropped
+            band = window_mask(max_seqlen, causal, window, q.device)
+            mask = band if mask is None else mask & band
+        elif causal and mask is not None:
             mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
         out = F.scaled_dot_product_attention(
             padded(q),
@@ -172,6 +228,9 @@ class SdpaPaddedAttention(Attention):
         )
         out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
         return out if meta.unpad_index is None else out[meta.unpad_index]
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
 
 
 class TorchVarlenAttention(Attention):
@@ -185,10 +244,20 @@ class TorchVarlenAttention(Attention):
         self._has_gqa = "enable_gqa" in params
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
-        if self._has_window:
+        if window is not None:  # (left, right), both inclusive: flash attention's local window
+            if not self._has_window:
+                raise ValueError(f"torch-varlen: {self.window_refusal(causal)}")
+            kwargs["window_size"] = (window, 0 if causal else window)
+        elif self._has_window:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
         else:
             kwargs["is_causal"] = causal
@@ -202,6 +271,9 @@ class TorchVarlenAttention(Attention):
         # a tuple only with return_aux, which is never passed
         out: torch.Tensor = self._varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None if self._has_window else f"torch {torch.__version__}'s varlen_attn has no window_size"
 
 
 def torch_varlen_backend() -> TorchVarlenAttention | None:
@@ -218,17 +290,32 @@ class FlashAttn4Attention(Attention):
 
     def __init__(self, flash_attn_varlen_func: Callable[..., Any]) -> None:
         self._varlen_func = flash_attn_varlen_func
+        self._has_window = "window_size" in inspect.signature(flash_attn_varlen_func).parameters
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
         cu = meta.cu_seqlens
+        kwargs: dict[str, Any] = {}
+        if window is not None:  # (left, right), inclusive; causal makes it (window, 0) in FA4 too
+            if not self._has_window:
+                raise ValueError(f"flash-attn: {self.window_refusal(causal)}")
+            kwargs["window_size"] = (window, 0 if causal else window)
         out = self._varlen_func(
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
+            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal, **kwargs,
         )  # fmt: skip
         result: torch.Tensor = out[0] if isinstance(out, tuple) else out
         return result
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None if self._has_window else "this flash-attn-4's flash_attn_varlen_func has no window_size"
 
 
 def flash_attn_4_backend() -> FlashAttn4Attention | None:
@@ -289,10 +376,25 @@ class FlashInferAttention(Attention):
             self._plan(planned, cu_seqlens, scratch)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
+        if window is not None and not causal:
+            raise ValueError(f"flashinfer: {self.window_refusal(causal)}")
         key = (q.shape[0], meta.cu_seqlens.shape[0] - 1)
-        shape: _Shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
+        shape: _Shape = (
+            q.shape[1],
+            k.shape[1],
+            q.shape[2],
+            q.dtype,
+            causal,
+            -1 if window is None else window,
+        )
         planned = self._wrappers.setdefault(key, {}).get(shape)
         if planned is None:
             planned = self._wrappers[key][shape] = self._new_wrapper(key, shape)
@@ -306,6 +408,11 @@ class FlashInferAttention(Attention):
             self._plan(planned, *self._pending[1:])
         out: torch.Tensor = planned.wrapper.run(q, k, v)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """flashinfer's `window_left` bounds the keys before a query only: a causal window is served
+        (every layer's plan made with its own), a symmetric one is not."""
+        return None if causal else "its window_left bounds keys on the left only, not a symmetric window"
 
     @torch.inference_mode(False)  # plain tensors: planning may run outside inference mode too
     def _new_wrapper(self, key: tuple[int, int], shape: _Shape) -> "_Planned":
@@ -329,7 +436,9 @@ class FlashInferAttention(Attention):
         scratch: object | None,
         offsets: tuple[int, ...] = (),
     ) -> None:
-        num_heads, num_kv_heads, head_dim, dtype, causal = planned.shape
+        num_heads, num_kv_heads, head_dim, dtype, causal, window_left = planned.shape
+        # the window only where there is one: the plan's other arguments as they always were
+        window = {} if window_left < 0 else {"window_left": window_left}
         wrapper = planned.wrapper
         # flashinfer writes the plan into this pinned buffer, then copies it to the device on the
         # stream: one buffer per in-flight batch (the attribute is flashinfer's own, 0.7.x).
@@ -341,7 +450,7 @@ class FlashInferAttention(Attention):
         try:
             wrapper.plan(
                 cu_seqlens, cu_seqlens, num_heads, num_kv_heads, head_dim,
-                causal=causal, q_data_type=dtype, non_blocking=True,
+                causal=causal, q_data_type=dtype, non_blocking=True, **window,
             )  # fmt: skip
         except Exception as error:
             if disable_jit and "JIT" in str(error):

@@ -49,4 +49,21 @@ def cuda_backends(
             backends["flashinfer"] = flashinfer
         else:
             log.info("flashinfer-python is not installed: attention backend flashinfer unavailable")
+    if shape is not None and shape.window is not None:
+        for name in list(backends):
+            reason = window_refusal(backends[name], shape)
+            if reason is not None:
+                log.info("attention backend %s is not used for this model: %s", name, reason)
+                del backends[name]
     return backends
+
+
+def window_refusal(backend: Attention, shape: AttentionShape) -> str | None:
+    """Why `backend` cannot serve `shape`'s sliding window exactly; None when it can (or there is none)."""
+    if shape.window is None:
+        return None
+    reason = backend.window_refusal(shape.is_causal)
+    if reason is None:
+        return None
+    kind = "causal" if shape.is_causal else "symmetric"
+    return f"its layers have a {kind} sliding window of {shape.window} tokens, and this backend: {reason}"

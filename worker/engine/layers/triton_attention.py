@@ -11,6 +11,9 @@ sequences' block counts, so a bucket of many short sequences launches no program
 it could have held. Key blocks wholly inside the sequence (and, when causal, before the query block)
 skip the masks; causal programs take their sequence's query blocks last first, the longest rows first.
 The query block is 128 rows where the bucket's sequence slots average 256 tokens or more, 64 below.
+A sliding window (attention.py) limits each program to the key blocks its rows' bands reach, every one
+masked by distance; a row whose band misses a whole block adds nothing for it (a guarded exponent: the
+running maximum stays -inf until a key is seen).
 """
 
 import math
@@ -47,9 +50,18 @@ class TritonAttention(Attention):
     """The kernel above behind the `Attention` call; packed [tokens, heads, head_dim] in and out."""
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
     ) -> torch.Tensor:
-        return varlen_attention(q, k, v, meta.cu_seqlens, causal)
+        return varlen_attention(q, k, v, meta.cu_seqlens, causal, window=window)
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
 
 
 def varlen_attention(
@@ -59,9 +71,11 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     causal: bool,
     tile: Tile | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of packed q [tokens, heads, dim] and k, v [tokens, kv heads, dim] within the
-    sequences `cu_seqlens` (int32, on the device) delimits; `tile`: `tiles`' choice overridden."""
+    sequences `cu_seqlens` (int32, on the device) delimits; `tile`: `tiles`' choice overridden;
+    `window`: keys at most that far from the query (before it, and after it unless causal)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim not in HEAD_DIMS or num_heads % num_kv_heads:
@@ -76,11 +90,11 @@ def varlen_attention(
     block_m, block_n, warps, stages, split = tile or tiles(num_tokens, num_slots, head_dim)
     grid = (grid_blocks(num_tokens, num_slots, block_m), num_heads)
     _varlen_attention_kernel[grid](
-        q, k, v, out, cu_seqlens, 1.0 / math.sqrt(head_dim),
+        q, k, v, out, cu_seqlens, 1.0 / math.sqrt(head_dim), 0 if window is None else window,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         NUM_SLOTS=num_slots, SLOTS_P2=triton.next_power_of_2(num_slots),
-        GROUP=num_heads // num_kv_heads, CAUSAL=causal, HEAD_DIM=head_dim,
+        GROUP=num_heads // num_kv_heads, CAUSAL=causal, WINDOWED=window is not None, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_MASKS=split, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
@@ -97,12 +111,13 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _attend(  # type: ignore[no-untyped-def]
-        q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
+        q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale, window,
         stride_kt, stride_kh, stride_vt, stride_vh,
-        MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+        MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         """One key block of the online softmax; MASK: the block crosses the sequence's end or,
-        causal, the diagonal."""
+        causal, the diagonal, or (WINDOWED, every block masked) a band's edge."""
         keys = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
         k_ptrs = K + (start + keys)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
@@ -110,15 +125,20 @@ if triton is not None:
         if MASK:
             valid = keys < seqlen
             s = tl.dot(q, tl.load(k_ptrs, mask=valid[None, :], other=0.0)) * scale
+            seen = valid[None, :]
             if CAUSAL:
-                s = tl.where(valid[None, :] & (offs_m[:, None] >= keys[None, :]), s, float("-inf"))
-            else:
-                s = tl.where(valid[None, :], s, float("-inf"))
+                seen = seen & (offs_m[:, None] >= keys[None, :])
+            if WINDOWED:
+                distance = offs_m[:, None] - keys[None, :]
+                seen = seen & (distance <= window) & (-distance <= window)
+            s = tl.where(seen, s, float("-inf"))
         else:
             s = tl.dot(q, tl.load(k_ptrs)) * scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        # WINDOWED: a row that has seen no key yet takes exponents against 0, not -inf - -inf = NaN
+        m_exp = tl.where(m_new == float("-inf"), 0.0, m_new) if WINDOWED else m_new
+        alpha = tl.math.exp2(m_i - m_exp)
+        p = tl.math.exp2(s - m_exp[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # V after the softmax, as flash kernels order it
         v = tl.load(v_ptrs, mask=(keys < seqlen)[:, None], other=0.0) if MASK else tl.load(v_ptrs)
@@ -127,10 +147,10 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _varlen_attention_kernel(  # type: ignore[no-untyped-def]
-        Q, K, V, Out, CU, sm_scale,
+        Q, K, V, Out, CU, sm_scale, window,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
         NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
-        GROUP: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+        GROUP: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_MASKS: tl.constexpr,
     ):  # fmt: skip
         block = tl.program_id(0)
@@ -176,7 +196,15 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         scale = sm_scale * 1.4426950408889634  # softmax in base 2
-        if not SPLIT_MASKS:  # every key block masked
+        first = 0
+        if WINDOWED:  # the key blocks the rows' bands reach, every one masked
+            first = (tl.maximum(local * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+            full_end = first
+            if CAUSAL:
+                end = tl.minimum(seqlen, (local + 1) * BLOCK_M)
+            else:
+                end = tl.minimum(seqlen, (local + 1) * BLOCK_M + window)
+        elif not SPLIT_MASKS:  # every key block masked
             full_end = 0
             end = tl.minimum(seqlen, (local + 1) * BLOCK_M) if CAUSAL else seqlen
         elif CAUSAL:  # unmasked up to the query block's first row, masked across the diagonal
@@ -185,17 +213,17 @@ if triton is not None:
         else:
             full_end = (seqlen // BLOCK_N) * BLOCK_N
             end = seqlen
-        for n0 in range(0, full_end, BLOCK_N):
+        for n0 in range(first, full_end, BLOCK_N):
             acc, m_i, l_i = _attend(
-                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
+                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale, window,
                 stride_kt, stride_kh, stride_vt, stride_vh,
-                MASK=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                MASK=False, CAUSAL=CAUSAL, WINDOWED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
             )  # fmt: skip
         for n0 in range(full_end, end, BLOCK_N):
             acc, m_i, l_i = _attend(
-                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale,
+                q, acc, m_i, l_i, K, V, start, seqlen, n0, offs_m, kv_head, scale, window,
                 stride_kt, stride_kh, stride_vt, stride_vh,
-                MASK=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                MASK=True, CAUSAL=CAUSAL, WINDOWED=WINDOWED, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
             )  # fmt: skip
         acc = acc / l_i[:, None]
         tl.store(
