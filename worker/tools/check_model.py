@@ -37,8 +37,9 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # "bert", "qwen3" (embedders) or "cross-encoder" (scores)
+    family: str = ""  # "bert", "qwen3", "modernbert", ... (embedders) or "cross-encoder", ... (scores)
     task: str = ""  # "embed" or "score", as the worker's Info reports it
+    attention: str = ""  # the attention pattern served: causal or not, sliding windows
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
     normalize: bool = False
@@ -87,7 +88,13 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     # torch's modules, imported here so that `check-model --help` answers at once
     from kembed.worker.engine.engine import resolve_dtype
     from kembed.worker.engine.models.cross_encoder import cross_encoder_architecture
-    from kembed.worker.engine.models.families import family_of, pooling_of, shape_of
+    from kembed.worker.engine.models.families import (
+        SCORER_FAMILIES,
+        describe_attention,
+        family_of,
+        pooling_of,
+        shape_of,
+    )
     from kembed.worker.engine.models.model_dir import read_model_dir, weight_files
 
     if not path.is_dir():
@@ -97,10 +104,12 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.architectures = [str(a) for a in model_dir.config.get("architectures") or ()]
     result.family = family_of(model_dir)
     shape = shape_of(model_dir)
+    result.attention = describe_attention(model_dir)
     result.max_positions = shape.max_sequence_length
-    if result.family == "cross-encoder":
+    if result.family in SCORER_FAMILIES:
         result.task = "score"
-        cross_encoder_architecture(model_dir.config)
+        if result.family == "cross-encoder":
+            cross_encoder_architecture(model_dir.config)
     else:
         result.task = "embed"
         result.pooling = pooling_of(model_dir)
@@ -207,6 +216,8 @@ def render(result: ModelCheck) -> str:
     if result.family:
         served = "relevance scores (a cross-encoder)" if result.task == "score" else "embeddings"
         lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
+    if result.attention:
+        lines.append(("attention", result.attention))
     if result.pooling:
         lines.append(("pooling", f"{result.pooling} ({result.pooling_source})"))
         if result.dense:

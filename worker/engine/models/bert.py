@@ -7,12 +7,10 @@ sequences are packed into one [num_tokens, hidden] matrix; only attention needs 
 made it (`forward_fp8`).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kembed.worker.engine.kernels.fp8 import (
@@ -24,16 +22,11 @@ from kembed.worker.engine.kernels.fp8 import (
 )
 from kembed.worker.engine.kernels.fused import add_layer_norm, add_layer_norm_fp8, linear_activation
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
+from kembed.worker.engine.layers.mlp import ACTIVATIONS as _ACTIVATIONS
 from kembed.worker.engine.models.served import PooledEmbedder
 from kembed.worker.errors import InvalidInput
 
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from torch import nn
 
 from kembed.proto.outputs import SPARSE
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
-from kembed.worker.engine.models.bert import _ACTIVATIONS, BertEncoder, BertShape
+from kembed.worker.engine.layers.mlp import ACTIVATIONS as _ACTIVATIONS
+from kembed.worker.engine.models.bert import BertEncoder, BertShape
 from kembed.worker.engine.models.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
 
