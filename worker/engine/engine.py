@@ -259,6 +259,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
             num_fp8 = quantize_linears(model)  # after the move: quantised on the device, in bf16
         except ValueError as exc:
             raise StartupError(f"--linear-dtype fp8: {exc}") from None
+        if num_fp8 == 0:  # a family whose layers have no fp8 path (ModernBERT, Gemma 3): say so
+            raise StartupError(f"--linear-dtype fp8: {model_dir.model_type} layers have no fp8 path")
         dtype_name += "+fp8"
         log.warning(
             "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8
@@ -385,6 +387,10 @@ def _resolve_attention(
         if (reason := window_refusal(ATTENTION_BACKENDS[requested], shape)) is not None:
             raise StartupError(f"attention backend {requested!r} cannot serve this model: {reason}")
         return requested, ATTENTION_BACKENDS[requested], False
+    if shape.window is not None:  # left out for the window? say so (an error path: probed again)
+        unwindowed = cuda_backends(device, dataclasses.replace(shape, window=None))
+        if requested in unwindowed and (reason := window_refusal(unwindowed[requested], shape)):
+            raise StartupError(f"attention backend {requested!r} cannot serve this model: {reason}")
     raise StartupError(
         f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "
         f"flashinfer has kernels for head sizes {FlashInferAttention.HEAD_DIMS} only)"
