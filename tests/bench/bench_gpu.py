@@ -52,11 +52,11 @@ def write_model_dir(name: str, tmp: Path):
     """(model directory with random bf16 weights for config `name`, the transformers model itself)."""
     src = CONFIGS / name
     config = transformers.AutoConfig.from_pretrained(src)
+    # AutoModel of a T5 config is the encoder-decoder; an embedder is its encoder alone
+    auto = transformers.T5EncoderModel if config.model_type in ("t5", "mt5") else transformers.AutoModel
     with torch.device("cuda"):
         torch.manual_seed(0)
-        model = transformers.AutoModel.from_config(
-            config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
-        ).eval()
+        model = auto.from_config(config, torch_dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     path = tmp / name
     model.save_pretrained(path)
     for extra in ("modules.json", "1_Pooling"):
@@ -67,15 +67,15 @@ def write_model_dir(name: str, tmp: Path):
     return path, model
 
 
-def write_reranker_dir(tmp: Path):
+def write_reranker_dir(tmp: Path, name: str = RERANKER):
     """(cross-encoder directory with random bf16 weights, the transformers model itself)."""
-    config = transformers.AutoConfig.from_pretrained(CONFIGS / RERANKER)
+    config = transformers.AutoConfig.from_pretrained(CONFIGS / name)
     with torch.device("cuda"):
         torch.manual_seed(0)
         model = transformers.AutoModelForSequenceClassification.from_config(
             config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
         ).eval()
-    path = tmp / RERANKER
+    path = tmp / name
     model.save_pretrained(path)
     return path, model
 
@@ -347,6 +347,9 @@ def main() -> None:
     )
     parser.add_argument("--throughput-batches", type=int, default=40)
     parser.add_argument(
+        "--rerankers", nargs="+", default=[RERANKER], help="cross-encoder configs of the scoring suite"
+    )
+    parser.add_argument(
         "--suites",
         type=lambda text: set(text.split(",")),
         default=set(SUITES),
@@ -382,14 +385,15 @@ def main() -> None:
                 del engine
                 torch.cuda.empty_cache()
             del baseline
-        if "scoring" in args.suites:
-            path, baseline = write_reranker_dir(Path(tmp))
+        for reranker in args.rerankers if "scoring" in args.suites else ():
+            path, baseline = write_reranker_dir(Path(tmp), reranker)
             for backend in args.backends:
                 engine = build(path, backend, max_batch_tokens=32768)
-                label = f"{RERANKER}, {engine.info.attention_backend}"
+                label = f"{reranker}, {engine.info.attention_backend}"
                 scoring += suite_scoring(engine, baseline, rng, args.iters, args.rounds, label)
                 del engine
                 torch.cuda.empty_cache()
+            del baseline
     step_columns = (
         "kembed p50 ms (median / worst round) | kembed p99 ms (median) | cold ms | HF + CUDA graph p50 ms "
         "(median / worst) | HF eager p50 ms (median / worst) | speed-up vs HF + graph | vs HF eager"

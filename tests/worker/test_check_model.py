@@ -131,6 +131,27 @@ def encoder_embedder(
     return build
 
 
+BERT_TOKENS = dict(pad_token_id=0, bos_token_id=101, eos_token_id=102)  # the bundled tokenizer's
+
+
+def modernbert(pooling: str | None, scorer: bool = False) -> Callable[[Path], Path]:
+    """A ModernBERT embedder (local layers every other one) or its reranker head."""
+
+    def build(path: Path) -> Path:
+        config = transformers.ModernBertConfig(
+            **TINY, **BERT_TOKENS, cls_token_id=101, sep_token_id=102, local_attention=16,
+            num_labels=1,
+        )  # fmt: skip
+        if scorer:
+            save(transformers.ModernBertForSequenceClassification(config), path)
+        else:
+            save(transformers.ModernBertModel(config), path)
+            write_pipeline(path, pooling_config(pooling or "mean"), normalize=True)
+        return with_tokenizer(path)
+
+    return build
+
+
 def nomic_own_spelling(config: dict) -> dict:
     """nomic-embed-text-v1.5's config.json: GPT-2's field names, rotary_emb_*, its custom code."""
     return {
@@ -164,6 +185,33 @@ def jina_v3_own_format(path: Path) -> Path:
     )(native)
     jina_own_format(native, path / "model", ["retrieval.query", "retrieval.passage"], theta=20000.0)
     return path / "model"
+
+
+def embeddinggemma(path: Path) -> Path:
+    """EmbeddingGemma's architecture and pipeline (mean pooling, two Dense layers, Normalize)."""
+    from sentence_transformers.base.modules import Dense
+
+    config = transformers.Gemma3TextConfig(
+        **TINY, **BERT_TOKENS, num_key_value_heads=1, head_dim=16, sliding_window=16,
+        use_bidirectional_attention=True,
+    )  # fmt: skip
+    save(transformers.Gemma3TextModel(config), path)
+    write_pipeline(path, pooling_config("mean"), normalize=True)
+    modules = json.loads((path / "modules.json").read_text())
+    for at, (folder, sizes) in enumerate((("2_Dense", (32, 128)), ("3_Dense", (128, 32))), start=2):
+        (path / folder).mkdir()
+        Dense(*sizes, bias=False, activation_function=torch.nn.Identity()).save(str(path / folder))
+        kind = "sentence_transformers.models.Dense"
+        modules.insert(at, {"idx": at, "name": str(at), "path": folder, "type": kind})
+    (path / "modules.json").write_text(json.dumps(modules))
+    return with_tokenizer(path)
+
+
+def e5_mistral(path: Path) -> Path:
+    config = transformers.MistralConfig(**TINY, **BERT_TOKENS, num_key_value_heads=1, sliding_window=16)
+    save(transformers.MistralModel(config), path)
+    write_pipeline(path, pooling_config("lasttoken"), normalize=True)
+    return with_tokenizer(path)
 
 
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
@@ -270,10 +318,11 @@ CASES = {
         ),
         "only absolute position embeddings",
     ),
-    "`Alibaba-NLP/gte-modernbert-base`": Case(
-        config_only({"model_type": "modernbert", "architectures": ["ModernBertModel"]}),
-        "'modernbert' is not supported",
-    ),
+    "`Alibaba-NLP/gte-modernbert-base`": Case(modernbert("cls")),
+    "`nomic-ai/modernbert-embed-base`": Case(modernbert("mean")),
+    "`Alibaba-NLP/gte-reranker-modernbert-base`": Case(modernbert(None, scorer=True)),
+    "`google/embeddinggemma-300m`": Case(embeddinggemma),
+    "`intfloat/e5-mistral-7b-instruct`, `Salesforce/SFR-Embedding-Mistral`": Case(e5_mistral),
     "Qwen2-based embedders (`gte-Qwen2-*-instruct`, `stella_en_1.5B_v5`)": Case(
         config_only({"model_type": "qwen2", "architectures": ["Qwen2Model"]}), "'qwen2' is not supported"
     ),

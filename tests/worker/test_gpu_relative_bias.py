@@ -122,9 +122,10 @@ def test_triton_kernel_gathers_disentangled_terms_as_sdpa_does(terms):
 def test_only_backends_that_add_the_bias_are_offered():
     device = torch.device("cuda")
     for kind in (DISTANCE, DISENTANGLED):
-        offered = cuda_backends(device, AttentionShape(12, 12, 64, False, kind))
+        offered = cuda_backends(device, AttentionShape(12, 12, 64, False, bias=kind))
         assert set(offered) == ({"triton"} if has_triton() else set()), kind
-    assert "triton" not in cuda_backends(device, AttentionShape(12, 12, 16, False, DISTANCE))  # head size
+    head_16 = AttentionShape(12, 12, 16, False, bias=DISTANCE)
+    assert "triton" not in cuda_backends(device, head_16)  # a head size the kernel lacks
 
 
 @pytest.mark.parametrize("family", ["mpnet", "sentence-t5"])

@@ -34,7 +34,11 @@ from kembed.worker.engine.layers.attention import (
     FlashInferAttention,
     build_metadata,
 )
-from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS, cuda_backends
+from kembed.worker.engine.layers.attention_backends import (
+    ATTENTION_BACKENDS,
+    cuda_backends,
+    window_refusal,
+)
 from kembed.worker.engine.lazy import LazyTensor, to_host
 from kembed.worker.engine.models.families import attention_shape, build_model
 from kembed.worker.engine.models.model_dir import ModelDir, read_model_dir
@@ -355,8 +359,10 @@ def _resolve_attention(
     requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
 ) -> tuple[str, Attention, bool]:
     """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay).
-    A model whose scores carry a relative-position bias gets only a backend that adds it; on a GPU
-    where no varlen backend does, it runs on `sdpa-padded` in the eager engine, which is logged."""
+    A model whose scores carry a relative-position bias gets only a backend that adds it, and one
+    with a sliding window only a backend that serves it exactly (each said in the log); on a GPU where
+    no varlen backend serves the model it runs on `sdpa-padded` in the eager engine, which is logged.
+    A backend asked for by name that cannot serve the model refuses the start."""
     shape = attention_shape(model_dir)
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
@@ -367,12 +373,11 @@ def _resolve_attention(
     varlen = cuda_backends(device, shape, compile_kernels=requested == "flashinfer")
     if requested == "auto":
         if not varlen:
-            if shape.bias:
-                log.warning(
-                    "attention: no varlen backend here adds this model's %s position bias, so it runs "
-                    "on sdpa-padded in the eager engine, without CUDA graphs",
-                    shape.bias,
-                )
+            log.warning(
+                "attention: no varlen backend serves this model's attention (%s): the eager engine "
+                "with sdpa-padded, no CUDA graphs",
+                shape,
+            )
             return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
         if len(varlen) == 1:
             name = next(iter(varlen))
@@ -383,6 +388,10 @@ def _resolve_attention(
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
         return requested, _serving(ATTENTION_BACKENDS[requested], requested, shape), False
+    if shape.window is not None or shape.bias:  # left out for the model's attention? say why
+        plain = cuda_backends(device, dataclasses.replace(shape, window=None, bias=""))
+        if requested in plain:
+            _serving(plain[requested], requested, shape)  # raises, naming what it lacks
     raise StartupError(
         f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "
         f"flashinfer has kernels for head sizes {FlashInferAttention.HEAD_DIMS} only)"
@@ -390,12 +399,15 @@ def _resolve_attention(
 
 
 def _serving(attend: Attention, name: str, shape: AttentionShape) -> Attention:
-    """`attend`, if it adds the model's position bias (or the model has none); else StartupError."""
+    """`attend`, if it adds the model's position bias and serves its sliding window exactly (or the
+    model has neither); else StartupError."""
     if shape.bias and shape.bias not in attend.bias_kinds:
         raise StartupError(
             f"attention backend {name!r} adds no {shape.bias} position bias, which this model's attention "
             "needs (auto chooses one that does)"
         )
+    if (reason := window_refusal(attend, shape)) is not None:
+        raise StartupError(f"attention backend {name!r} cannot serve this model: {reason}")
     return attend
 
 

@@ -50,7 +50,9 @@ class ModelCheck:
     dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
-    attention: str = ""  # how attention runs on a GPU, where the family's position bias decides it
+    # the attention served: how it runs on a GPU where a position bias decides it, else its pattern
+    # (causal or not, sliding windows)
+    attention: str = ""
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -97,6 +99,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
         SCORE_FAMILIES,
         adapters_of,
         attention_shape,
+        describe_attention,
         family_of,
         network_of,
         pooling_of,
@@ -114,7 +117,8 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.network = network_of(model_dir)
     result.adapters = list(adapters_of(model_dir))
     result.max_positions = shape.max_sequence_length
-    result.attention = _attention(attention_shape(model_dir))
+    # a position bias decides how attention runs on a GPU; else the pattern (causal, windows)
+    result.attention = _attention(attention_shape(model_dir)) or describe_attention(model_dir)
     if result.family in SCORE_FAMILIES:
         result.task = "score"
         if result.family == "cross-encoder":

@@ -62,6 +62,12 @@ def cuda_backends(
                 shape.bias,
             )
         backends = {name: b for name, b in backends.items() if name not in dropped}
+    if shape is not None and shape.window is not None:
+        for name in list(backends):
+            reason = window_refusal(backends[name], shape)
+            if reason is not None:
+                log.info("attention backend %s is not used for this model: %s", name, reason)
+                del backends[name]
     return backends
 
 
@@ -78,3 +84,14 @@ def bias_backends(bias: str) -> list[str]:
     """The varlen backends that add a position bias of kind `bias` (AttentionShape.bias), whether
     installed here or not: what serves such a model in CUDA graphs (check-model says it)."""
     return [name for name, cls in _VARLEN_CLASSES.items() if bias in cls.bias_kinds]
+
+
+def window_refusal(backend: Attention, shape: AttentionShape) -> str | None:
+    """Why `backend` cannot serve `shape`'s sliding window exactly; None when it can (or there is none)."""
+    if shape.window is None:
+        return None
+    reason = backend.window_refusal(shape.is_causal)
+    if reason is None:
+        return None
+    kind = "causal" if shape.is_causal else "symmetric"
+    return f"its layers have a {kind} sliding window of {shape.window} tokens, and this backend: {reason}"

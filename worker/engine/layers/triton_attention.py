@@ -18,6 +18,9 @@ A `DisentangledBias` (DeBERTa) is gathered per tile from its per-token tables: e
 content-to-position scores and each key's position-to-content scores at the tile's relative
 positions (a small index table of query - key): two gathers a score, from tables the layer has just
 written, all in the bucket's static shapes.
+A sliding window (attention.py) limits each program to the key blocks its rows' bands reach, every one
+masked by distance; a row whose band misses a whole block adds nothing for it (a guarded exponent: the
+running maximum stays -inf until a key is seen).
 """
 
 import math
@@ -70,11 +73,15 @@ class TritonAttention(Attention):
         v: torch.Tensor,
         meta: AttentionMetadata,
         causal: bool,
+        window: int | None = None,
         bias: AttentionBias | None = None,
     ) -> torch.Tensor:
         self.refuse_bias(bias)
         assert bias is None or isinstance(bias, DistanceBias | DisentangledBias)
-        return varlen_attention(q, k, v, meta.cu_seqlens, causal, bias=bias)
+        return varlen_attention(q, k, v, meta.cu_seqlens, causal, window=window, bias=bias)
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
 
 
 def varlen_attention(
@@ -84,11 +91,13 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     causal: bool,
     tile: Tile | None = None,
+    window: int | None = None,
     bias: DistanceBias | DisentangledBias | None = None,
 ) -> torch.Tensor:
     """Attention of packed q [tokens, heads, dim] and k, v [tokens, kv heads, dim] within the
     sequences `cu_seqlens` (int32, on the device) delimits; `tile`: `tiles`' choice overridden;
-    `bias`: added to the scores, which it scales by its own `scale`."""
+    `window`: keys at most that far from the query (before it, and after it unless causal); `bias`:
+    added to the scores, which it scales by its own `scale`."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if head_dim not in HEAD_DIMS or num_heads % num_kv_heads:
@@ -105,11 +114,11 @@ def varlen_attention(
     scale = 1.0 / math.sqrt(head_dim) if bias is None or bias.scale is None else bias.scale
     args = _bias_arguments(bias, q, num_heads)
     _varlen_attention_kernel[grid](
-        q, k, v, out, cu_seqlens, *args.tensors, scale,
+        q, k, v, out, cu_seqlens, *args.tensors, scale, 0 if window is None else window,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), *args.strides,
         NUM_SLOTS=num_slots, SLOTS_P2=triton.next_power_of_2(num_slots),
-        GROUP=num_heads // num_kv_heads, CAUSAL=causal, HEAD_DIM=head_dim,
+        GROUP=num_heads // num_kv_heads, CAUSAL=causal, WINDOWED=window is not None, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_MASKS=split,
         BIAS=args.kind, HAS_C2P=args.has_c2p, HAS_P2C=args.has_p2c, MAX_DISTANCE=args.max_distance,
         num_warps=warps, num_stages=stages,
@@ -172,13 +181,15 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _attend(  # type: ignore[no-untyped-def]
         q, acc, m_i, l_i, K, V, Bias, Bias2, Positions, start, seqlen, n0, offs_m, rows, head, kv_head,
-        scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_bt, stride_bh, stride_b2t, stride_b2h,
-        MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+        scale, window, stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_bt, stride_bh, stride_b2t, stride_b2h,
+        MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         BIAS: tl.constexpr, HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, MAX_DISTANCE: tl.constexpr,
     ):  # fmt: skip
         """One key block of the online softmax; MASK: the block crosses the sequence's end or,
-        causal, the diagonal. BIAS 1: the head's distance bias added; 2: the disentangled terms
-        gathered (both in base 2, as the scores)."""
+        causal, the diagonal, or (WINDOWED, every block masked) a band's edge. BIAS 1: the head's
+        distance bias added; 2: the disentangled terms gathered (both in base 2, as the scores)."""
         keys = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
         k_ptrs = K + (start + keys)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
@@ -207,13 +218,18 @@ if triton is not None:
                 terms += tl.load(p2c, mask=inside, other=0.0).to(tl.float32)
             s += terms * 1.4426950408889634
         if MASK:
+            seen = valid[None, :]
             if CAUSAL:
-                s = tl.where(valid[None, :] & (offs_m[:, None] >= keys[None, :]), s, float("-inf"))
-            else:
-                s = tl.where(valid[None, :], s, float("-inf"))
+                seen = seen & (offs_m[:, None] >= keys[None, :])
+            if WINDOWED:
+                distance = offs_m[:, None] - keys[None, :]
+                seen = seen & (distance <= window) & (-distance <= window)
+            s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+        # WINDOWED: a row that has seen no key yet takes exponents against 0, not -inf - -inf = NaN
+        m_exp = tl.where(m_new == float("-inf"), 0.0, m_new) if WINDOWED else m_new
+        alpha = tl.math.exp2(m_i - m_exp)
+        p = tl.math.exp2(s - m_exp[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # V after the softmax, as flash kernels order it
         v = tl.load(v_ptrs, mask=(keys < seqlen)[:, None], other=0.0) if MASK else tl.load(v_ptrs)
@@ -222,11 +238,11 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _varlen_attention_kernel(  # type: ignore[no-untyped-def]
-        Q, K, V, Out, CU, Bias, Bias2, Positions, sm_scale,
+        Q, K, V, Out, CU, Bias, Bias2, Positions, sm_scale, window,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
         stride_bt, stride_bh, stride_b2t, stride_b2h,
         NUM_SLOTS: tl.constexpr, SLOTS_P2: tl.constexpr,
-        GROUP: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+        GROUP: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_MASKS: tl.constexpr,
         BIAS: tl.constexpr, HAS_C2P: tl.constexpr, HAS_P2C: tl.constexpr, MAX_DISTANCE: tl.constexpr,
     ):  # fmt: skip
@@ -273,7 +289,15 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         scale = sm_scale * 1.4426950408889634  # softmax in base 2
-        if not SPLIT_MASKS:  # every key block masked
+        first = 0
+        if WINDOWED:  # the key blocks the rows' bands reach, every one masked
+            first = (tl.maximum(local * BLOCK_M - window, 0) // BLOCK_N) * BLOCK_N
+            full_end = first
+            if CAUSAL:
+                end = tl.minimum(seqlen, (local + 1) * BLOCK_M)
+            else:
+                end = tl.minimum(seqlen, (local + 1) * BLOCK_M + window)
+        elif not SPLIT_MASKS:  # every key block masked
             full_end = 0
             end = tl.minimum(seqlen, (local + 1) * BLOCK_M) if CAUSAL else seqlen
         elif CAUSAL:  # unmasked up to the query block's first row, masked across the diagonal
@@ -282,20 +306,20 @@ if triton is not None:
         else:
             full_end = (seqlen // BLOCK_N) * BLOCK_N
             end = seqlen
-        for n0 in range(0, full_end, BLOCK_N):
+        for n0 in range(first, full_end, BLOCK_N):
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, K, V, Bias, Bias2, Positions, start, seqlen, n0, offs_m, rows, head,
-                kv_head, scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                kv_head, scale, window, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_bt, stride_bh, stride_b2t, stride_b2h,
-                MASK=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                MASK=False, CAUSAL=CAUSAL, WINDOWED=False, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
                 BIAS=BIAS, HAS_C2P=HAS_C2P, HAS_P2C=HAS_P2C, MAX_DISTANCE=MAX_DISTANCE,
             )  # fmt: skip
         for n0 in range(full_end, end, BLOCK_N):
             acc, m_i, l_i = _attend(
                 q, acc, m_i, l_i, K, V, Bias, Bias2, Positions, start, seqlen, n0, offs_m, rows, head,
-                kv_head, scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                kv_head, scale, window, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_bt, stride_bh, stride_b2t, stride_b2h,
-                MASK=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                MASK=True, CAUSAL=CAUSAL, WINDOWED=WINDOWED, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
                 BIAS=BIAS, HAS_C2P=HAS_C2P, HAS_P2C=HAS_P2C, MAX_DISTANCE=MAX_DISTANCE,
             )  # fmt: skip
         acc = acc / l_i[:, None]

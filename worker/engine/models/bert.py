@@ -106,7 +106,7 @@ class BertLayer(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv(x).view(num_tokens, 3, self.num_heads, -1).unbind(1)
-        attn = self.attend(q, k, v, meta, False, self.attention_bias(q, k, bias)).reshape(num_tokens, -1)
+        attn = self.attend(q, k, v, meta, False, bias=self.attention_bias(q, k, bias)).reshape(num_tokens, -1)
         x = add_layer_norm(self.attn_out(attn), x, self.attn_norm)
         hidden = linear_activation(x, self.ffn_in, self.activation_name, self.activation)
         return add_layer_norm(self.ffn_out(hidden), x, self.ffn_norm)
@@ -126,7 +126,7 @@ class BertLayer(nn.Module):
         num_tokens = x.shape[0]
         qkv = fp8_linear(self.qkv).mm(xq)
         q, k, v = qkv.view(num_tokens, 3, self.num_heads, -1).unbind(1)
-        attn = self.attend(q, k, v, meta, False, self.attention_bias(q, k, bias)).reshape(num_tokens, -1)
+        attn = self.attend(q, k, v, meta, False, bias=self.attention_bias(q, k, bias)).reshape(num_tokens, -1)
         x, xq = add_layer_norm_fp8(fp8_linear(self.attn_out)(attn), x, self.attn_norm)
         hidden = activation_quantize(fp8_linear(self.ffn_in).mm(xq), self.activation_name)
         return add_layer_norm_fp8(fp8_linear(self.ffn_out).mm(hidden), x, self.ffn_norm)

@@ -19,6 +19,7 @@ from kembed.worker.engine.models.deberta import (
     DebertaShape,
 )
 from kembed.worker.engine.models.distilbert import DISTILBERT_FAMILY, build_distilbert, distilbert_shape
+from kembed.worker.engine.models.gemma3 import GEMMA3_FAMILY, Gemma3Shape, build_gemma3, gemma3_pooling
 from kembed.worker.engine.models.gte import GTE_FAMILY, build_gte, gte_shape
 from kembed.worker.engine.models.heads import M3Heads
 from kembed.worker.engine.models.jina_v3 import (
@@ -28,7 +29,16 @@ from kembed.worker.engine.models.jina_v3 import (
     jina_v3_shape,
     tasks_of,
 )
+from kembed.worker.engine.models.mistral import MISTRAL_FAMILY, build_mistral, mistral_shape
+from kembed.worker.engine.models.mistral import describe_attention as describe_decoder_attention
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
+from kembed.worker.engine.models.modernbert import (
+    MODERNBERT_FAMILY,
+    ModernBertCrossEncoder,
+    ModernBertShape,
+    build_modernbert,
+    is_cross_encoder,
+)
 from kembed.worker.engine.models.mpnet import MPNET_FAMILY, MPNetEmbedder, mpnet_shape
 from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
 from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
@@ -39,7 +49,7 @@ from kembed.worker.engine.models.t5 import T5_FAMILY, T5Embedder, T5Shape
 from kembed.worker.errors import InvalidInput
 
 Builder = Callable[[ModelDir, dict[str, torch.Tensor], Attention, str], PooledEmbedder]
-Shape = BertShape | Qwen3Shape | RotaryEncoderShape | T5Shape | DebertaShape
+Shape = BertShape | Qwen3Shape | RotaryEncoderShape | T5Shape | DebertaShape | ModernBertShape | Gemma3Shape
 
 
 def _build_mpnet(
@@ -48,6 +58,12 @@ def _build_mpnet(
     mpnet = MPNetEmbedder(model_dir.config, attend, pooling)
     mpnet.encoder.load_hf_weights(weights)
     return mpnet
+
+
+def _build_modernbert(
+    model_dir: ModelDir, weights: dict[str, torch.Tensor], attend: Attention, pooling: str
+) -> PooledEmbedder:
+    return build_modernbert(model_dir, attend, pooling)  # it reads its own weights
 
 
 def _build_t5(
@@ -80,12 +96,15 @@ ENCODERS = {
     "jina_embeddings_v3": _Encoder(JINA_V3_FAMILY, jina_v3_shape, build_jina_v3, "mean"),
     "mpnet": _Encoder(MPNET_FAMILY, mpnet_shape, _build_mpnet, "mean"),
     "t5": _Encoder(T5_FAMILY, T5Shape.from_config, _build_t5, "mean"),
+    "modernbert": _Encoder(MODERNBERT_FAMILY, ModernBertShape.from_config, _build_modernbert, "mean"),
 }
 # The families that answer scores (rerankers); every other family embeds.
-SCORE_FAMILIES = ("cross-encoder", "deberta")
+SCORE_FAMILIES = ("cross-encoder", "deberta", "modernbert-cross-encoder")
 SUPPORTED_MODEL_TYPES = (
     *BERT_FAMILY,
     *QWEN3_FAMILY,
+    *GEMMA3_FAMILY,
+    *MISTRAL_FAMILY,
     *(t for e in ENCODERS.values() for t in e.model_types),
     *DEBERTA_FAMILY,
 )
@@ -93,8 +112,9 @@ SUPPORTED_MODEL_TYPES = (
 
 def family_of(model_dir: ModelDir) -> str:
     """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
-    sequence-classification head) or `deberta` (a DeBERTa-v2/v3 reranker), which score; or an
-    embedder's (`bert`, `qwen3`, or a key of ENCODERS); InvalidInput saying why not."""
+    sequence-classification head), `deberta` (a DeBERTa-v2/v3 reranker) or `modernbert-cross-encoder`
+    (ModernBERT's), which score; or an embedder's (`bert`, `qwen3`, `gemma3`, `mistral`, or a key of
+    ENCODERS); InvalidInput saying why not."""
     model_type = model_dir.model_type
     architectures = model_dir.config.get("architectures") or ()
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
@@ -106,6 +126,12 @@ def family_of(model_dir: ModelDir) -> str:
         return "bert"
     if model_type in QWEN3_FAMILY:
         return "qwen3"
+    if model_type in GEMMA3_FAMILY:
+        return "gemma3"
+    if model_type in MISTRAL_FAMILY:
+        return "mistral"
+    if model_type in MODERNBERT_FAMILY and is_cross_encoder(model_dir.config):
+        return "modernbert-cross-encoder"
     if model_type in DEBERTA_FAMILY:
         if DEBERTA_ARCHITECTURE not in architectures:
             raise InvalidInput(
@@ -139,6 +165,10 @@ def pooling_of(model_dir: ModelDir) -> str:
     family = family_of(model_dir)
     if family == "qwen3":
         return qwen3_pooling(model_dir, Qwen3Shape.from_config(model_dir.config))
+    if family == "mistral":
+        return qwen3_pooling(model_dir, mistral_shape(model_dir.config))
+    if family == "gemma3":
+        return gemma3_pooling(model_dir)
     if model_dir.splade is not None:
         return f"splade {model_dir.splade.pooling}, {model_dir.splade.activation}"
     if family in SCORE_FAMILIES:
@@ -158,6 +188,8 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
             raise InvalidInput(f"{model_dir.path} is a cross-encoder with Dense modules in modules.json")
         if family == "deberta":
             return DebertaCrossEncoder.load(model_dir, attend)
+        if family == "modernbert-cross-encoder":
+            return ModernBertCrossEncoder.load(model_dir, attend)
         return BertCrossEncoder.load(model_dir, attend)
     if model_dir.splade is not None:
         if family != "bert":
@@ -171,7 +203,12 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
         embedder.encoder.load_hf_weights(load_weights(model_dir.path))
     elif family in ENCODERS:
         build = ENCODERS[family].build
-        embedder = build(model_dir, load_weights(model_dir.path), attend, pooling_of(model_dir))
+        weights = {} if family == "modernbert" else load_weights(model_dir.path)  # it reads its own
+        embedder = build(model_dir, weights, attend, pooling_of(model_dir))
+    elif family == "gemma3":
+        embedder = build_gemma3(model_dir, attend)
+    elif family == "mistral":
+        embedder = build_mistral(model_dir, attend)
     else:
         embedder = build_qwen3(model_dir, attend)
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
@@ -184,6 +221,12 @@ def shape_of(model_dir: ModelDir) -> Shape:
     family = family_of(model_dir)
     if family == "qwen3":
         return Qwen3Shape.from_config(model_dir.config)
+    if family == "mistral":
+        return mistral_shape(model_dir.config)
+    if family == "gemma3":
+        return Gemma3Shape.from_config(model_dir.config)
+    if family == "modernbert-cross-encoder":
+        return ModernBertShape.from_config(model_dir.config)
     if family == "deberta":
         return DebertaShape.from_config(model_dir.config)
     if family in ENCODERS:
@@ -193,18 +236,30 @@ def shape_of(model_dir: ModelDir) -> Shape:
 
 def attention_shape(model_dir: ModelDir) -> AttentionShape:
     """The attention shape of `model_dir`'s network, before building it (for `auto` timing, and the
-    backends that serve its position bias)."""
+    backends that serve its position bias or its sliding window)."""
     shape = shape_of(model_dir)
     if isinstance(shape, Qwen3Shape):
-        return AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal)
+        return AttentionShape(
+            shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal, window=shape.window
+        )
+    if isinstance(shape, ModernBertShape):
+        window = shape.window if any(shape.is_local) else None
+        return AttentionShape(shape.num_heads, shape.num_heads, shape.head_dim, False, window=window)
+    if isinstance(shape, Gemma3Shape):
+        window = shape.window if any(shape.is_local) else None
+        return AttentionShape(
+            shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal, window=window
+        )
     if isinstance(shape, T5Shape):
-        return AttentionShape(shape.num_heads, shape.num_heads, shape.head_dim, False, DISTANCE)
+        return AttentionShape(shape.num_heads, shape.num_heads, shape.head_dim, False, bias=DISTANCE)
     if isinstance(shape, DebertaShape):
         heads = shape.layers.num_heads
         bias = DISENTANGLED if shape.has_bias else ""
-        return AttentionShape(heads, heads, shape.hidden_size // heads, False, bias)
+        return AttentionShape(heads, heads, shape.hidden_size // heads, False, bias=bias)
     bias = DISTANCE if model_dir.model_type in MPNET_FAMILY else ""
-    return AttentionShape(shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False, bias)
+    return AttentionShape(
+        shape.num_heads, shape.num_heads, shape.hidden_size // shape.num_heads, False, bias=bias
+    )
 
 
 def network_of(model_dir: ModelDir) -> str:
@@ -212,9 +267,16 @@ def network_of(model_dir: ModelDir) -> str:
     family, shape = family_of(model_dir), shape_of(model_dir)
     if isinstance(shape, RotaryEncoderShape):
         return shape.describe()
+    if isinstance(shape, ModernBertShape | Gemma3Shape):
+        kind = "ModernBERT encoder" if isinstance(shape, ModernBertShape) else "Gemma 3 decoder"
+        return f"{shape.num_layers} pre-norm {kind} layers of {shape.hidden_size}, " + (
+            shape.describe_attention()
+        )
     if isinstance(shape, Qwen3Shape):
-        attention = "causal" if shape.is_causal else "bidirectional"
-        return f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}, {attention} attention"
+        stack = f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}"
+        if shape.window is not None:
+            return f"{stack}, {describe_decoder_attention(shape)}"
+        return f"{stack}, {'causal' if shape.is_causal else 'bidirectional'} attention"
     if isinstance(shape, T5Shape):
         mlp = f"gated {shape.activation}" if shape.is_gated else shape.activation
         return (
@@ -222,10 +284,10 @@ def network_of(model_dir: ModelDir) -> str:
             f"heads), relative position buckets, {mlp} MLP, bidirectional attention"
         )
     if isinstance(shape, DebertaShape):
-        layers = shape.layers
+        bert = shape.layers
         terms = "+".join(shape.terms) or "no"
         return (
-            f"{layers.num_layers} post-norm DeBERTa-v2 layers of {layers.hidden_size} ({layers.num_heads} "
+            f"{bert.num_layers} post-norm DeBERTa-v2 layers of {bert.hidden_size} ({bert.num_heads} "
             f"heads), disentangled attention ({terms} position terms), a sequence-classification head"
         )
     tokens = "token types" if shape.type_vocab_size else "no token types"
@@ -240,3 +302,13 @@ def network_of(model_dir: ModelDir) -> str:
 def adapters_of(model_dir: ModelDir) -> tuple[str, ...]:
     """The task adapters a deployment of `model_dir` may pick (WorkerConfig.adapter); () for none."""
     return tasks_of(model_dir.config) if family_of(model_dir) == "jina_embeddings_v3" else ()
+
+
+def describe_attention(model_dir: ModelDir) -> str:
+    """The attention pattern served, in words (check-model)."""
+    shape = shape_of(model_dir)
+    if isinstance(shape, ModernBertShape | Gemma3Shape):
+        return shape.describe_attention()
+    if isinstance(shape, Qwen3Shape):
+        return describe_decoder_attention(shape)
+    return "bidirectional"

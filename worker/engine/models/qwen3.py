@@ -51,16 +51,25 @@ class Qwen3Shape:
     rope_theta: float
     attention_bias: bool
     is_causal: bool
+    has_qk_norm: bool = True  # per-head q/k RMSNorms before RoPE (Qwen3's; Mistral has none)
+    window: int | None = None  # keys before each query a layer sees (mistral.py); None: all
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Qwen3Shape":
         model_type = config.get("model_type", "")
         if model_type not in QWEN3_FAMILY:
             raise InvalidInput(f"model_type {model_type!r} is not a Qwen3 decoder {QWEN3_FAMILY}")
-        if config.get("hidden_act", "silu") != "silu":
-            raise InvalidInput(f"unsupported hidden_act {config['hidden_act']!r} (Qwen3 uses silu)")
         if config.get("use_sliding_window") or "sliding_attention" in config.get("layer_types", ()):
             raise InvalidInput("sliding-window attention is not supported")
+        return cls.decoder_fields(config)
+
+    @classmethod
+    def decoder_fields(cls, config: dict[str, Any], **fields: Any) -> "Qwen3Shape":
+        """The fields every Llama-style decoder config spells alike, checked; `fields` the rest."""
+        if config.get("hidden_act", "silu") != "silu":
+            raise InvalidInput(
+                f"unsupported hidden_act {config['hidden_act']!r} (a SwiGLU decoder uses silu)"
+            )
         # transformers >= 5 writes `rope_parameters`; older configs `rope_theta` and `rope_scaling`.
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -86,6 +95,7 @@ class Qwen3Shape:
             rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
             attention_bias=bool(config.get("attention_bias", False)),
             is_causal=not is_bidirectional(config),
+            **fields,
         )
 
     @property
@@ -131,8 +141,9 @@ class Qwen3Layer(nn.Module):
         q_size, kv_size = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
         self.input_norm = RMSNorm(hidden, shape.rms_norm_eps)
         self.qkv = nn.Linear(hidden, q_size + 2 * kv_size, bias=shape.attention_bias)
-        self.q_norm = RMSNorm(head_dim, shape.rms_norm_eps)  # per head, before RoPE
-        self.k_norm = RMSNorm(head_dim, shape.rms_norm_eps)
+        # per head, before RoPE; a decoder without them (Mistral) rotates q and k as they come
+        self.q_norm = RMSNorm(head_dim, shape.rms_norm_eps) if shape.has_qk_norm else None
+        self.k_norm = RMSNorm(head_dim, shape.rms_norm_eps) if shape.has_qk_norm else None
         self.o_proj = nn.Linear(q_size, hidden, bias=shape.attention_bias)
         self.post_attn_norm = RMSNorm(hidden, shape.rms_norm_eps)
         self.gate_up = nn.Linear(hidden, 2 * shape.intermediate_size, bias=False)
@@ -140,7 +151,26 @@ class Qwen3Layer(nn.Module):
         self.qkv_sizes = (q_size, kv_size, kv_size)
         self.num_heads, self.num_kv_heads, self.head_dim = shape.num_heads, shape.num_kv_heads, head_dim
         self.is_causal = shape.is_causal
+        self.window = shape.window
         self.attend = attend
+
+    def _rotated_qk(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fused: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k of the fused projection, per head: normalised (where the model has q/k norms) and
+        rotated; `fused`: in one kernel (CUDA), else in plain torch."""
+        num_tokens = qkv.shape[0]
+        if fused and self.q_norm is not None and self.k_norm is not None:
+            return qk_norm_rope(
+                qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
+                self.num_heads, self.num_kv_heads,
+            )  # fmt: skip
+        q, k, _ = qkv.split(self.qkv_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def forward(
         self,
@@ -151,11 +181,10 @@ class Qwen3Layer(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, hidden]
         """The plain-torch layer: the CPU path, and the reference of the fused one."""
         num_tokens = x.shape[0]
-        q, k, v = self.qkv(self.input_norm(x)).split(self.qkv_sizes, dim=-1)
-        q = rotate(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), cos, sin)
-        k = rotate(self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        qkv = self.qkv(self.input_norm(x))
+        q, k = self._rotated_qk(qkv, cos, sin, fused=False)
+        v = qkv[:, -self.qkv_sizes[2] :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        attn = self.attend(q, k, v, meta, self.is_causal, self.window)  # [num_tokens, num_heads, head_dim]
         x = x + self.o_proj(attn.reshape(num_tokens, -1))
         gate, up = self.gate_up(self.post_attn_norm(x)).chunk(2, dim=-1)
         out: torch.Tensor = x + self.down(F.silu(gate) * up)
@@ -174,11 +203,9 @@ class Qwen3Layer(nn.Module):
         num_tokens, eps = x.shape[0], self.input_norm.eps
         h, x = rms_norm(x, self.input_norm.weight, eps, residual=delta)
         qkv = self.qkv(h)
-        q, k = qk_norm_rope(
-            qkv, self.q_norm.weight, self.k_norm.weight, eps, cos, sin, self.num_heads, self.num_kv_heads
-        )
+        q, k = self._rotated_qk(qkv, cos, sin, fused=True)
         v = qkv[:, -self.qkv_sizes[2] :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        attn = self.attend(q, k, v, meta, self.is_causal, self.window)  # [num_tokens, num_heads, head_dim]
         h, x = rms_norm(
             self.o_proj(attn.reshape(num_tokens, -1)), self.post_attn_norm.weight, eps, residual=x
         )
@@ -197,11 +224,9 @@ class Qwen3Layer(nn.Module):
         num_tokens, eps = x.shape[0], self.input_norm.eps
         hq, x = rms_norm_fp8(x, self.input_norm.weight, eps, residual=delta)
         qkv = fp8_linear(self.qkv).mm(hq)
-        q, k = qk_norm_rope(
-            qkv, self.q_norm.weight, self.k_norm.weight, eps, cos, sin, self.num_heads, self.num_kv_heads
-        )
+        q, k = self._rotated_qk(qkv, cos, sin, fused=True)
         v = qkv[:, -self.qkv_sizes[2] :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        attn = self.attend(q, k, v, meta, self.is_causal)  # [num_tokens, num_heads, head_dim]
+        attn = self.attend(q, k, v, meta, self.is_causal, self.window)  # [num_tokens, num_heads, head_dim]
         hq, x = rms_norm_fp8(
             fp8_linear(self.o_proj)(attn.reshape(num_tokens, -1)), self.post_attn_norm.weight, eps, residual=x
         )
@@ -256,11 +281,11 @@ class Qwen3Decoder(nn.Module):
                 [weights[f"{hf}mlp.gate_proj.weight"], weights[f"{hf}mlp.up_proj.weight"]]
             )
             state[f"{ours}down.weight"] = weights[f"{hf}mlp.down_proj.weight"]
+            qk_norms = (("q_norm", "self_attn.q_norm"), ("k_norm", "self_attn.k_norm"))
             for ours_norm, hf_norm in (
                 ("input_norm", "input_layernorm"),
                 ("post_attn_norm", "post_attention_layernorm"),
-                ("q_norm", "self_attn.q_norm"),
-                ("k_norm", "self_attn.k_norm"),
+                *(qk_norms if self.shape.has_qk_norm else ()),
             ):
                 state[f"{ours}{ours_norm}.weight"] = weights[f"{hf}{hf_norm}.weight"]
         self.load_state_dict(state, strict=True)

@@ -108,7 +108,7 @@ class T5Layer(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, bias: DistanceBias) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv(self.attn_norm(x)).view(num_tokens, 3, self.num_heads, -1).unbind(1)
-        x = _clamp_fp16(x + self.o(self.attend(q, k, v, meta, False, bias).reshape(num_tokens, -1)))
+        x = _clamp_fp16(x + self.o(self.attend(q, k, v, meta, False, bias=bias).reshape(num_tokens, -1)))
         hidden = self.wi(self.ffn_norm(x))
         if self.is_gated:  # act(wi_0 x) * wi_1 x, the two fused into one matmul
             gate, up = hidden.chunk(2, dim=-1)
