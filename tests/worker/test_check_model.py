@@ -110,6 +110,45 @@ def qwen3_embedding(path: Path) -> Path:
     return with_tokenizer(path)
 
 
+def with_auto_map(path: Path, module: str) -> None:
+    """The `auto_map` the hub checkpoint carries (its own modeling code, which kembed never runs)."""
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": f"{module}.Model"}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def qwen2_embedder(pooling: str, dense: bool = False) -> Callable[[Path], Path]:
+    """gte-Qwen2's shape (last token, normalised) or stella's (mean, a Dense module), sizes shrunk."""
+
+    def build(path: Path) -> Path:
+        save(transformers.Qwen2Model(transformers.Qwen2Config(**{**TINY, "num_key_value_heads": 1})), path)
+        with_auto_map(path, "modeling_qwen")
+        write_pipeline(path, pooling_config(pooling), normalize=not dense)
+        if dense:
+            modules = json.loads((path / "modules.json").read_text())
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+            )
+            (path / "modules.json").write_text(json.dumps(modules))
+            (path / "2_Dense").mkdir()
+            dense_config = {"in_features": 32, "out_features": 16, "bias": True,
+                            "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
+            (path / "2_Dense" / "config.json").write_text(json.dumps(dense_config))
+            torch.save({"linear.weight": torch.randn(16, 32), "linear.bias": torch.zeros(16)},
+                       path / "2_Dense" / "pytorch_model.bin")  # fmt: skip
+        return with_tokenizer(path)
+
+    return build
+
+
+def eurobert(path: Path) -> Path:
+    """EuroBERT as its hub checkpoints ship (no sentence-transformers pipeline), sizes shrunk."""
+    ids = dict(pad_token_id=0, bos_token_id=101, eos_token_id=102, mask_token_id=103)
+    save(transformers.EuroBertModel(transformers.EuroBertConfig(**TINY, **ids)), path)
+    with_auto_map(path, "modeling_eurobert")
+    return with_tokenizer(path)
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -161,6 +200,9 @@ CASES = {
     "`intfloat/e5-base-v2`": Case(bert_embedder("mean")),
     "`intfloat/multilingual-e5-large`": Case(xlm_roberta_embedder("mean")),
     "`Qwen/Qwen3-Embedding-0.6B`, `-4B`, `-8B`": Case(qwen3_embedding),
+    "`Alibaba-NLP/gte-Qwen2-1.5B-instruct`, `-7B-instruct`": Case(qwen2_embedder("lasttoken")),
+    "`NovaSearch/stella_en_1.5B_v5`": Case(qwen2_embedder("mean", dense=True)),
+    "`EuroBERT/EuroBERT-210m`, `-610m`, `-2.1B`": Case(eurobert),
     "`BAAI/bge-reranker-v2-m3`, `bge-reranker-{base,large}`": Case(
         cross_encoder(transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)
     ),
@@ -186,9 +228,6 @@ CASES = {
     "`Alibaba-NLP/gte-modernbert-base`": Case(
         config_only({"model_type": "modernbert", "architectures": ["ModernBertModel"]}),
         "'modernbert' is not supported",
-    ),
-    "Qwen2-based embedders (`gte-Qwen2-*-instruct`, `stella_en_1.5B_v5`)": Case(
-        config_only({"model_type": "qwen2", "architectures": ["Qwen2Model"]}), "'qwen2' is not supported"
     ),
     "any model with only `pytorch_model.bin`": Case(pickled_bert, "only pickled ones (pytorch_model.bin)"),
     "any model without `tokenizer.json`": Case(bert_without_tokenizer, "no tokenizer.json"),
@@ -272,3 +311,15 @@ def test_cli_exits_one_with_the_reason_when_not_servable(tmp_path):
 def test_cli_without_a_directory_is_a_usage_error():
     done = run_cli()
     assert done.returncode == 2 and "usage: kembed-worker check-model" in done.stderr
+
+
+def test_a_decoders_attention_and_its_unrun_custom_code_are_named(tmp_path):
+    qwen2_embedder("lasttoken")(tmp_path)
+    assert check(tmp_path).attention == "causal"
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    result = check(tmp_path)
+    assert result.attention == "bidirectional (config.json is_causal: False)"
+    assert "modeling_qwen.Model" in result.custom_code
+    (tmp_path / "eurobert").mkdir()
+    assert check(eurobert(tmp_path / "eurobert")).attention == "bidirectional (the family is an encoder)"

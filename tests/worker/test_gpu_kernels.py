@@ -24,8 +24,8 @@ from kembed.worker.engine.kernels.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.kernels.fused_decoder import qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.layers.attention import AttentionShape
 from kembed.worker.engine.layers.attention_backends import cuda_backends
+from kembed.worker.engine.layers.norms import RMSNorm
 from kembed.worker.engine.layers.rope import RotaryEmbedding, rotate
-from kembed.worker.engine.models.qwen3 import RMSNorm
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -37,7 +37,11 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # "bert", "qwen3" (embedders) or "cross-encoder" (scores)
+    family: str = (
+        ""  # "bert", "qwen3", "qwen2", "eurobert" (embedders); "cross-encoder", "llm-reranker" (scores)
+    )
+    attention: str = ""  # "bidirectional", "causal", or why bidirectional (a decoder's config flag)
+    custom_code: str = ""  # config.json auto_map, which kembed does not run (its own code serves the family)
     task: str = ""  # "embed" or "score", as the worker's Info reports it
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
@@ -87,6 +91,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     # torch's modules, imported here so that `check-model --help` answers at once
     from kembed.worker.engine.engine import resolve_dtype
     from kembed.worker.engine.models.cross_encoder import cross_encoder_architecture
+    from kembed.worker.engine.models.decoder import DecoderShape, attention_pattern
     from kembed.worker.engine.models.families import family_of, pooling_of, shape_of
     from kembed.worker.engine.models.model_dir import read_model_dir, weight_files
 
@@ -98,6 +103,12 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.family = family_of(model_dir)
     shape = shape_of(model_dir)
     result.max_positions = shape.max_sequence_length
+    result.attention = (
+        attention_pattern(model_dir.config, shape) if isinstance(shape, DecoderShape) else "bidirectional"
+    )
+    custom = model_dir.config.get("auto_map")
+    if custom:
+        result.custom_code = ", ".join(f"{name}: {target}" for name, target in dict(custom).items())
     if result.family == "cross-encoder":
         result.task = "score"
         cross_encoder_architecture(model_dir.config)
@@ -207,6 +218,15 @@ def render(result: ModelCheck) -> str:
     if result.family:
         served = "relevance scores (a cross-encoder)" if result.task == "score" else "embeddings"
         lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
+    if result.attention:
+        lines.append(("attention", result.attention))
+    if result.custom_code:
+        lines.append(
+            (
+                "custom code",
+                f"config.json auto_map ({result.custom_code}) is not run: kembed's own code serves it",
+            )
+        )
     if result.pooling:
         lines.append(("pooling", f"{result.pooling} ({result.pooling_source})"))
         if result.dense:
