@@ -1,9 +1,11 @@
-"""Test model directories of the decoder families (Qwen2, Qwen3, EuroBERT) with random weights and a
+"""Test model directories of the decoder families (Qwen2, Qwen3, EuroBERT; LLM rerankers on Qwen3 and
+Qwen2, saved by sentence-transformers as CrossEncoders) with random weights and a
 small real tokenizer: a byte-level BPE trained here with the `tokenizers` library, Qwen's split
 pattern and special tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`), "yes" and "no" among
 its words, and where asked EuroBERT's `<|begin_of_text|>`/`<|end_of_text|>` around every text."""
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -113,3 +115,45 @@ def save_decoder(
         config_file = path / "config.json"
         config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **extra}))
     return model
+
+
+# Qwen3-Reranker's template as sentence-transformers' converted checkpoints ship it (the instruction
+# from the system message, a default where there is none; the assistant turn opened, thinking closed).
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    '<Instruct>: {{ messages | selectattr("role", "eq", "system") | map(attribute="content") | first '
+    '| default("Given a web search query, retrieve relevant passages that answer the query") }}\n'
+    '<Query>: {{ messages | selectattr("role", "eq", "query") | map(attribute="content") | first }}\n'
+    '<Document>: {{ messages | selectattr("role", "eq", "document") | map(attribute="content") | first }}'
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+# mxbai-rerank-v2's shape: a Qwen2 causal LM, its own prompt, the document first.
+MXBAI_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'document' %}<|im_start|>document\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% for m in messages %}{% if m.role == 'query' %}<|im_start|>query\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>relevant\n"
+)
+
+
+def reranker_dir(
+    tmp_path, family: str, template: str, *, tied: bool = False, only_true: bool = False, **kwargs
+):
+    """A random tiny `family` causal LM saved by `CrossEncoder(...).save` (`kwargs`: CrossEncoder's)."""
+    raw, path = tmp_path / "raw", tmp_path / "model"
+    raw.mkdir(parents=True)
+    save_decoder(raw, family, causal_lm=True, tie_word_embeddings=tied)
+    tokenizer = bpe_tokenizer(chat_template=template)
+    tokenizer.save_pretrained(raw)
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    if only_true:  # LogitScore of one token: its logit alone
+        transformer = Transformer(str(raw), transformer_task="text-generation")
+        yes = tokenizer.convert_tokens_to_ids("yes")
+        CrossEncoder(modules=[transformer, LogitScore(yes)], device="cpu", **kwargs).save(str(path))
+    else:  # CrossEncoder's own default for a *ForCausalLM: LogitScore of "yes" and "no"
+        CrossEncoder(str(raw), device="cpu", **kwargs).save(str(path))
+    shutil.rmtree(raw)
+    return path

@@ -149,6 +149,28 @@ def eurobert(path: Path) -> Path:
     return with_tokenizer(path)
 
 
+def llm_reranker(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
+    """Qwen3-Reranker's (or mxbai-rerank-v2's) shape as sentence-transformers 6 saves it: the causal
+    LM, chat_template.jinja, modules.json with LogitScore ("yes", "no"), sizes shrunk."""
+
+    def build(path: Path) -> Path:
+        from decoder_dirs import QWEN3_RERANKER_TEMPLATE
+        from sentence_transformers import CrossEncoder
+
+        raw = path / "raw"
+        raw.mkdir()
+        shape = {**TINY, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 512}
+        config = config_cls(**shape, tie_word_embeddings=True)
+        save(model_cls(config), raw)
+        with_tokenizer(raw)
+        (raw / "chat_template.jinja").write_text(QWEN3_RERANKER_TEMPLATE)
+        CrossEncoder(str(raw), device="cpu").save(str(path / "model"))
+        shutil.rmtree(raw)
+        return path / "model"
+
+    return build
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -206,6 +228,12 @@ CASES = {
     "`BAAI/bge-reranker-v2-m3`, `bge-reranker-{base,large}`": Case(
         cross_encoder(transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)
     ),
+    "`Qwen/Qwen3-Reranker-0.6B`, `-4B`, `-8B`, saved as a CrossEncoder": Case(
+        llm_reranker(transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
+    ),
+    "`mixedbread-ai/mxbai-rerank-base-v2`, `-large-v2`, saved as a CrossEncoder": Case(
+        llm_reranker(transformers.Qwen2Config, transformers.Qwen2ForCausalLM)
+    ),
     "`cross-encoder/ms-marco-MiniLM-L-6-v2`": Case(
         cross_encoder(transformers.BertConfig, transformers.BertForSequenceClassification)
     ),
@@ -261,6 +289,15 @@ def test_qwen3_embedding_prompts_come_from_its_sentence_transformers_config(tmp_
     result = check(qwen3_embedding(tmp_path))
     assert result.prompts == {"query": QWEN3_QUERY_PROMPT, "document": ""}
     assert (result.pooling, result.pooling_source, result.dimensions) == ("last", "modules.json", 32)
+
+
+def test_an_llm_reranker_says_its_score_and_pair_template(tmp_path):
+    result = check(llm_reranker(transformers.Qwen3Config, transformers.Qwen3ForCausalLM)(tmp_path), load=True)
+    assert (result.family, result.task, result.attention) == ("llm-reranker", "score", "causal")
+    assert result.score.startswith("logit('yes') - logit('no') at the last token")
+    assert result.pair_template.startswith("chat_template.jinja: '<|im_start|>system\\nJudge whether")
+    assert "<Query>: {query}\\n<Document>: {document}<|im_end|>" in result.pair_template
+    assert "one input" in result.loaded and "score of 1" in result.loaded
 
 
 def test_a_bare_qwen3_directory_gets_the_family_default_pooling(tmp_path):

@@ -48,7 +48,10 @@ class ModelCheck:
     normalize: bool = False
     dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
-    labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
+    labels: list[str] = field(default_factory=list)  # cross-encoders: config.json id2label
+    score: str = ""  # LLM rerankers: which logits the score is, e.g. "logit('yes') - logit('no') ..."
+    score_token_ids: list[int] = field(default_factory=list)  # LLM rerankers: LogitScore's true, false ids
+    pair_template: str = ""  # LLM rerankers: a pair as the chat template renders it, {query} and {document}
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -112,6 +115,9 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     if result.family == "cross-encoder":
         result.task = "score"
         cross_encoder_architecture(model_dir.config)
+    elif model_dir.logit_score is not None:  # an LLM reranker
+        result.task = "score"
+        result.score_token_ids = list(model_dir.logit_score.token_ids)
     else:
         result.task = "embed"
         result.pooling = pooling_of(model_dir)
@@ -146,12 +152,22 @@ def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
     from tokenizers import Tokenizer  # the gateway's tokenizer library (a dependency of the worker's too)
 
     result.tokenizer_file = str(spec.tokenizer_file.relative_to(path))
-    Tokenizer.from_file(str(spec.tokenizer_file))  # the file the gateway will load, parsed
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_file))  # the file the gateway will load, parsed
     result.max_seq_length = spec.max_seq_length
     result.do_lower_case = spec.do_lower_case
     result.prompts = dict(spec.prompts)
     result.default_prompt_name = spec.default_prompt_name
-    result.labels = list(spec.id2label.values()) if result.task == "score" else []
+    result.labels = list(spec.id2label.values()) if result.family == "cross-encoder" else []
+    if result.score_token_ids:
+        true, *false = (repr(tokenizer.id_to_token(i)) for i in result.score_token_ids)
+        logits = f"logit({true})" + "".join(f" - logit({name})" for name in false)
+        ids = ", ".join(map(str, result.score_token_ids))
+        result.score = f"{logits} at the last token (LogitScore; ids {ids})"
+    if spec.chat_template is not None:  # rendered as the gateway will (a template it cannot cut is refused)
+        system = spec.resolve_prompt(None) or None
+        pieces = spec.chat_template.pieces(system)
+        rendered = pieces.join("{query}", "{document}")
+        result.pair_template = f"{spec.chat_template.file}: {rendered!r}"
 
 
 def _checkpoint_dtypes(files: list[Path]) -> list[str]:
@@ -188,11 +204,18 @@ def _load(path: Path, result: ModelCheck) -> None:
     tokenizer = Tokenizer.from_file(str(path / result.tokenizer_file))
     tokenizer.no_padding()  # as the gateway loads it: no stored padding or truncation
     tokenizer.no_truncation()
-    if result.task == "score":
-        encoding = tokenizer.encode("what is kembed?", "kembed serves text embeddings from GPUs.")
+    query, document = "what is kembed?", "kembed serves text embeddings from GPUs."
+    spec = load_model_spec(path)
+    if spec.chat_template is not None:  # an LLM reranker's pair: its chat template, as the gateway renders it
+        text = spec.chat_template.pieces(spec.resolve_prompt(None) or None).join(query, document)
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+    elif result.task == "score":
+        encoding = tokenizer.encode(query, document)
     else:
         encoding = tokenizer.encode("kembed serves text embeddings from GPUs.")
     ids = np.asarray(encoding.ids, np.int32)
+    if spec.max_seq_length is not None:  # as the gateway would truncate (keeping the template's tail)
+        ids = ids[max(0, len(ids) - spec.max_seq_length) :]
     if ids.size and int(ids.max()) >= engine.info.vocab_size:
         raise InvalidInput(
             f"the tokenizer gives id {int(ids.max())}, past the model's vocabulary ({engine.info.vocab_size})"
@@ -216,8 +239,10 @@ def render(result: ModelCheck) -> str:
         architectures = ", ".join(result.architectures) or "none listed"
         lines.append(("architecture", f"{architectures} (model_type {result.model_type})"))
     if result.family:
-        served = "relevance scores (a cross-encoder)" if result.task == "score" else "embeddings"
-        lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
+        scorer = "an LLM reranker" if result.score else "a cross-encoder"
+        served = f"relevance scores ({scorer})" if result.task == "score" else "embeddings"
+        code = f"{result.model_type} decoder and LogitScore" if result.score else result.family
+        lines.append(("serves", f"{served}: task {result.task}, kembed's {code} code"))
     if result.attention:
         lines.append(("attention", result.attention))
     if result.custom_code:
@@ -236,6 +261,10 @@ def render(result: ModelCheck) -> str:
         lines.append(("dimensions", str(result.dimensions)))
     if result.labels:
         lines.append(("labels", ", ".join(result.labels)))
+    if result.score:
+        lines.append(("score", result.score))
+    if result.pair_template:
+        lines.append(("pair template", result.pair_template))
     if result.weight_files:
         lines.append(("weights", f"{', '.join(result.weight_files)} ({', '.join(result.weight_dtypes)})"))
     if result.served_dtypes:
