@@ -107,7 +107,7 @@ def save_decoder(
     ids = (
         dict(pad_token_id=0, bos_token_id=3, eos_token_id=4, mask_token_id=1) if family == "eurobert" else {}
     )
-    config = config_cls(**TINY, **ids, **{k: v for k, v in overrides.items() if k != "extra_config"})
+    config = config_cls(**{**TINY, **ids, **{k: v for k, v in overrides.items() if k != "extra_config"}})
     model = randomized((lm_cls if causal_lm else base_cls)(config))
     model.save_pretrained(path)
     extra = overrides.get("extra_config")
@@ -137,12 +137,20 @@ MXBAI_TEMPLATE = (
 
 
 def reranker_dir(
-    tmp_path, family: str, template: str, *, tied: bool = False, only_true: bool = False, **kwargs
+    tmp_path,
+    family: str,
+    template: str,
+    *,
+    tied: bool = False,
+    only_true: bool = False,
+    shape: dict | None = None,
+    **kwargs,
 ):
-    """A random tiny `family` causal LM saved by `CrossEncoder(...).save` (`kwargs`: CrossEncoder's)."""
+    """A random tiny `family` causal LM saved by `CrossEncoder(...).save` (`shape`: config fields over
+    TINY's; `kwargs`: CrossEncoder's)."""
     raw, path = tmp_path / "raw", tmp_path / "model"
     raw.mkdir(parents=True)
-    save_decoder(raw, family, causal_lm=True, tie_word_embeddings=tied)
+    save_decoder(raw, family, causal_lm=True, tie_word_embeddings=tied, **(shape or {}))
     tokenizer = bpe_tokenizer(chat_template=template)
     tokenizer.save_pretrained(raw)
     from sentence_transformers import CrossEncoder

@@ -300,6 +300,14 @@ def test_an_llm_reranker_says_its_score_and_pair_template(tmp_path):
     assert "one input" in result.loaded and "score of 1" in result.loaded
 
 
+def test_a_bare_causal_lm_is_an_embedder_and_check_model_says_how_to_serve_it_as_a_reranker(tmp_path):
+    config = transformers.Qwen3Config(**{**TINY, "num_key_value_heads": 1, "head_dim": 16})
+    save(transformers.Qwen3ForCausalLM(config), tmp_path)
+    result = check(with_tokenizer(tmp_path))
+    assert (result.task, result.pooling) == ("embed", "last")
+    assert any("saved it as a CrossEncoder" in note for note in result.notes)
+
+
 def test_a_bare_qwen3_directory_gets_the_family_default_pooling(tmp_path):
     qwen3_embedding(tmp_path)
     (tmp_path / "modules.json").unlink()

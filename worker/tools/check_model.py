@@ -63,6 +63,7 @@ class ModelCheck:
     served_dtypes: dict[str, str] = field(default_factory=dict)  # device -> dtype under --dtype auto
     routes: list[str] = field(default_factory=list)  # the gateway's routes particular to the task
     loaded: str = ""  # with --load: what the engine built on the CPU gave
+    notes: list[str] = field(default_factory=list)  # what a user may have meant otherwise
 
     @property
     def verdict(self) -> str:
@@ -112,6 +113,12 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     custom = model_dir.config.get("auto_map")
     if custom:
         result.custom_code = ", ".join(f"{name}: {target}" for name, target in dict(custom).items())
+    is_causal_lm = any(a.endswith("ForCausalLM") for a in result.architectures)
+    if is_causal_lm and model_dir.logit_score is None and not (path / "modules.json").is_file():
+        result.notes.append(
+            "a causal LM without modules.json is served as an embedder; an LLM reranker (Qwen3-Reranker) "
+            "is served as one when sentence-transformers saved it as a CrossEncoder (docs/your-model.md)"
+        )
     if result.family == "cross-encoder":
         result.task = "score"
         cross_encoder_architecture(model_dir.config)
@@ -282,6 +289,7 @@ def render(result: ModelCheck) -> str:
         )
     if result.loaded:
         lines.append(("loaded", result.loaded))
+    lines.extend(("note", note) for note in result.notes)
     lines.append(("verdict", result.verdict))
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)
