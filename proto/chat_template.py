@@ -100,12 +100,18 @@ class PairPieces:
 def read_chat_template(
     transformer_dir: Path, sbert: dict[str, Any], tokenizer_config: dict[str, Any]
 ) -> ChatTemplate | None:
-    """The chat template sentence-transformers renders pairs with, or None where it renders none:
-    only a Transformer whose `modality_config` (sentence_bert_config.json) takes messages does
-    (sentence-transformers 6 writes it so when the tokenizer has a template; a directory saved
-    before it, without modality_config, takes text alone). ValueError when it takes messages but
-    the directory has no template."""
-    if "message" not in (sbert.get("modality_config") or {}):
+    """The chat template sentence-transformers renders an LLM reranker's pairs with, or None: only a
+    causal LM's Transformer (`transformer_task: text-generation`) whose `modality_config`
+    (sentence_bert_config.json) takes messages does (sentence-transformers 6 writes it so when the
+    tokenizer has a template; a directory saved before it, without modality_config, takes text
+    alone). ValueError when it takes messages but the directory has no template.
+
+    An embedder saved so (feature-extraction with messages) has its texts rendered through the
+    template by sentence-transformers 6 too; that is not read here (kembed tokenizes its texts as
+    they are)."""
+    if sbert.get("transformer_task") != "text-generation" or "message" not in (
+        sbert.get("modality_config") or {}
+    ):
         return None
     file = transformer_dir / "chat_template.jinja"
     if file.is_file():

@@ -149,3 +149,17 @@ def test_a_logit_score_on_another_pipeline_is_refused(tmp_path):
         InvalidInput, match="Transformer with transformer_task text-generation then LogitScore"
     ):
         load_engine(WorkerConfig(model=path, device="cpu"))
+
+
+def test_an_embedders_chat_template_is_not_a_pair_template(tmp_path):
+    """A directory whose Transformer is no causal LM's (feature-extraction) renders no pairs through
+    its chat template here, and its gateway starts whatever the template writes."""
+    path = reranker_dir(tmp_path, "qwen3", QWEN3_RERANKER_TEMPLATE)
+    sbert = json.loads((path / "sentence_bert_config.json").read_text())
+    (path / "sentence_bert_config.json").write_text(
+        json.dumps({**sbert, "transformer_task": "feature-extraction"})
+    )
+    (path / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    spec = load_model_spec(path)
+    assert spec.chat_template is None
+    Tokenization(spec, num_threads=1).close()
