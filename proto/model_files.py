@@ -8,7 +8,10 @@ gateway's token ids equal `SentenceTransformer.encode`'s:
 - `do_lower_case` from sentence_bert_config.json adds a Lowercase normalizer;
 - prompts: `query` and `document` exist (empty) unless configured, plus `prompts` and
   `default_prompt_name` from config_sentence_transformers.json; a prompt is prepended to the text;
-- texts are not stripped; the truncation side is tokenizer_config.json `truncation_side` (right).
+- texts are not stripped; the truncation side is tokenizer_config.json `truncation_side` (right);
+- a Transformer that takes chat messages (sentence_bert_config.json `modality_config`, as
+  sentence-transformers 6 saves an LLM reranker) renders a pair through the chat template
+  (chat_template.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from kembed.proto.chat_template import ChatTemplate, read_chat_template
 
 # transformers' stand-in for "no limit" when tokenizer_config.json has no model_max_length.
 _UNLIMITED = int(1e30)
@@ -41,6 +46,10 @@ class ModelSpec:
     """config.json vocab_size; the worker's Info is authoritative once it has answered."""
     id2label: dict[int, str] = field(default_factory=dict)
     """config.json id2label: a sequence classifier's (reranker's) label names, for /info."""
+    chat_template: ChatTemplate | None = None
+    """The chat template a (query, document) pair is rendered through (chat_template.py): an LLM
+    reranker's, where sentence_bert_config.json says its Transformer takes messages; None: a pair is
+    the tokenizer's own pair of texts."""
     lexical_skip: tuple[str, ...] = ()
     """The tokens a sparse (lexical) output drops: the tokenizer's cls, eos, pad and unk tokens as
     tokenizer_config.json / special_tokens_map.json name them (FlagEmbedding's BGE-M3 rule)."""
@@ -119,6 +128,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
         truncation_side="left" if side == "left" else "right",
         vocab_size=config.get("vocab_size"),
         id2label=_id2label(config),
+        chat_template=read_chat_template(transformer_dir, sbert, tokenizer_config),
         lexical_skip=_lexical_skip(
             tokenizer_config,
             _read_json(transformer_dir / "special_tokens_map.json")

@@ -359,7 +359,8 @@ class EmbeddingService:
 
         is_truncating = self.config.auto_truncate if truncate is None else truncate
         limit = self.tokenization.spec.max_seq_length if is_truncating else None
-        estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
+        specials = self.tokenization.pair_specials
+        estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=specials)
 
         async def run() -> tuple[np.ndarray, int]:
             admitted = self.gate.admit(said, len(texts), estimate)

@@ -214,6 +214,67 @@ def e5_mistral(path: Path) -> Path:
     return with_tokenizer(path)
 
 
+def with_auto_map(path: Path, module: str) -> None:
+    """The `auto_map` the hub checkpoint carries (its own modeling code, which kembed never runs)."""
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": f"{module}.Model"}
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def qwen2_embedder(pooling: str, dense: bool = False) -> Callable[[Path], Path]:
+    """gte-Qwen2's shape (last token, normalised) or stella's (mean, a Dense module), sizes shrunk."""
+
+    def build(path: Path) -> Path:
+        save(transformers.Qwen2Model(transformers.Qwen2Config(**{**TINY, "num_key_value_heads": 1})), path)
+        with_auto_map(path, "modeling_qwen")
+        write_pipeline(path, pooling_config(pooling), normalize=not dense)
+        if dense:
+            modules = json.loads((path / "modules.json").read_text())
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+            )
+            (path / "modules.json").write_text(json.dumps(modules))
+            (path / "2_Dense").mkdir()
+            dense_config = {"in_features": 32, "out_features": 16, "bias": True,
+                            "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
+            (path / "2_Dense" / "config.json").write_text(json.dumps(dense_config))
+            torch.save({"linear.weight": torch.randn(16, 32), "linear.bias": torch.zeros(16)},
+                       path / "2_Dense" / "pytorch_model.bin")  # fmt: skip
+        return with_tokenizer(path)
+
+    return build
+
+
+def eurobert(path: Path) -> Path:
+    """EuroBERT as its hub checkpoints ship (no sentence-transformers pipeline), sizes shrunk."""
+    ids = dict(pad_token_id=0, bos_token_id=101, eos_token_id=102, mask_token_id=103)
+    save(transformers.EuroBertModel(transformers.EuroBertConfig(**TINY, **ids)), path)
+    with_auto_map(path, "modeling_eurobert")
+    return with_tokenizer(path)
+
+
+def llm_reranker(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
+    """Qwen3-Reranker's (or mxbai-rerank-v2's) shape as sentence-transformers 6 saves it: the causal
+    LM, chat_template.jinja, modules.json with LogitScore ("yes", "no"), sizes shrunk."""
+
+    def build(path: Path) -> Path:
+        from decoder_dirs import QWEN3_RERANKER_TEMPLATE
+        from sentence_transformers import CrossEncoder
+
+        raw = path / "raw"
+        raw.mkdir()
+        shape = {**TINY, "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 512}
+        config = config_cls(**shape, tie_word_embeddings=True)
+        save(model_cls(config), raw)
+        with_tokenizer(raw)
+        (raw / "chat_template.jinja").write_text(QWEN3_RERANKER_TEMPLATE)
+        CrossEncoder(str(raw), device="cpu").save(str(path / "model"))
+        shutil.rmtree(raw)
+        return path / "model"
+
+    return build
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -265,8 +326,17 @@ CASES = {
     "`intfloat/e5-base-v2`": Case(bert_embedder("mean")),
     "`intfloat/multilingual-e5-large`": Case(xlm_roberta_embedder("mean")),
     "`Qwen/Qwen3-Embedding-0.6B`, `-4B`, `-8B`": Case(qwen3_embedding),
+    "`Alibaba-NLP/gte-Qwen2-1.5B-instruct`, `-7B-instruct`": Case(qwen2_embedder("lasttoken")),
+    "`NovaSearch/stella_en_1.5B_v5`": Case(qwen2_embedder("mean", dense=True)),
+    "`EuroBERT/EuroBERT-210m`, `-610m`, `-2.1B`": Case(eurobert),
     "`BAAI/bge-reranker-v2-m3`, `bge-reranker-{base,large}`": Case(
         cross_encoder(transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)
+    ),
+    "`Qwen/Qwen3-Reranker-0.6B`, `-4B`, `-8B`, saved as a CrossEncoder": Case(
+        llm_reranker(transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
+    ),
+    "`mixedbread-ai/mxbai-rerank-base-v2`, `-large-v2`, saved as a CrossEncoder": Case(
+        llm_reranker(transformers.Qwen2Config, transformers.Qwen2ForCausalLM)
     ),
     "`cross-encoder/ms-marco-MiniLM-L-6-v2`": Case(
         cross_encoder(transformers.BertConfig, transformers.BertForSequenceClassification)
@@ -323,9 +393,6 @@ CASES = {
     "`Alibaba-NLP/gte-reranker-modernbert-base`": Case(modernbert(None, scorer=True)),
     "`google/embeddinggemma-300m`": Case(embeddinggemma),
     "`intfloat/e5-mistral-7b-instruct`, `Salesforce/SFR-Embedding-Mistral`": Case(e5_mistral),
-    "Qwen2-based embedders (`gte-Qwen2-*-instruct`, `stella_en_1.5B_v5`)": Case(
-        config_only({"model_type": "qwen2", "architectures": ["Qwen2Model"]}), "'qwen2' is not supported"
-    ),
     "any model with only `pytorch_model.bin`": Case(pickled_bert, "only pickled ones (pytorch_model.bin)"),
     "any model without `tokenizer.json`": Case(bert_without_tokenizer, "no tokenizer.json"),
 }
@@ -358,6 +425,23 @@ def test_qwen3_embedding_prompts_come_from_its_sentence_transformers_config(tmp_
     result = check(qwen3_embedding(tmp_path))
     assert result.prompts == {"query": QWEN3_QUERY_PROMPT, "document": ""}
     assert (result.pooling, result.pooling_source, result.dimensions) == ("last", "modules.json", 32)
+
+
+def test_an_llm_reranker_says_its_score_and_pair_template(tmp_path):
+    result = check(llm_reranker(transformers.Qwen3Config, transformers.Qwen3ForCausalLM)(tmp_path), load=True)
+    assert (result.family, result.task, result.attention) == ("llm-reranker", "score", "causal")
+    assert result.score.startswith("logit('yes') - logit('no') at the last token")
+    assert result.pair_template.startswith("chat_template.jinja: '<|im_start|>system\\nJudge whether")
+    assert "<Query>: {query}\\n<Document>: {document}<|im_end|>" in result.pair_template
+    assert "one input" in result.loaded and "score of 1" in result.loaded
+
+
+def test_a_bare_causal_lm_is_an_embedder_and_check_model_says_how_to_serve_it_as_a_reranker(tmp_path):
+    config = transformers.Qwen3Config(**{**TINY, "num_key_value_heads": 1, "head_dim": 16})
+    save(transformers.Qwen3ForCausalLM(config), tmp_path)
+    result = check(with_tokenizer(tmp_path))
+    assert (result.task, result.pooling) == ("embed", "last")
+    assert any("saved it as a CrossEncoder" in note for note in result.notes)
 
 
 def test_a_bare_qwen3_directory_gets_the_family_default_pooling(tmp_path):
@@ -447,3 +531,15 @@ def test_check_model_names_the_sentence_t5_dense_layer(tmp_path):
 def test_cli_without_a_directory_is_a_usage_error():
     done = run_cli()
     assert done.returncode == 2 and "usage: kembed-worker check-model" in done.stderr
+
+
+def test_a_decoders_attention_and_its_unrun_custom_code_are_named(tmp_path):
+    qwen2_embedder("lasttoken")(tmp_path)
+    assert check(tmp_path).attention == "causal"
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    result = check(tmp_path)
+    assert result.attention == "bidirectional (config.json is_causal: False)"
+    assert "modeling_qwen.Model" in result.custom_code
+    (tmp_path / "eurobert").mkdir()
+    assert check(eurobert(tmp_path / "eurobert")).attention == "bidirectional (the family is an encoder)"

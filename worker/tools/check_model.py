@@ -40,9 +40,10 @@ class ModelCheck:
     reason: str = ""
     model_type: str = ""
     architectures: list[str] = field(default_factory=list)
-    family: str = ""  # an embedder's ("bert", "qwen3", "mpnet", ...), or "cross-encoder", "deberta" (scores)
+    family: str = ""  # an embedder's ("bert", "qwen3", "mpnet", ...), or a scorer's ("cross-encoder", ...)
     network: str = ""  # the network served, in a line
     adapters: list[str] = field(default_factory=list)  # task adapters a deployment picks one of
+    custom_code: str = ""  # config.json auto_map, which kembed does not run (its own code serves the family)
     task: str = ""  # "embed" or "score", as the worker's Info reports it
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
     pooling_source: str = ""
@@ -51,8 +52,11 @@ class ModelCheck:
     dimensions: int | None = None  # embedders: the vector size
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
     # the attention served: how it runs on a GPU where a position bias decides it, else its pattern
-    # (causal or not, sliding windows)
+    # (causal or not and why, sliding windows)
     attention: str = ""
+    score: str = ""  # LLM rerankers: which logits the score is, e.g. "logit('yes') - logit('no') ..."
+    score_token_ids: list[int] = field(default_factory=list)  # LLM rerankers: LogitScore's true, false ids
+    pair_template: str = ""  # LLM rerankers: a pair as the chat template renders it, {query} and {document}
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -64,6 +68,7 @@ class ModelCheck:
     served_dtypes: dict[str, str] = field(default_factory=dict)  # device -> dtype under --dtype auto
     routes: list[str] = field(default_factory=list)  # the gateway's routes particular to the task
     loaded: str = ""  # with --load: what the engine built on the CPU gave
+    notes: list[str] = field(default_factory=list)  # what a user may have meant otherwise
 
     @property
     def verdict(self) -> str:
@@ -119,10 +124,21 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     result.max_positions = shape.max_sequence_length
     # a position bias decides how attention runs on a GPU; else the pattern (causal, windows)
     result.attention = _attention(attention_shape(model_dir)) or describe_attention(model_dir)
+    custom = model_dir.config.get("auto_map")
+    if custom:
+        result.custom_code = ", ".join(f"{name}: {target}" for name, target in dict(custom).items())
+    is_causal_lm = any(a.endswith("ForCausalLM") for a in result.architectures)
+    if is_causal_lm and model_dir.logit_score is None and not (path / "modules.json").is_file():
+        result.notes.append(
+            "a causal LM without modules.json is served as an embedder; an LLM reranker (Qwen3-Reranker) "
+            "is served as one when sentence-transformers saved it as a CrossEncoder (docs/your-model.md)"
+        )
     if result.family in SCORE_FAMILIES:
         result.task = "score"
         if result.family == "cross-encoder":
             cross_encoder_architecture(model_dir.config)
+        if model_dir.logit_score is not None:  # an LLM reranker
+            result.score_token_ids = list(model_dir.logit_score.token_ids)
     else:
         result.task = "embed"
         result.pooling = pooling_of(model_dir)
@@ -172,12 +188,22 @@ def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
     from tokenizers import Tokenizer  # the gateway's tokenizer library (a dependency of the worker's too)
 
     result.tokenizer_file = str(spec.tokenizer_file.relative_to(path))
-    Tokenizer.from_file(str(spec.tokenizer_file))  # the file the gateway will load, parsed
+    tokenizer = Tokenizer.from_file(str(spec.tokenizer_file))  # the file the gateway will load, parsed
     result.max_seq_length = spec.max_seq_length
     result.do_lower_case = spec.do_lower_case
     result.prompts = dict(spec.prompts)
     result.default_prompt_name = spec.default_prompt_name
-    result.labels = list(spec.id2label.values()) if result.task == "score" else []
+    result.labels = list(spec.id2label.values()) if result.family == "cross-encoder" else []
+    if result.score_token_ids:
+        true, *false = (repr(tokenizer.id_to_token(i)) for i in result.score_token_ids)
+        logits = f"logit({true})" + "".join(f" - logit({name})" for name in false)
+        ids = ", ".join(map(str, result.score_token_ids))
+        result.score = f"{logits} at the last token (LogitScore; ids {ids})"
+    if spec.chat_template is not None:  # rendered as the gateway will (a template it cannot cut is refused)
+        system = spec.resolve_prompt(None) or None
+        pieces = spec.chat_template.pieces(system)
+        rendered = pieces.join("{query}", "{document}")
+        result.pair_template = f"{spec.chat_template.file}: {rendered!r}"
 
 
 def _checkpoint_dtypes(files: list[Path]) -> list[str]:
@@ -214,11 +240,18 @@ def _load(path: Path, result: ModelCheck) -> None:
     tokenizer = Tokenizer.from_file(str(path / result.tokenizer_file))
     tokenizer.no_padding()  # as the gateway loads it: no stored padding or truncation
     tokenizer.no_truncation()
-    if result.task == "score":
-        encoding = tokenizer.encode("what is kembed?", "kembed serves text embeddings from GPUs.")
+    query, document = "what is kembed?", "kembed serves text embeddings from GPUs."
+    spec = load_model_spec(path)
+    if spec.chat_template is not None:  # an LLM reranker's pair: its chat template, as the gateway renders it
+        text = spec.chat_template.pieces(spec.resolve_prompt(None) or None).join(query, document)
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+    elif result.task == "score":
+        encoding = tokenizer.encode(query, document)
     else:
         encoding = tokenizer.encode("kembed serves text embeddings from GPUs.")
     ids = np.asarray(encoding.ids, np.int32)
+    if spec.max_seq_length is not None:  # as the gateway would truncate (keeping the template's tail)
+        ids = ids[max(0, len(ids) - spec.max_seq_length) :]
     if ids.size and int(ids.max()) >= engine.info.vocab_size:
         raise InvalidInput(
             f"the tokenizer gives id {int(ids.max())}, past the model's vocabulary ({engine.info.vocab_size})"
@@ -242,13 +275,22 @@ def render(result: ModelCheck) -> str:
         architectures = ", ".join(result.architectures) or "none listed"
         lines.append(("architecture", f"{architectures} (model_type {result.model_type})"))
     if result.family:
-        served = "relevance scores (a cross-encoder)" if result.task == "score" else "embeddings"
-        lines.append(("serves", f"{served}: task {result.task}, kembed's {result.family} code"))
+        scorer = "an LLM reranker" if result.score else "a cross-encoder"
+        served = f"relevance scores ({scorer})" if result.task == "score" else "embeddings"
+        code = f"{result.model_type} decoder and LogitScore" if result.score else result.family
+        lines.append(("serves", f"{served}: task {result.task}, kembed's {code} code"))
     if result.network:
         lines.append(("network", result.network))
     if result.adapters:
         tasks = ", ".join(result.adapters)
         lines.append(("adapters", f"{tasks} (one per deployment: --adapter; without, the base weights)"))
+    if result.custom_code:
+        lines.append(
+            (
+                "custom code",
+                f"config.json auto_map ({result.custom_code}) is not run: kembed's own code serves it",
+            )
+        )
     if result.pooling:
         lines.append(("pooling", f"{result.pooling} ({result.pooling_source})"))
         if result.dense:
@@ -260,6 +302,10 @@ def render(result: ModelCheck) -> str:
         lines.append(("dimensions", str(result.dimensions)))
     if result.labels:
         lines.append(("labels", ", ".join(result.labels)))
+    if result.score:
+        lines.append(("score", result.score))
+    if result.pair_template:
+        lines.append(("pair template", result.pair_template))
     if result.weight_files:
         lines.append(("weights", f"{', '.join(result.weight_files)} ({', '.join(result.weight_dtypes)})"))
     if result.served_dtypes:
@@ -277,6 +323,7 @@ def render(result: ModelCheck) -> str:
         )
     if result.loaded:
         lines.append(("loaded", result.loaded))
+    lines.extend(("note", note) for note in result.notes)
     lines.append(("verdict", result.verdict))
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)

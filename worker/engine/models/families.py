@@ -1,6 +1,8 @@
 """Which network a model directory builds: the dispatch over served families.
 
-Every family implements `ServedModel` (served.py); a new family is a module plus a branch here.
+Every family implements `ServedModel` (served.py); a new family is a module plus a line in a table
+here: the encoder embedders in ENCODERS, the Llama-style decoders (each a reader of config.json into
+a `DecoderShape`, decoder.py) in DECODERS; the others have a branch of their own.
 """
 
 from collections.abc import Callable
@@ -18,7 +20,14 @@ from kembed.worker.engine.models.deberta import (
     DebertaCrossEncoder,
     DebertaShape,
 )
+from kembed.worker.engine.models.decoder import (
+    DecoderEmbedder,
+    DecoderShape,
+    attention_pattern,
+    decoder_pooling,
+)
 from kembed.worker.engine.models.distilbert import DISTILBERT_FAMILY, build_distilbert, distilbert_shape
+from kembed.worker.engine.models.eurobert import EUROBERT_FAMILY, eurobert_shape
 from kembed.worker.engine.models.gemma3 import GEMMA3_FAMILY, Gemma3Shape, build_gemma3, gemma3_pooling
 from kembed.worker.engine.models.gte import GTE_FAMILY, build_gte, gte_shape
 from kembed.worker.engine.models.heads import M3Heads
@@ -29,7 +38,8 @@ from kembed.worker.engine.models.jina_v3 import (
     jina_v3_shape,
     tasks_of,
 )
-from kembed.worker.engine.models.mistral import MISTRAL_FAMILY, build_mistral, mistral_shape
+from kembed.worker.engine.models.llm_reranker import LogitScorer
+from kembed.worker.engine.models.mistral import MISTRAL_FAMILY, mistral_shape
 from kembed.worker.engine.models.mistral import describe_attention as describe_decoder_attention
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
 from kembed.worker.engine.models.modernbert import (
@@ -41,7 +51,8 @@ from kembed.worker.engine.models.modernbert import (
 )
 from kembed.worker.engine.models.mpnet import MPNET_FAMILY, MPNetEmbedder, mpnet_shape
 from kembed.worker.engine.models.nomic_bert import NOMIC_FAMILY, build_nomic, nomic_shape
-from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, Qwen3Shape, build_qwen3, qwen3_pooling
+from kembed.worker.engine.models.qwen2 import QWEN2_FAMILY, qwen2_shape
+from kembed.worker.engine.models.qwen3 import QWEN3_FAMILY, qwen3_shape
 from kembed.worker.engine.models.rotary_bert import RotaryEncoderShape
 from kembed.worker.engine.models.served import PooledEmbedder, ServedModel
 from kembed.worker.engine.models.splade import SpladeEmbedder
@@ -49,7 +60,7 @@ from kembed.worker.engine.models.t5 import T5_FAMILY, T5Embedder, T5Shape
 from kembed.worker.errors import InvalidInput
 
 Builder = Callable[[ModelDir, dict[str, torch.Tensor], Attention, str], PooledEmbedder]
-Shape = BertShape | Qwen3Shape | RotaryEncoderShape | T5Shape | DebertaShape | ModernBertShape | Gemma3Shape
+Shape = BertShape | DecoderShape | RotaryEncoderShape | T5Shape | DebertaShape | ModernBertShape | Gemma3Shape
 
 
 def _build_mpnet(
@@ -98,13 +109,21 @@ ENCODERS = {
     "t5": _Encoder(T5_FAMILY, T5Shape.from_config, _build_t5, "mean"),
     "modernbert": _Encoder(MODERNBERT_FAMILY, ModernBertShape.from_config, _build_modernbert, "mean"),
 }
+# model_type -> (family, the reader of its config.json): the Llama-style decoders (decoder.py)
+DECODERS: dict[str, tuple[str, Callable[[dict[str, Any]], DecoderShape]]] = {
+    **{model_type: ("qwen3", qwen3_shape) for model_type in QWEN3_FAMILY},
+    **{model_type: ("qwen2", qwen2_shape) for model_type in QWEN2_FAMILY},
+    **{model_type: ("mistral", mistral_shape) for model_type in MISTRAL_FAMILY},
+    **{model_type: ("eurobert", eurobert_shape) for model_type in EUROBERT_FAMILY},
+}
+LLM_RERANKER_FAMILIES = ("qwen3", "qwen2")  # causal LMs a LogitScore pipeline is served on
+LLM_RERANKER = "llm-reranker"
 # The families that answer scores (rerankers); every other family embeds.
-SCORE_FAMILIES = ("cross-encoder", "deberta", "modernbert-cross-encoder")
+SCORE_FAMILIES = ("cross-encoder", "deberta", "modernbert-cross-encoder", LLM_RERANKER)
 SUPPORTED_MODEL_TYPES = (
     *BERT_FAMILY,
-    *QWEN3_FAMILY,
+    *DECODERS,
     *GEMMA3_FAMILY,
-    *MISTRAL_FAMILY,
     *(t for e in ENCODERS.values() for t in e.model_types),
     *DEBERTA_FAMILY,
 )
@@ -112,24 +131,30 @@ SUPPORTED_MODEL_TYPES = (
 
 def family_of(model_dir: ModelDir) -> str:
     """Which served family builds `model_dir`: `cross-encoder` (a BERT-family encoder with a
-    sequence-classification head), `deberta` (a DeBERTa-v2/v3 reranker) or `modernbert-cross-encoder`
-    (ModernBERT's), which score; or an embedder's (`bert`, `qwen3`, `gemma3`, `mistral`, or a key of
-    ENCODERS); InvalidInput saying why not."""
+    sequence-classification head), `deberta` (a DeBERTa-v2/v3 reranker), `modernbert-cross-encoder`
+    (ModernBERT's) or `llm-reranker` (a Qwen3/Qwen2 causal LM with sentence-transformers' LogitScore),
+    which score; or an embedder's (`bert`, `gemma3`, a family of DECODERS or a key of ENCODERS);
+    InvalidInput saying why not."""
     model_type = model_dir.model_type
     architectures = model_dir.config.get("architectures") or ()
     is_classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    if model_dir.logit_score is not None:
+        if DECODERS.get(model_type, ("",))[0] not in LLM_RERANKER_FAMILIES:
+            raise InvalidInput(
+                f"{model_dir.path}: an LLM reranker (LogitScore) is served on a Qwen3 or Qwen2 causal LM, "
+                f"not on model_type {model_type!r}"
+            )
+        return LLM_RERANKER
     if model_type in BERT_FAMILY and is_jina_lora_checkpoint(model_dir.config):
         return "jina_embeddings_v3"  # Jina's own format: XLM-R with rotary positions and task adapters
     if model_type in BERT_FAMILY and is_classifier:
         return "cross-encoder"
     if model_type in BERT_FAMILY:
         return "bert"
-    if model_type in QWEN3_FAMILY:
-        return "qwen3"
+    if model_type in DECODERS:
+        return DECODERS[model_type][0]
     if model_type in GEMMA3_FAMILY:
         return "gemma3"
-    if model_type in MISTRAL_FAMILY:
-        return "mistral"
     if model_type in MODERNBERT_FAMILY and is_cross_encoder(model_dir.config):
         return "modernbert-cross-encoder"
     if model_type in DEBERTA_FAMILY:
@@ -163,10 +188,10 @@ def pooling_of(model_dir: ModelDir) -> str:
     deployment's override), else its family's default; "" for a scorer (its head reads the first
     token)."""
     family = family_of(model_dir)
-    if family == "qwen3":
-        return qwen3_pooling(model_dir, Qwen3Shape.from_config(model_dir.config))
-    if family == "mistral":
-        return qwen3_pooling(model_dir, mistral_shape(model_dir.config))
+    if family in SCORE_FAMILIES:
+        return ""
+    if model_dir.model_type in DECODERS:
+        return decoder_pooling(model_dir, decoder_shape(model_dir))
     if family == "gemma3":
         return gemma3_pooling(model_dir)
     if model_dir.splade is not None:
@@ -190,6 +215,9 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
             return DebertaCrossEncoder.load(model_dir, attend)
         if family == "modernbert-cross-encoder":
             return ModernBertCrossEncoder.load(model_dir, attend)
+        if family == LLM_RERANKER:
+            assert model_dir.logit_score is not None
+            return LogitScorer.load(model_dir, decoder_shape(model_dir), model_dir.logit_score, attend)
         return BertCrossEncoder.load(model_dir, attend)
     if model_dir.splade is not None:
         if family != "bert":
@@ -207,22 +235,27 @@ def build_model(model_dir: ModelDir, attend: Attention) -> ServedModel:
         embedder = build(model_dir, weights, attend, pooling_of(model_dir))
     elif family == "gemma3":
         embedder = build_gemma3(model_dir, attend)
-    elif family == "mistral":
-        embedder = build_mistral(model_dir, attend)
     else:
-        embedder = build_qwen3(model_dir, attend)
+        decoder = DecoderEmbedder(decoder_shape(model_dir), attend, pooling_of(model_dir))
+        decoder.decoder.load_hf_weights(load_weights(model_dir.path))
+        embedder = decoder
     embedder.load_dense(model_dir.dense)  # before the move to the device and dtype, as the encoder
     embedder.load_heads(M3Heads.load(model_dir.path, embedder.facts.hidden_size))
     return embedder
 
 
+def decoder_shape(model_dir: ModelDir) -> DecoderShape:
+    """The decoder network of a directory of a DECODERS family (InvalidInput for another)."""
+    if model_dir.model_type not in DECODERS:
+        raise InvalidInput(f"model_type {model_dir.model_type!r} is not a decoder family {tuple(DECODERS)}")
+    return DECODERS[model_dir.model_type][1](model_dir.config)
+
+
 def shape_of(model_dir: ModelDir) -> Shape:
     """The config.json fields that shape `model_dir`'s network; InvalidInput for one not served."""
     family = family_of(model_dir)
-    if family == "qwen3":
-        return Qwen3Shape.from_config(model_dir.config)
-    if family == "mistral":
-        return mistral_shape(model_dir.config)
+    if model_dir.model_type in DECODERS:
+        return decoder_shape(model_dir)
     if family == "gemma3":
         return Gemma3Shape.from_config(model_dir.config)
     if family == "modernbert-cross-encoder":
@@ -238,10 +271,8 @@ def attention_shape(model_dir: ModelDir) -> AttentionShape:
     """The attention shape of `model_dir`'s network, before building it (for `auto` timing, and the
     backends that serve its position bias or its sliding window)."""
     shape = shape_of(model_dir)
-    if isinstance(shape, Qwen3Shape):
-        return AttentionShape(
-            shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.is_causal, window=shape.window
-        )
+    if isinstance(shape, DecoderShape):
+        return shape.attention
     if isinstance(shape, ModernBertShape):
         window = shape.window if any(shape.is_local) else None
         return AttentionShape(shape.num_heads, shape.num_heads, shape.head_dim, False, window=window)
@@ -272,7 +303,7 @@ def network_of(model_dir: ModelDir) -> str:
         return f"{shape.num_layers} pre-norm {kind} layers of {shape.hidden_size}, " + (
             shape.describe_attention()
         )
-    if isinstance(shape, Qwen3Shape):
+    if isinstance(shape, DecoderShape):
         stack = f"{shape.num_layers} pre-norm decoder layers of {shape.hidden_size}"
         if shape.window is not None:
             return f"{stack}, {describe_decoder_attention(shape)}"
@@ -309,6 +340,8 @@ def describe_attention(model_dir: ModelDir) -> str:
     shape = shape_of(model_dir)
     if isinstance(shape, ModernBertShape | Gemma3Shape):
         return shape.describe_attention()
-    if isinstance(shape, Qwen3Shape):
-        return describe_decoder_attention(shape)
+    if isinstance(shape, DecoderShape):
+        if shape.window is not None:
+            return describe_decoder_attention(shape)
+        return attention_pattern(model_dir.config, shape)
     return "bidirectional"

@@ -24,9 +24,9 @@ from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
 from kembed.worker.engine.layers.mlp import ACTIVATIONS, GatedMLP
 from kembed.worker.engine.layers.norms import OffsetRMSNorm
 from kembed.worker.engine.layers.rope import RotaryEmbedding, rotate
+from kembed.worker.engine.models.decoder import is_bidirectional
 from kembed.worker.engine.models.local_global import layer_types, rope_thetas
 from kembed.worker.engine.models.model_dir import ModelDir, load_weights
-from kembed.worker.engine.models.qwen3 import is_bidirectional
 from kembed.worker.engine.models.served import PooledEmbedder
 from kembed.worker.errors import InvalidInput
 

@@ -2,10 +2,10 @@
 grouped-query attention, RMSNorm, SwiGLU, rotary positions, and an optional sliding window, pooled at
 the last token.
 
-The layers are Qwen3's (qwen3.py) without its per-head q/k norms: the same fused Q/K/V and gate/up
-projections, the same fused CUDA kernels, the same weight names. With `sliding_window` w a query
-sees itself and the w - 1 tokens before it (transformers' `kv > q - w`); the window is a no-op for
-sequences of at most w tokens, and kept as given all the same.
+The layers are the shared decoder's (decoder.py) without per-head q/k norms or biases: the same fused
+Q/K/V and gate/up projections, the same fused CUDA kernels, the same weight names. With
+`sliding_window` w a query sees itself and the w - 1 tokens before it (transformers' `kv > q - w`);
+the window is a no-op for sequences of at most w tokens, and kept as given all the same.
 
 The last token is what the pipeline pools: for e5-mistral `</s>`, where its `tokenizer.json`
 post-processor appends it. The gateway runs that post-processor (the `tokenizers` library), as
@@ -16,15 +16,13 @@ neither where it does not, whatever tokenizer_config.json's `add_eos_token` says
 
 from typing import Any
 
-from kembed.worker.engine.layers.attention import Attention
-from kembed.worker.engine.models.model_dir import ModelDir, load_weights
-from kembed.worker.engine.models.qwen3 import Qwen3Embedder, Qwen3Shape, qwen3_pooling
+from kembed.worker.engine.models.decoder import DecoderShape, read_shape
 from kembed.worker.errors import InvalidInput
 
 MISTRAL_FAMILY = ("mistral",)
 
 
-def mistral_shape(config: dict[str, Any]) -> Qwen3Shape:
+def mistral_shape(config: dict[str, Any]) -> DecoderShape:
     """The decoder shape of a Mistral config.json; InvalidInput for what is not served."""
     model_type = config.get("model_type", "")
     if model_type not in MISTRAL_FAMILY:
@@ -32,20 +30,16 @@ def mistral_shape(config: dict[str, Any]) -> Qwen3Shape:
     window = config.get("sliding_window")
     if window is not None and (not isinstance(window, int) or window < 1):
         raise InvalidInput(f"sliding_window {window!r} is not a positive number of tokens")
-    return Qwen3Shape.decoder_fields(config, has_qk_norm=False, window=None if window is None else window - 1)
+    return read_shape(
+        config, "Mistral",
+        qkv_bias=False, o_bias=False, has_qk_norm=False, is_causal=True,
+        window=None if window is None else window - 1,
+    )  # fmt: skip
 
 
-def describe_attention(shape: Qwen3Shape) -> str:
+def describe_attention(shape: DecoderShape) -> str:
     kind = "causal" if shape.is_causal else "bidirectional"
     if shape.window is None:
         return f"{kind}; every layer global"
     tokens = shape.window + 1
     return f"{kind}; every layer a sliding window of {tokens} tokens (the query and {shape.window} before it)"
-
-
-def build_mistral(model_dir: ModelDir, attend: Attention) -> Qwen3Embedder:
-    """A Mistral embedder for `model_dir`, weights loaded, on the CPU."""
-    shape = mistral_shape(model_dir.config)
-    model = Qwen3Embedder(shape, attend, qwen3_pooling(model_dir, shape))
-    model.decoder.load_hf_weights(load_weights(model_dir.path))
-    return model

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
+from kembed.worker.engine.layers.norms import RMSNorm
 from kembed.worker.engine.layers.relative_bias import DistanceBias, RelativePositionBias
 from kembed.worker.engine.models.bert import HIDDEN_ACTIVATIONS
-from kembed.worker.engine.models.qwen3 import RMSNorm
 from kembed.worker.engine.models.served import PooledEmbedder
 from kembed.worker.errors import InvalidInput
 
