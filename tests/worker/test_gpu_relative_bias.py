@@ -83,7 +83,7 @@ def test_triton_kernel_adds_a_distance_bias_as_sdpa_does(head_dim, causal):
     on_device = copy.deepcopy(position_bias).to("cuda", torch.bfloat16)
     qkv = [x.to("cuda", torch.bfloat16) for x in (q, k, v)]
     for scale in (None, 1.0 / head_dim):  # the default 1/sqrt(d), and another (T5's is 1)
-        expected = SdpaLoopAttention()(q, k, v, meta, causal, position_bias(scale))  # float32, CPU
+        expected = SdpaLoopAttention()(q, k, v, meta, causal, bias=position_bias(scale))  # float32, CPU
         for tile in (None, (128, 64, 8, 3, True), (64, 32, 4, 3, False)):
             got = varlen_attention(*qkv, meta.cu_seqlens.cuda(), causal, tile, bias=on_device(scale))
             flat = got.float().cpu().reshape(num_tokens, -1)
@@ -106,7 +106,9 @@ def test_triton_kernel_gathers_disentangled_terms_as_sdpa_does(terms):
     )
     c2p, p2c = (torch.randn(num_tokens, heads, 2 * span) if t in terms else None for t in ("c2p", "p2c"))
     scale = 1.0 / (head_dim * (1 + len(terms))) ** 0.5
-    expected = SdpaLoopAttention()(q, k, v, meta, False, DisentangledBias(c2p, p2c, positions, limit, scale))
+    expected = SdpaLoopAttention()(
+        q, k, v, meta, False, bias=DisentangledBias(c2p, p2c, positions, limit, scale)
+    )
 
     def cuda(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to("cuda", torch.bfloat16)
