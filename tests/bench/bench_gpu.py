@@ -56,7 +56,12 @@ def write_model_dir(name: str, tmp: Path):
     auto = transformers.T5EncoderModel if config.model_type in ("t5", "mt5") else transformers.AutoModel
     with torch.device("cuda"):
         torch.manual_seed(0)
-        model = auto.from_config(config, torch_dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        # T5EncoderModel is no Auto class: built from its config as one builds any model class
+        build = auto.from_config if auto is transformers.AutoModel else auto._from_config
+        try:
+            model = build(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        except ValueError:  # a class without sdpa (MPNet): its own attention, the fastest it has
+            model = build(config, dtype=torch.bfloat16, attn_implementation="eager").eval()
     path = tmp / name
     model.save_pretrained(path)
     for extra in ("modules.json", "1_Pooling"):
@@ -72,9 +77,11 @@ def write_reranker_dir(tmp: Path, name: str = RERANKER):
     config = transformers.AutoConfig.from_pretrained(CONFIGS / name)
     with torch.device("cuda"):
         torch.manual_seed(0)
-        model = transformers.AutoModelForSequenceClassification.from_config(
-            config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
-        ).eval()
+        auto = transformers.AutoModelForSequenceClassification
+        try:
+            model = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        except ValueError:  # a class without sdpa (DeBERTa-v2): its own attention
+            model = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="eager").eval()
     path = tmp / name
     model.save_pretrained(path)
     return path, model
@@ -229,7 +236,8 @@ def compare_step(engine, seqs, forward, iters: int, rounds: int):
 def suite_latency(name, engine, baseline, rng, iters: int, rounds: int) -> list[str]:
     rows = []
     vocab, pooling = engine.info.vocab_size, engine.info.pooling
-    for tokens in (128, 512, 4096):
+    # at most the model's position table (MPNet's and T5's 512): a longer sequence is refused at the edge
+    for tokens in [n for n in (128, 512, 4096) if n <= engine.info.max_sequence_length]:
         print(f"  latency {name} 1x{tokens}", flush=True)
         seqs = [rng.integers(5, vocab, tokens).astype(np.int64)]
         cells, got, want, graph_rows = compare_step(
@@ -376,10 +384,12 @@ def main() -> None:
                 print(f"{label}: pooling {engine.info.pooling}", flush=True)
                 if "latency" in args.suites:
                     latency += suite_latency(label, engine, baseline, rng, args.iters, args.rounds)
+                    print("\n".join(latency[-3:]), flush=True)  # as they come: a later model may fail
                 if "throughput" in args.suites:
                     throughput += suite_throughput(
                         label, engine, baseline, rng, args.throughput_batches, args.rounds
                     )
+                    print("\n".join(throughput[-2:]), flush=True)
                 if "saturation" in args.suites:
                     saturation += suite_saturation(label, engine, rng, max(20, args.iters // 4))
                 del engine

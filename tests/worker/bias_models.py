@@ -22,10 +22,22 @@ MAX_LENGTH = 200  # tokens per text (and pair) the pipelines keep
 LAYERS = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=64, intermediate_size=128)
 
 
+def _tokenizer_dir() -> Path:
+    """The bundled model's directory; on a GPU machine without the package, its copy in
+    .kembed/minilm-fp16 (real_minilm.py writes it; its tokenizer files are the package's)."""
+    bundled = bundled_model_dir()
+    if bundled is not None:
+        return bundled
+    copy = Path(__file__).resolve().parents[2] / ".kembed" / "minilm-fp16"
+    assert (copy / "tokenizer.json").is_file(), "no bundled tokenizer: run tests/worker/real_minilm.py"
+    return copy
+
+
 def _with_tokenizer(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
+    source = _tokenizer_dir()
     for name in TOKENIZER_FILES:
-        shutil.copy(bundled_model_dir() / name, path / name)
+        shutil.copy(source / name, path / name)
     return path
 
 

@@ -135,7 +135,9 @@ def test_bias_embedder_replays_in_cuda_graphs_as_the_cpu_engine_computes(embedde
     if not has_triton():
         pytest.skip("triton is not installed: the model runs in the eager engine")
     path = embedder_dirs[family]
-    engine = load_engine(WorkerConfig(model=path, device="cuda", dtype="bfloat16"))
+    # a budget that holds LENGTHS' largest batch (40 sequences, ~2,400 tokens): every one captured
+    config = WorkerConfig(model=path, device="cuda", dtype="bfloat16", max_batch_tokens=4096)
+    engine = load_engine(config)
     assert isinstance(engine, CudaEngine) and engine.info.attention_backend == "triton"
     reference = load_engine(WorkerConfig(model=path, device="cpu", dtype="float32"))
     for seed, lengths in enumerate(LENGTHS):
