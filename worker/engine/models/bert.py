@@ -200,7 +200,12 @@ class BertEncoder(nn.Module):
         x: torch.Tensor = self.word_embeddings(input_ids) + self.position_embeddings(
             position_ids + self.shape.position_offset
         )
-        if self.token_type_embeddings is not None:
+        if self.token_type_embeddings is not None and self.shape.type_vocab_size == 1:
+            # RoBERTa / XLM-R: one type. The edge lets 0 and 1 through (a pair's two segments), and a
+            # 1 would index past this table: on a GPU a device-side assert that kills the worker.
+            # The one row is every token's, whatever a raw client sent (the gateway sends none).
+            x = x + self.token_type_embeddings.weight[0]
+        elif self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings(token_type_ids)
         return run_layers(self.layers, self.embed_norm(x), meta)  # [num_tokens, hidden]
 
