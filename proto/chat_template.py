@@ -107,8 +107,8 @@ def read_chat_template(
     alone). ValueError when it takes messages but the directory has no template.
 
     An embedder saved so (feature-extraction with messages) has its texts rendered through the
-    template by sentence-transformers 6 too; that is not read here (kembed tokenizes its texts as
-    they are)."""
+    template by sentence-transformers 6 too; kembed tokenizes texts as they are, so
+    model_files.load_model_spec refuses such a directory before this is read."""
     if sbert.get("transformer_task") != "text-generation" or "message" not in (
         sbert.get("modality_config") or {}
     ):

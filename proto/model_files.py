@@ -105,6 +105,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
     if not tokenizer_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
     sbert = _read_json(transformer_dir / "sentence_bert_config.json")
+    _refuse_chat_rendered_texts(sbert, transformer_dir)
     tokenizer_config = _read_json(transformer_dir / "tokenizer_config.json") or _read_json(
         model_dir / "tokenizer_config.json"
     )
@@ -135,6 +136,22 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
             or _read_json(model_dir / "special_tokens_map.json"),
         ),
     )
+
+
+def _refuse_chat_rendered_texts(sbert: dict[str, Any], transformer_dir: Path) -> None:
+    """ValueError for an embedder whose texts sentence-transformers 6 renders through the tokenizer's
+    chat template: it writes `modality_config` with `message` when the tokenizer it saved has one
+    (a Qwen3-Embedding fine-tuned and saved with sentence-transformers 6, say), and then wraps every
+    text as a user message (`<|im_start|>user ... <|im_end|>`). The gateway tokenizes texts as they
+    are, so it would embed other ids than `SentenceTransformer.encode` does: refused, naming the fix."""
+    task = sbert.get("transformer_task", "feature-extraction")
+    if task == "feature-extraction" and "message" in (sbert.get("modality_config") or {}):
+        raise ValueError(
+            f"{transformer_dir / 'sentence_bert_config.json'}: its modality_config takes chat messages, so "
+            "sentence-transformers renders every text through the tokenizer's chat template, which kembed "
+            "does not do for embedders yet; to serve its texts as they are, remove \"message\" from "
+            "modality_config (then sentence-transformers tokenizes them as kembed does)"
+        )
 
 
 def _lexical_skip(tokenizer_config: dict[str, Any], special_map: dict[str, Any]) -> tuple[str, ...]:

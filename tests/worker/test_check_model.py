@@ -275,6 +275,22 @@ def llm_reranker(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     return build
 
 
+def chat_rendered_embedder(path: Path) -> Path:
+    """An embedder as sentence-transformers 6 saves one whose tokenizer has a chat template: its
+    sentence_bert_config.json's modality_config takes messages, and it renders texts through it."""
+    from decoder_dirs import bpe_tokenizer, save_decoder
+    from sentence_transformers import SentenceTransformer
+
+    raw = path / "raw"
+    raw.mkdir()
+    save_decoder(raw, "qwen2")
+    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    bpe_tokenizer(chat_template=template).save_pretrained(raw)
+    SentenceTransformer(str(raw), device="cpu").save(str(path / "model"))
+    shutil.rmtree(raw)
+    return path / "model"
+
+
 def cross_encoder(config_cls: type, model_cls: type) -> Callable[[Path], Path]:
     def build(path: Path) -> Path:
         save(model_cls(config_cls(**TINY, num_labels=1)), path)
@@ -395,6 +411,9 @@ CASES = {
     "`intfloat/e5-mistral-7b-instruct`, `Salesforce/SFR-Embedding-Mistral`": Case(e5_mistral),
     "any model with only `pytorch_model.bin`": Case(pickled_bert, "only pickled ones (pytorch_model.bin)"),
     "any model without `tokenizer.json`": Case(bert_without_tokenizer, "no tokenizer.json"),
+    "an embedder sentence-transformers 6 saved with a tokenizer chat template": Case(
+        chat_rendered_embedder, "renders every text through the tokenizer's chat template"
+    ),
 }
 ROWS = table_rows()
 
