@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # ships no type hints
 
+from kembed.gateway.answer_size import VALUE_BYTES
 from kembed.gateway.api import openapi
 from kembed.gateway.api.cohere import CohereRoutes
 from kembed.gateway.api.multi_output import OutputRoutes
@@ -140,12 +141,10 @@ class Routes:
         return body
 
     async def openai_embeddings(self, request: Request) -> Response:
-        raw = await self._body(request)
-        body = parse(EmbeddingRequest, raw)
+        body = parse(EmbeddingRequest, await self._body(request))
         self.service.check_model(body.model)
-        outputs = OutputRoutes.asked(raw)
-        if outputs is not None:  # several outputs a text (multi_output.py)
-            return await self.outputs.openai(request, outputs, body)
+        if body.outputs is not None:  # several outputs a text (multi_output.py)
+            return await self.outputs.openai(request, body.outputs, body)
         embedded = await self.service.embed(
             as_input_list(body.input),
             truncate=None,
@@ -154,6 +153,7 @@ class Routes:
             dimensions=body.dimensions,
             normalize=None,
             priority=request.headers.get(PRIORITY_HEADER),
+            value_bytes=VALUE_BYTES[body.encoding_format or "float"],
         )
         data = [
             {"object": "embedding", "index": i, "embedding": row}
@@ -175,6 +175,7 @@ class Routes:
     async def v1_rerank(self, request: Request) -> Response:
         body = parse(V1RerankRequest, await self._body(request))
         self.service.check_model(body.model)
+        body.check_options()
         texts = body.texts
         scored = await self.service.rerank(
             body.query,
