@@ -253,7 +253,8 @@ class Routes:
         return json_response({"object": "list", "data": data})
 
     async def docs(self, request: Request) -> Response:
-        """Swagger UI over /openapi.json, its assets from the swagger-ui-bundle package (no CDN)."""
+        """Swagger UI (5.x, which reads OpenAPI 3.1) over /openapi.json, its assets from the
+        swagger-ui-bundle-v2 package (no CDN)."""
         return Response(_SWAGGER_PAGE, media_type="text/html")
 
     async def openapi(self, request: Request) -> Response:
