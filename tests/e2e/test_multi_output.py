@@ -237,3 +237,43 @@ def test_schemathesis_takes_every_valid_request_for_several_outputs(m3_stack):
         m3_stack.url, GenerationMode.POSITIVE, set(), also=frozenset({"POST /v1/embeddings"})
     )
     assert answered["POST /v1/embeddings"][1] > 0
+
+
+@pytest.fixture(scope="module")
+def bare_m3_stack(log_dir, tmp_path_factory, m3_dir):
+    """The tiny BGE-M3 directory with a tokenizer_config.json that names its class but none of its
+    special tokens (and no special_tokens_map.json), as some exports ship it; its own worker."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("bare-m3") / "tiny-m3"
+    shutil.copytree(m3_dir, path)
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "XLMRobertaTokenizerFast", "model_max_length": 128})
+    )
+    started = start_stack(log_dir, num_workers=1, model_dir=path, worker_model_dir=path)
+    yield started, path
+    for proc in started.processes:
+        proc.stop()
+
+
+def test_special_tokens_the_files_do_not_name_are_skipped_as_the_tokenizer_class_has_them(bare_m3_stack):
+    """FlagEmbedding skips the cls, eos, pad and unk tokens of `AutoTokenizer`'s tokenizer, whose
+    special_tokens_map is then XLMRobertaTokenizer's defaults; before, kembed skipped none and the
+    sparse vectors kept <s>, </s> and <unk>."""
+    import inspect
+
+    import transformers
+    from tokenizers import Tokenizer
+
+    stack, path = bare_m3_stack
+    defaults = inspect.signature(transformers.XLMRobertaTokenizer.__init__).parameters
+    vocab = Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab()
+    skipped = {vocab[defaults[name].default] for name in ("cls_token", "eos_token", "pad_token", "unk_token")}
+    assert skipped == {0, 1, 2, 3}  # <s>, <pad>, </s>, <unk>: m3_reference's `unused`
+    reference = m3_reference(path, _ids(path, TEXTS))
+    answer = httpx.post(f"{stack.url}/embed_sparse", json={"inputs": TEXTS}, timeout=60).json()
+    for entries, ref in zip(answer, reference, strict=True):
+        assert {e["index"] for e in entries} == set(ref["sparse"])
+        assert not {e["index"] for e in entries} & skipped
+    assert 3 in _ids(path, TEXTS)[2]  # "nothere" is <unk>: a token the answer had, before
