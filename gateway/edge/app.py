@@ -49,6 +49,7 @@ from kembed.gateway.edge.auth import BearerAuth
 from kembed.gateway.edge.disconnect import CancelOnDisconnect
 from kembed.gateway.edge.hot_path import HotPath, HotRequest
 from kembed.gateway.errors import (
+    Flavour,
     GatewayError,
     MethodNotAllowed,
     NotFound,
@@ -355,18 +356,26 @@ def create_app(
             tokenization.close()
 
     async def on_error(request: Request, error: Exception) -> Response:
+        flavour = flavour_of(request.url.path)
         if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
             method, path = request.method, request.url.path
             if error.status_code == 405:
                 # Starlette's Allow names the first route of the path only (`/` has two: GET, POST)
                 allow = methods_of.get(path) or (error.headers or {}).get("Allow", "")
                 error = MethodNotAllowed(f"{method} is not allowed on {path}; it takes {allow}", allow=allow)
+            elif f"/v1{path}" in methods_of:  # an OpenAI client whose base_url lacks /v1
+                error = NotFound(
+                    f"no route {method} {path}; the OpenAI routes are under /v1: {method} /v1{path} (an "
+                    "OpenAI client's base_url ends in /v1, e.g. http://127.0.0.1:8080/v1)"
+                )
+                # in OpenAI's shape: its `error.message` is what the openai SDKs show (TEI's string not)
+                flavour = Flavour.OPENAI
             else:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
             error = WorkerFailed("internal error in the gateway (see its log)")
         metrics.errors.labels(reason_of(error)).inc()
-        return render(error, flavour_of(request.url.path), retry_after_s=config.retry_after_s)
+        return render(error, flavour, retry_after_s=config.retry_after_s)
 
     http_routes = [
         Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
