@@ -134,6 +134,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
             tokenizer_config,
             _read_json(transformer_dir / "special_tokens_map.json")
             or _read_json(model_dir / "special_tokens_map.json"),
+            str(config.get("model_type", "")),
         ),
     )
 
@@ -154,10 +155,48 @@ def _refuse_chat_rendered_texts(sbert: dict[str, Any], transformer_dir: Path) ->
         )
 
 
-def _lexical_skip(tokenizer_config: dict[str, Any], special_map: dict[str, Any]) -> tuple[str, ...]:
+LEXICAL_SKIP = ("cls_token", "eos_token", "pad_token", "unk_token")
+# The special tokens a transformers tokenizer class has when its files name none: its __init__'s
+# defaults (transformers 5; tests/proto/test_lexical_skip.py checks them against its signatures), by
+# class name without "Fast". FlagEmbedding skips the cls, eos, pad and unk tokens of the tokenizer
+# AutoTokenizer loads, whose `special_tokens_map` falls back to these.
+_CLASS_SPECIALS: dict[str, tuple[str | None, ...]] = {  # (cls, eos, pad, unk): LEXICAL_SKIP's order
+    "XLMRobertaTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "RobertaTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "CamembertTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "MPNetTokenizer": ("<s>", "</s>", "<pad>", "[UNK]"),
+    "BertTokenizer": ("[CLS]", None, "[PAD]", "[UNK]"),
+    "DebertaV2Tokenizer": ("[CLS]", "[SEP]", "[PAD]", "[UNK]"),
+    "Qwen2Tokenizer": (None, "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"),
+    "GemmaTokenizer": (None, "<eos>", "<pad>", "<unk>"),
+}
+# The class AutoTokenizer picks by config.json's model_type when tokenizer_config.json names none
+# (transformers' TOKENIZER_MAPPING_NAMES, for the model types kembed serves)
+_MODEL_TYPE_TOKENIZERS = {
+    "xlm-roberta": "XLMRobertaTokenizer", "roberta": "RobertaTokenizer", "camembert": "CamembertTokenizer",
+    "mpnet": "MPNetTokenizer", "bert": "BertTokenizer", "nomic_bert": "BertTokenizer",
+    "deberta-v2": "DebertaV2Tokenizer", "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer",
+    "gemma3": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
+}  # fmt: skip
+
+
+def _lexical_skip(
+    tokenizer_config: dict[str, Any], special_map: dict[str, Any], model_type: str = ""
+) -> tuple[str, ...]:
+    """The tokens a lexical (BGE-M3) sparse vector leaves out, as FlagEmbedding does: the cls, eos,
+    pad and unk tokens of the tokenizer, as its files name them, else as its class has them by
+    default (`_CLASS_SPECIALS`); one they name as null is none."""
+    tokenizer_class = str(tokenizer_config.get("tokenizer_class") or "").removesuffix("Fast")
+    tokenizer_class = tokenizer_class or _MODEL_TYPE_TOKENIZERS.get(model_type, "")
+    defaults = dict(zip(LEXICAL_SKIP, _CLASS_SPECIALS.get(tokenizer_class, ()), strict=False))
     tokens = []
-    for name in ("cls_token", "eos_token", "pad_token", "unk_token"):
-        token = special_map.get(name, tokenizer_config.get(name))
+    for name in LEXICAL_SKIP:
+        if name in special_map:
+            token = special_map[name]
+        elif name in tokenizer_config:
+            token = tokenizer_config[name]
+        else:
+            token = defaults.get(name)
         if isinstance(token, dict):  # an AddedToken as saved: {"content": ...}
             token = token.get("content")
         if isinstance(token, str):

@@ -50,6 +50,8 @@ class ModelCheck:
     normalize: bool = False
     dense: list[str] = field(default_factory=list)  # embedders: the Dense modules after pooling
     dimensions: int | None = None  # embedders: the vector size
+    heads: list[str] = field(default_factory=list)  # embedders: BGE-M3's heads found, and what each gives
+    outputs: list[str] = field(default_factory=list)  # embedders: the outputs served (GET /info's)
     labels: list[str] = field(default_factory=list)  # scorers: config.json id2label
     # the attention served: how it runs on a GPU where a position bias decides it, else its pattern
     # (causal or not and why, sliding windows)
@@ -156,6 +158,9 @@ def _inspect(path: Path, result: ModelCheck) -> None:
         result.dimensions = model_dir.dense[-1].out_features if model_dir.dense else shape.hidden_size
         if model_dir.splade is not None:  # a weight per vocabulary id
             result.dimensions = shape.vocab_size
+            result.outputs = ["sparse"]
+        else:
+            _read_heads(path, shape.hidden_size, result)
     files = weight_files(path)
     result.weight_files = [f.name for f in files]
     result.weight_dtypes = _checkpoint_dtypes(files)
@@ -166,7 +171,7 @@ def _inspect(path: Path, result: ModelCheck) -> None:
     }
     spec = load_model_spec(path)  # FileNotFoundError without tokenizer.json
     _read_spec(spec, path, result)
-    result.routes = _routes(result.task, sparse_alone=model_dir.splade is not None)
+    result.routes = _routes(result.task, result.outputs)
 
 
 def _attention(shape: AttentionShape) -> str:
@@ -220,10 +225,37 @@ def _checkpoint_dtypes(files: list[Path]) -> list[str]:
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64"}
 
 
-def _routes(task: str, *, sparse_alone: bool = False) -> list[str]:
-    """The gateway's routes particular to a model of `task`; `sparse_alone` (SPLADE): of the embedding
-    routes, those that answer sparse vectors."""
-    return [f"POST {path}" for path in TASK_ROUTES.get(task, ()) if not sparse_alone or path in SPARSE_ROUTES]
+def _read_heads(path: Path, hidden: int, result: ModelCheck) -> None:
+    """BGE-M3's heads the directory has, checked as the worker checks them at start (`check_heads`),
+    and the outputs served: dense, each head's, and token vectors where no Dense module changed the
+    width (proto/outputs.py lays every output in rows of the dense width)."""
+    from kembed.worker.engine.models.heads import check_heads, head_shapes
+
+    assert result.dimensions is not None  # an embedder's, set before
+    shapes = head_shapes(path)
+    check_heads(shapes, hidden, result.dimensions)
+    gives = {"sparse_linear": "sparse", "colbert_linear": "colbert"}
+    result.heads = [f"{name}: {shape[1]} -> {shape[0]} ({gives[name]})" for name, shape in shapes.items()]
+    result.outputs = ["dense", *(gives[name] for name in shapes)]
+    if hidden == result.dimensions:
+        result.outputs.append("tokens")
+
+
+# The embedding routes that need an output beside dense (GET /info's `outputs`): the gateway leaves
+# a route out of its document for a model without it (gateway/api/openapi.py).
+OUTPUT_ROUTES = {"/embed_sparse": "sparse", "/embed_all": "tokens"}
+
+
+def _routes(task: str, outputs: list[str]) -> list[str]:
+    """The gateway's routes particular to a model of `task` with `outputs` (an embedder's): a model
+    of sparse vectors alone (SPLADE) answers those that give them; one without a sparse head has
+    no /embed_sparse, one whose Dense modules changed the width no /embed_all."""
+    routes = TASK_ROUTES.get(task, ())
+    if outputs == ["sparse"]:
+        routes = tuple(path for path in routes if path in SPARSE_ROUTES)
+    return [
+        f"POST {path}" for path in routes if path not in OUTPUT_ROUTES or OUTPUT_ROUTES[path] in outputs
+    ]
 
 
 SPARSE_ROUTES = ("/v1/embeddings", "/embed_sparse")  # what a model with sparse vectors alone answers
@@ -300,6 +332,10 @@ def render(result: ModelCheck) -> str:
         lines.append(("attention", result.attention))
     if result.dimensions is not None:
         lines.append(("dimensions", str(result.dimensions)))
+    if result.heads:
+        lines.append(("heads", "; ".join(result.heads) + " (BGE-M3's, beside the encoder)"))
+    if result.outputs:
+        lines.append(("outputs", ", ".join(result.outputs)))
     if result.labels:
         lines.append(("labels", ", ".join(result.labels)))
     if result.score:
