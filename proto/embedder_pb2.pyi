@@ -39,7 +39,7 @@ PRIORITY_INTERACTIVE: Priority
 PRIORITY_BULK: Priority
 
 class RequestFrame(_message.Message):
-    __slots__ = ("kind", "ids", "timeouts_ms", "priorities", "num_sequences", "lengths", "token_ids", "token_type_ids", "num_spans", "span_bounds", "cancel_ids", "auth_token", "outputs")
+    __slots__ = ("kind", "ids", "timeouts_ms", "priorities", "num_sequences", "lengths", "token_ids", "token_type_ids", "num_spans", "span_bounds", "cancel_ids", "auth_token", "outputs", "tasks")
     KIND_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUTS_MS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class RequestFrame(_message.Message):
     CANCEL_IDS_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     kind: FrameKind
     ids: bytes
     timeouts_ms: bytes
@@ -66,7 +67,8 @@ class RequestFrame(_message.Message):
     cancel_ids: bytes
     auth_token: str
     outputs: bytes
-    def __init__(self, kind: _Optional[_Union[FrameKind, str]] = ..., ids: _Optional[bytes] = ..., timeouts_ms: _Optional[bytes] = ..., priorities: _Optional[bytes] = ..., num_sequences: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., cancel_ids: _Optional[bytes] = ..., auth_token: _Optional[str] = ..., outputs: _Optional[bytes] = ...) -> None: ...
+    tasks: bytes
+    def __init__(self, kind: _Optional[_Union[FrameKind, str]] = ..., ids: _Optional[bytes] = ..., timeouts_ms: _Optional[bytes] = ..., priorities: _Optional[bytes] = ..., num_sequences: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_ids: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., cancel_ids: _Optional[bytes] = ..., auth_token: _Optional[str] = ..., outputs: _Optional[bytes] = ..., tasks: _Optional[bytes] = ...) -> None: ...
 
 class ResultFrame(_message.Message):
     __slots__ = ("ids", "num_rows", "rows", "width", "errors")
@@ -107,16 +109,18 @@ class TokenBatch(_message.Message):
     def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[bytes] = ..., num_spans: _Optional[_Iterable[int]] = ..., span_bounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("batch", "request_id", "priority", "outputs")
+    __slots__ = ("batch", "request_id", "priority", "outputs", "task")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     batch: TokenBatch
     request_id: str
     priority: Priority
     outputs: int
-    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., outputs: _Optional[int] = ...) -> None: ...
+    task: str
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., request_id: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., outputs: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_sequences", "dimensions")
@@ -193,7 +197,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms", "outputs", "colbert_dimensions", "hidden_size", "sparse_vocabulary", "tokenizer_digest", "model_digest")
+    __slots__ = ("model_name", "model_type", "task", "dimensions", "max_sequence_length", "vocab_size", "pooling", "normalize", "dtype", "device", "attention_backend", "max_batch_tokens", "max_queued_tokens", "revision", "version", "data_port", "frame_port", "frame_idle_timeout_ms", "outputs", "colbert_dimensions", "hidden_size", "sparse_vocabulary", "tokenizer_digest", "model_digest", "tasks", "default_task")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +222,8 @@ class InfoResponse(_message.Message):
     SPARSE_VOCABULARY_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TASK_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_type: str
     task: str
@@ -242,7 +248,9 @@ class InfoResponse(_message.Message):
     sparse_vocabulary: bool
     tokenizer_digest: str
     model_digest: str
-    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ..., outputs: _Optional[int] = ..., colbert_dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ..., sparse_vocabulary: _Optional[bool] = ..., tokenizer_digest: _Optional[str] = ..., model_digest: _Optional[str] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    default_task: str
+    def __init__(self, model_name: _Optional[str] = ..., model_type: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., attention_backend: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., max_queued_tokens: _Optional[int] = ..., revision: _Optional[str] = ..., version: _Optional[str] = ..., data_port: _Optional[int] = ..., frame_port: _Optional[int] = ..., frame_idle_timeout_ms: _Optional[int] = ..., outputs: _Optional[int] = ..., colbert_dimensions: _Optional[int] = ..., hidden_size: _Optional[int] = ..., sparse_vocabulary: _Optional[bool] = ..., tokenizer_digest: _Optional[str] = ..., model_digest: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., default_task: _Optional[str] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -32,6 +32,8 @@ class ModelInfo:
     # each; tokenizer "" without a tokenizer.json, model "" without weight files
     tokenizer_digest: str = ""
     model_digest: str = ""
+    tasks: tuple[str, ...] = ()  # task adapters, each request's pick (jina-embeddings-v3); () for none
+    default_task: str = ""  # the adapter a request naming none gets ("": the base weights)
 
 
 @dataclass(frozen=True)

@@ -155,14 +155,18 @@ def _texts(body: V2EmbedRequest) -> list[str]:
 def _prompt_name(service: EmbeddingService, input_type: InputType | None) -> str | None:
     """The model's prompt for Cohere's `input_type`: `query` for search_query, `document` (or
     `passage`, as E5-style models name it) for search_document, a prompt of the same name for
-    classification or clustering; else None, the model's default (none unless configured)."""
+    classification or clustering, or jina-embeddings-v3's task of that use (retrieval.query,
+    retrieval.passage, separation: its prompts name its task adapters, which they pick); else
+    None, the model's default (none unless configured)."""
     prompts = service.tokenization.spec.prompts
     if input_type == "search_query":
-        candidates = ["query"]
+        candidates = ["query", "retrieval.query"]
     elif input_type == "search_document":
-        candidates = ["document", "passage"]
-    elif input_type in ("classification", "clustering"):
-        candidates = [input_type]
+        candidates = ["document", "passage", "retrieval.passage"]
+    elif input_type == "clustering":
+        candidates = ["clustering", "separation"]
+    elif input_type == "classification":
+        candidates = ["classification"]
     else:
         return None
     named = [name for name in candidates if name in prompts]

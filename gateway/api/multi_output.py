@@ -132,6 +132,7 @@ class OutputRoutes:
             prompt_name=parsed.prompt_name,
             priority=request.headers.get(PRIORITY_HEADER),
             dimensions=parsed.dimensions,
+            task=parsed.task,
             value_bytes=VALUE_BYTES[parsed.encoding_format or "float"],
         )
         info = service.worker_info()

@@ -266,7 +266,7 @@ ROUTES: tuple[Operation, ...] = (
 # Every other field is the peer API's; any field neither defines is refused naming it (schemas.py),
 # and tests/gateway/test_request_fields.py holds each model to its peer's fields and these.
 EXTENSIONS: dict[str, tuple[str, ...]] = {
-    "EmbeddingRequest": ("prompt_name", "outputs"),  # and Perplexity's two encoding_format values
+    "EmbeddingRequest": ("prompt_name", "outputs", "task"),  # and Perplexity's two encoding_format values
     "EmbedRequest": ("encoding_format",),  # huggingface_hub's feature_extraction sends it; float only
     "SimilarityRequest": ("truncate", "truncation_direction", "prompt_name"),  # TEI's parameters, beside
 }

@@ -43,6 +43,7 @@ class Served:
     # the outputs `/v1/embeddings`' `outputs` may ask for (the model's, of dense, sparse, colbert);
     # None until a worker has answered
     outputs: tuple[str, ...] | None = None
+    tasks: tuple[str, ...] | None = None  # a multi-task model's adapters; None until a worker answered
 
     @classmethod
     def of(
@@ -53,6 +54,7 @@ class Served:
         dimensions: int | None,
         vocab_size: int | None,
         outputs: tuple[str, ...] | None = None,
+        tasks: tuple[str, ...] | None = None,
     ) -> Served:
         return cls(
             model_names=model_names,
@@ -65,6 +67,7 @@ class Served:
             max_context_documents=config.max_context_documents,
             max_context_chunks=config.max_context_chunks,
             outputs=None if outputs is None else tuple(o for o in OUTPUT_NAMES if o in outputs),
+            tasks=tasks,
         )
 
 
@@ -112,6 +115,14 @@ def _model(served: Served) -> Schema:
 
 def _prompt_name(served: Served) -> Schema:
     return _nullable({"type": "string", "enum": list(served.prompt_names)})
+
+
+def _task(served: Served) -> Schema:
+    """`/v1/embeddings`' `task`: one of the model's task adapters; null or left out for a model
+    without any (any string until a worker has said)."""
+    if served.tasks is None:
+        return _nullable({"type": "string"})
+    return _nullable({"type": "string", "enum": list(served.tasks)}) if served.tasks else {"type": "null"}
 
 
 def _dimensions(served: Served) -> Schema:
@@ -200,7 +211,7 @@ def _v2_inputs(served: Served) -> Schema:
 _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
     "EmbeddingRequest": {
         "input": _inputs, "model": _model, "dimensions": _dimensions, "prompt_name": _prompt_name,
-        "outputs": _outputs,
+        "outputs": _outputs, "task": _task,
     },
     "EmbedRequest": {"inputs": _inputs, "dimensions": _dimensions, "prompt_name": _prompt_name},
     "TeiOutputsRequest": {"inputs": _inputs, "prompt_name": _prompt_name},  # /embed_sparse, /embed_all

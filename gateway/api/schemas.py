@@ -51,6 +51,11 @@ class EmbeddingRequest(BaseModel):
     outputs: list[OutputName] | None = Field(
         default=None, min_length=1, description="the outputs each item carries from one pass"
     )
+    task: str | None = Field(
+        default=None,
+        description="a multi-task model's task adapter (jina-embeddings-v3: retrieval.query, "
+        "retrieval.passage, ...), with the prompt of that name unless prompt_name says another",
+    )
 
 
 class EmbedRequest(BaseModel):

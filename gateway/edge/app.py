@@ -155,6 +155,7 @@ class Routes:
             normalize=None,
             priority=request.headers.get(PRIORITY_HEADER),
             value_bytes=VALUE_BYTES[body.encoding_format or "float"],
+            task=body.task,
         )
         data = [
             {"object": "embedding", "index": i, "embedding": row}
@@ -239,6 +240,8 @@ class Routes:
                 "device": worker.device if worker else None,
                 "prompts": sorted(spec.prompts),
                 "default_prompt_name": spec.default_prompt_name,
+                "tasks": list(worker.tasks) if worker else [],
+                "default_task": (worker.default_task or None) if worker else None,
                 "chunk_tokens": self.config.chunk_tokens,
                 "max_chunk_sequences": self.config.max_chunk_sequences,
                 "workers": [replica.describe() for replica in self.service.pool.replicas],
@@ -274,6 +277,7 @@ class Routes:
             vocab_size=(info.vocab_size if info is not None else None)
             or self.service.tokenization.spec.vocab_size,
             outputs=outputs,
+            tasks=tuple(info.tasks) if info is not None else None,
         )
         document = orjson.dumps(
             openapi.build(

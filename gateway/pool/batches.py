@@ -37,6 +37,8 @@ class Part:
     spans: Sequence[np.ndarray | None] | None = None  # span pooling (Embed): per sequence, bounds or None
     num_rows: int = 0  # rows its sequences are answered with; 0: one per sequence; -1: the worker says
     outputs: int = 0  # the contract's Output bitmask (kembed.proto.outputs); 0: dense rows alone
+    task: str = ""  # a multi-task model's adapter (Info.tasks); "": the worker's default
+    task_number: int = 0  # the same as a RequestFrame names it: 0 the default, t + 1 Info.tasks[t]
     owner: str = ""  # the request this chunk is part of; empty: request_id
 
     def __post_init__(self) -> None:

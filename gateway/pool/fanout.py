@@ -28,10 +28,12 @@ def chunk_parts(
     outputs: int = 0,
     shape: OutputShape | None = None,
     is_vocabulary: bool = False,
+    task: tuple[str, int] = ("", 0),
 ) -> list[Part]:
     """One `Part` a chunk: its sequences (and type ids, spans), its id (the request's own for a
     single chunk), its rows (a row a sequence, a row a span, or the `outputs` laid out by `shape`;
-    `is_vocabulary`: vocabulary-indexed sparse vectors, as many words as their nonzero weights, -1)."""
+    `is_vocabulary`: vocabulary-indexed sparse vectors, as many words as their nonzero weights, -1;
+    `task`: a multi-task model's adapter, by name and by its number in a RequestFrame)."""
     parts = []
     for index, chunk in enumerate(chunks):
         own = slice(chunk.start, chunk.stop)
@@ -43,6 +45,8 @@ def chunk_parts(
             deadline,
             priority=priority,
             owner=request_id,
+            task=task[0],
+            task_number=task[1],
         )
         if spans is not None:
             part.spans = spans[own]

@@ -53,13 +53,17 @@ def _short(digest: str) -> str:
 
 def _answers(info: pb.InfoResponse) -> tuple[object, ...]:
     """What a replica says of its answers, beyond the digests: equal for replicas that answer alike."""
-    return (info.task, info.dimensions, info.pooling, info.normalize, info.outputs, info.colbert_dimensions)
+    return (
+        info.task, info.dimensions, info.pooling, info.normalize, info.outputs, info.colbert_dimensions,
+        tuple(info.tasks), info.default_task,  # a request naming no task gets the default's vectors
+    )  # fmt: skip
 
 
 def _described(info: pb.InfoResponse) -> str:
     return (
         f"task {info.task}, {info.dimensions} dimensions, pooling {info.pooling or 'none'}, "
         f"normalize {str(info.normalize).lower()}, outputs {info.outputs}"
+        + (f", default task {info.default_task or 'none'}" if info.tasks else "")
     )
 
 

@@ -95,6 +95,7 @@ class UnaryTransport:
                 request_id=request_id,
                 priority=cast("pb.Priority", part.priority),  # the enum's int value
                 outputs=part.outputs,
+                task=part.task,
             )
             response = await self._stub.Embed(embedded, timeout=timeout_s, metadata=self._metadata)
             # a worker without span pooling answers one row per sequence: refused here
@@ -310,6 +311,8 @@ class FrameTransport(asyncio.Protocol):
             message.token_type_ids = _types(parts)
         if any(part.outputs for part in parts):
             message.outputs = np.array([part.outputs for part in parts], "u1").tobytes()
+        if any(part.task_number for part in parts):
+            message.tasks = np.array([part.task_number for part in parts], "u1").tobytes()
         if any(part.spans is not None for part in parts):
             bounds = [b for part in parts for b in (part.spans or [None] * part.num_sequences)]
             message.num_spans = np.array([0 if b is None else len(b) - 1 for b in bounds], "<u4").tobytes()

@@ -459,12 +459,14 @@ class WorkerPool:
         *,
         priority: int = pb.PRIORITY_INTERACTIVE,
         outputs: int = 0,
+        task: tuple[str, int] = ("", 0),
     ) -> np.ndarray:
         """Raw pooled vectors of `sequences`, [len(sequences), dims], in input order; with `spans`
         (per sequence None or its span bounds), one row per span instead, in order. A sequence is
         never split across chunks, so its spans travel with it. `outputs` (an Output bitmask): each
-        sequence's rows as kembed.proto.outputs lays them out, sequence after sequence."""
-        return await self._run("embed", sequences, None, spans, request_id, deadline, priority, outputs)
+        sequence's rows as kembed.proto.outputs lays them out, sequence after sequence. `task`: a
+        multi-task model's adapter (name, number in a RequestFrame: 0 the workers' default)."""
+        return await self._run("embed", sequences, None, spans, request_id, deadline, priority, outputs, task)
 
     async def score(
         self,
@@ -489,6 +491,7 @@ class WorkerPool:
         deadline: float,
         priority: int,
         outputs: int = 0,
+        task: tuple[str, int] = ("", 0),
     ) -> np.ndarray:
         """A request's rows: its sequences in chunks, each chunk on a replica, the rows in order."""
         chunks = split_into_chunks(
@@ -500,7 +503,17 @@ class WorkerPool:
         shape = OutputShape(info.dimensions, info.colbert_dimensions, info.hidden_size) if info else None
         is_vocabulary = info is not None and info.sparse_vocabulary
         parts = chunk_parts(
-            chunks, sequences, type_ids, spans, request_id, deadline, priority, outputs, shape, is_vocabulary
+            chunks,
+            sequences,
+            type_ids,
+            spans,
+            request_id,
+            deadline,
+            priority,
+            outputs,
+            shape,
+            is_vocabulary,
+            task,
         )
         # A request of one chunk is refused at once if every queue is full (its client backs off); one
         # of several is paced, and its chunks wait for room a while (pacing.py).

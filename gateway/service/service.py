@@ -163,13 +163,18 @@ class EmbeddingService:
         priority: str | None = None,
         value_bytes: float = FLOAT_BYTES,
         dimensions_param: str = "dimensions",
+        task: str | None = None,
     ) -> Embedded:
         """Vectors of `inputs` in order. `normalize=None` follows the model (its Normalize module).
         `priority`: the request's X-Kembed-Priority header, if any. `value_bytes`: what a component
-        takes in the answer's encoding(s) (answer_size.py), for the answer's size cap."""
+        takes in the answer's encoding(s) (answer_size.py), for the answer's size cap. `task`: a
+        multi-task model's adapter (`task_of`)."""
         said = said_priority(priority)
         self._check_count(len(inputs), param)
         info = self.worker_info()
+        adapter = self.task_of(task, prompt_name, info)
+        if task is not None and prompt_name is None and task in self.tokenization.spec.prompts:
+            prompt_name = task  # the task's instruction, as Jina's API and its encode(task=) add it
         width = self.check_dimensions(dimensions, info, dimensions_param)
         answer_size.check(
             vectors(len(inputs), width, value_bytes) + len(inputs) * ITEM_BYTES,
@@ -183,7 +188,7 @@ class EmbeddingService:
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
         raw, _, num_tokens = await self._embed_texts(
-            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline
+            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline, task=adapter
         )
         is_normalized = info.normalize if normalize is None else normalize
         return Embedded(finish(raw, dimensions=dimensions, normalize=is_normalized), num_tokens)
@@ -199,6 +204,7 @@ class EmbeddingService:
         deadline: float,
         outputs: int = 0,
         check: Callable[[Sequence[np.ndarray]], None] | None = None,
+        task: tuple[str, int] = ("", 0),
     ) -> tuple[np.ndarray, Sequence[np.ndarray], int]:
         """`inputs` admitted, tokenized and embedded (`outputs`: an Output bitmask, 0 the dense
         vectors): the workers' raw rows, the token sequences and their token count. `check` sees
@@ -220,13 +226,39 @@ class EmbeddingService:
                 if check is not None:
                     check(sequences)
                 raw = await self.pool.embed(
-                    sequences, next(self._request_ids), deadline, priority=admitted.priority, outputs=outputs
+                    sequences,
+                    next(self._request_ids),
+                    deadline,
+                    priority=admitted.priority,
+                    outputs=outputs,
+                    task=task,
                 )
             finally:
                 admitted.release()
             return raw, sequences, num_tokens
 
         return await self.gate.run(run)
+
+    def task_of(self, task: str | None, prompt_name: str | None, info: pb.InfoResponse) -> tuple[str, int]:
+        """A multi-task model's adapter for a request (name, number in a RequestFrame): the `task` it
+        names, else the one its `prompt_name` names (jina-embeddings-v3's prompts are its tasks), else
+        the workers' default ("", 0). InvalidInput (400) for a `task` the model lacks."""
+        tasks = list(info.tasks)
+        if task is not None:
+            name = self.served_names[0]
+            if not tasks:
+                raise InvalidInput(
+                    f"the served model `{name}` has no task adapters; leave out `task`", param="task"
+                )
+            if task not in tasks:
+                raise InvalidInput(
+                    f"task {task!r} is not one of the served model `{name}`'s: {', '.join(tasks)}",
+                    param="task",
+                )
+            return task, tasks.index(task) + 1
+        if prompt_name is not None and prompt_name in tasks:
+            return prompt_name, tasks.index(prompt_name) + 1
+        return "", 0
 
     def check_outputs(self, outputs: int, offered: Mapping[str, str] = OUTPUT_FIELD) -> pb.InfoResponse:
         """The workers' Info, or InvalidInput (400) when the model lacks one of `outputs`, naming
@@ -257,6 +289,7 @@ class EmbeddingService:
         offered: Mapping[str, str] = OUTPUT_FIELD,
         dimensions: int | None = None,
         value_bytes: float = FLOAT_BYTES,
+        task: str | None = None,
     ) -> Outputs:
         """Every output in `outputs` (an Output bitmask) of each input, from one pass of the model.
         Checked before the model runs: the outputs (named as `offered`), `dimensions` (the width
@@ -266,6 +299,9 @@ class EmbeddingService:
         self._check_count(len(inputs), param)
         info = self.check_outputs(outputs, offered)
         width = self.check_dimensions(dimensions, info)
+        adapter = self.task_of(task, prompt_name, info)
+        if task is not None and prompt_name is None and task in self.tokenization.spec.prompts:
+            prompt_name = task
         vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
         deadline = self._deadline()
         is_truncating = self.config.auto_truncate if truncate is None else truncate
@@ -290,7 +326,16 @@ class EmbeddingService:
             )
 
         raw, sequences, num_tokens = await self._embed_texts(
-            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline, outputs, check_size
+            said,
+            inputs,
+            is_truncating,
+            direction,
+            prompt_name,
+            vocab_size,
+            deadline,
+            outputs,
+            check_size,
+            adapter,
         )
         if info.sparse_vocabulary:  # SPLADE: each sequence's nonzero (id, weight) pairs
             try:

@@ -272,6 +272,22 @@ def test_jina_own_checkpoint_serves_the_deployments_task_adapter(jina_dirs, adap
     assert_matches(engine.step(engine.pack(ids, lengths)).wait(), references[adapter])
 
 
+@pytest.mark.parametrize("default", ["", "retrieval.passage"], ids=["no-default", "default-passage"])
+def test_jina_each_sequence_takes_its_own_task_in_one_batch(jina_dirs, default):
+    """One packed batch, each sequence with its own task (its token type ids: 0 the deployment's
+    default, t + 1 task t), against the reference of that task."""
+    _, own, sequences, references = jina_dirs
+    engine = load_engine(WorkerConfig(model=own, device="cpu", adapter=default))
+    ids, lengths = token_ids(own, sequences)
+    picks = np.arange(len(sequences)) % (len(TASKS) + 1)  # 0, 1, 2, 3, 0, ...
+    types = np.repeat(picks, lengths).astype(np.int32)
+    rows = engine.step(engine.pack(ids, lengths, types)).wait()
+    chosen = [default if p == 0 else TASKS[p - 1] for p in picks]
+    expected = np.stack([references[task][i] for i, task in enumerate(chosen)])
+    assert_matches(rows, expected)
+    assert len(set(chosen)) >= 3  # the batch really mixes tasks
+
+
 def test_jina_adapters_act_on_the_test_texts_and_check_model_names_them(jina_dirs):
     _, own, _, references = jina_dirs
     for task in TASKS:

@@ -22,6 +22,8 @@ INFO = ModelInfo(
     outputs=1,
     colbert_dimensions=7,
     hidden_size=384,
+    tasks=("retrieval.query", "retrieval.passage"),
+    default_task="retrieval.passage",
 )
 
 
@@ -34,5 +36,7 @@ def test_info_response_fields_are_model_info_fields_and_serving_fields() -> None
 
 def test_info_response_copies_every_model_info_field() -> None:
     response = info_response(INFO, max_batch_tokens=512, revision="r1", version="9")
-    assert {name: getattr(response, name) for name in dataclasses.asdict(INFO)} == dataclasses.asdict(INFO)
+    copied = {name: getattr(response, name) for name in dataclasses.asdict(INFO)}
+    copied["tasks"] = tuple(copied["tasks"])  # a repeated field
+    assert copied == dataclasses.asdict(INFO)
     assert (response.max_batch_tokens, response.revision, response.version) == (512, "r1", "9")

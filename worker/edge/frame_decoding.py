@@ -136,6 +136,31 @@ def frame_outputs(message: pb.RequestFrame, num_sequences: np.ndarray, info: Mod
     return np.repeat(outputs, num_sequences)
 
 
+def frame_tasks(
+    message: pb.RequestFrame, num_sequences: np.ndarray, lengths: np.ndarray, info: ModelInfo
+) -> np.ndarray | None:
+    """Each token's task for a model with task adapters (jina_v3.py reads them as its token type
+    ids: 0 the default task, t + 1 task t), whatever token types the wire carried; None for a model
+    without any. InvalidInput for the whole frame when a request names a task the model lacks."""
+    tasks = np.frombuffer(message.tasks, "u1") if message.tasks else None
+    if tasks is not None and len(tasks) != len(num_sequences):
+        raise InvalidInput(f"a frame's tasks has {len(tasks)} values for {len(num_sequences)} requests")
+    if not info.tasks:
+        if tasks is not None and tasks.any():
+            raise InvalidInput(
+                f"model {info.model_name} has no task adapters (a request named task {int(tasks.max())})"
+            )
+        return None
+    if tasks is None:
+        return np.zeros(int(lengths.sum()), np.int32)
+    if int(tasks.max()) > len(info.tasks):
+        raise InvalidInput(
+            f"a frame names task {int(tasks.max())}; model {info.model_name} has {len(info.tasks)}: "
+            f"{', '.join(info.tasks)}"
+        )
+    return np.repeat(np.repeat(tasks.astype(np.int32), num_sequences), lengths)
+
+
 def output_rows(outputs: np.ndarray | None, lengths: np.ndarray, info: ModelInfo) -> dict[str, np.ndarray]:
     """RequestGroup's `outputs` and `rows_per_seq` for sequences with these bitmasks."""
     if outputs is None:

@@ -47,6 +47,7 @@ from kembed.worker.edge.frame_decoding import (
     frame_classes,
     frame_outputs,
     frame_spans,
+    frame_tasks,
     output_rows,
     request_problems,
 )
@@ -310,6 +311,7 @@ class FrameService:
         arrays = frame_arrays(message, len(ids))
         num_sequences, lengths, token_ids, types, priorities, timeouts = arrays
         seq_outputs = frame_outputs(message, num_sequences, self._info)
+        tasks = frame_tasks(message, num_sequences, lengths, self._info)
         valid = None
         if not frame_is_clean(num_sequences, lengths, token_ids, types, self._info) or message.num_spans:
             valid = self._check_each(message, arrays, ids, connection)
@@ -323,7 +325,7 @@ class FrameService:
             many = None if len(num_sequences) == len(lengths) else num_sequences
             group = RequestGroup(
                 token_ids, lengths, many, connection, priority=classes, admitted_at=now,
-                deadlines=deadlines, ids=ids, token_type_ids=types, spans=spans,
+                deadlines=deadlines, ids=ids, token_type_ids=types if tasks is None else tasks, spans=spans,
                 **output_rows(seq_outputs, lengths, self._info),
             )  # fmt: skip
             return [group]
@@ -359,7 +361,7 @@ class FrameService:
                     admitted_at=now,
                     deadlines=pick(deadlines, None if everything else chosen),
                     ids=ids if everything else ids[chosen],
-                    token_type_ids=pick(types, token_mask),
+                    token_type_ids=pick(types if tasks is None else tasks, token_mask),
                     spans=spans,
                     **output_rows(pick(seq_outputs, seq_mask), picked_lengths, self._info),
                 )

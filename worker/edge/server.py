@@ -129,6 +129,20 @@ def decode_token_types(batch: pb.TokenBatch, num_tokens: int) -> np.ndarray | No
     return types
 
 
+def task_types(task: str, lengths: np.ndarray, info: ModelInfo) -> np.ndarray | None:
+    """An Embed request's task adapter as its tokens' type ids (jina_v3.py: 0 the default task,
+    t + 1 task t) for a model with tasks; None for one without. InvalidInput naming the tasks
+    where `task` is not one of them."""
+    if not info.tasks:
+        if task:
+            raise InvalidInput(f"model {info.model_name} has no task adapters (asked for task {task!r})")
+        return None
+    if task and task not in info.tasks:
+        raise InvalidInput(f"task {task!r} is not one of model {info.model_name}'s: {', '.join(info.tasks)}")
+    chosen = info.tasks.index(task) + 1 if task else 0
+    return np.full(int(lengths.sum()), chosen, np.int32)
+
+
 class EngineOps(Protocol):
     """What the server asks of the engine besides batches (which go through the scheduler); all of
     it runs on the scheduler's launcher thread."""
@@ -200,6 +214,7 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             raise Unsupported(f"model {self._info.model_name} is a {self._info.task} model, not an embedder")
         token_ids, lengths = decode_batch(request.batch, self._info)
         spans = decode_spans(request.batch, lengths)
+        types = task_types(request.task, lengths, self._info)  # a multi-task model's adapter, else None
         if self._info.sparse_vocabulary:  # SPARSE alone, its nonzero weights alone answered
             check_asks(self._info, request.outputs)
             if spans is not None:
@@ -223,14 +238,13 @@ class EmbedderService(pb_grpc.EmbedderServicer):
             rows = await self._scheduler.submit(
                 token_ids,
                 lengths,
+                types,
                 priority=request.priority,
                 outputs=outputs,
                 rows_per_seq=shape.rows_of(lengths, outputs),
             )
-        elif spans is None:
-            rows = await self._scheduler.submit(token_ids, lengths, priority=request.priority)
         else:
-            rows = await self._scheduler.submit(token_ids, lengths, None, spans, priority=request.priority)
+            rows = await self._scheduler.submit(token_ids, lengths, types, spans, priority=request.priority)
         return pb.EmbedResponse(
             embeddings=rows.astype("<f4", copy=False).tobytes(),
             num_sequences=rows.shape[0],

@@ -40,7 +40,7 @@ from kembed.worker.engine.layers.attention_backends import (
     window_refusal,
 )
 from kembed.worker.engine.lazy import LazyTensor, to_host
-from kembed.worker.engine.models.families import attention_shape, build_model
+from kembed.worker.engine.models.families import adapters_of, attention_shape, build_model
 from kembed.worker.engine.models.model_dir import ModelDir, read_model_dir
 from kembed.worker.engine.models.served import ServedModel
 from kembed.worker.engine.payload import PayloadIndex, assemble
@@ -288,6 +288,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         sparse_vocabulary=facts.sparse_vocabulary,
         tokenizer_digest=digests.tokenizer,
         model_digest=digests.model,
+        tasks=adapters_of(model_dir),
+        default_task=model_dir.adapter,
     )
     log.info(
         "loaded %s (%s, %s) on %s as %s, attention %s, pooling %s, %s in %.1fs",

@@ -42,7 +42,7 @@ class ModelCheck:
     architectures: list[str] = field(default_factory=list)
     family: str = ""  # an embedder's ("bert", "qwen3", "mpnet", ...), or a scorer's ("cross-encoder", ...)
     network: str = ""  # the network served, in a line
-    adapters: list[str] = field(default_factory=list)  # task adapters a deployment picks one of
+    adapters: list[str] = field(default_factory=list)  # task adapters, each request's pick
     custom_code: str = ""  # config.json auto_map, which kembed does not run (its own code serves the family)
     task: str = ""  # "embed" or "score", as the worker's Info reports it
     pooling: str = ""  # embedders: "cls" | "mean" | "last"
@@ -315,7 +315,7 @@ def render(result: ModelCheck) -> str:
         lines.append(("network", result.network))
     if result.adapters:
         tasks = ", ".join(result.adapters)
-        lines.append(("adapters", f"{tasks} (one per deployment: --adapter; without, the base weights)"))
+        lines.append(("adapters", f"{tasks} (each request's task; --adapter sets the default)"))
     if result.custom_code:
         lines.append(
             (

@@ -34,7 +34,8 @@ def linear_activation(
     x: torch.Tensor, linear: nn.Linear, activation: str, eager: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
     """activation(x @ W.T + b) on [num_tokens, in]: one cuBLASLt call on CUDA for the GELUs."""
-    if x.is_cuda and activation in GELU_ACTIVATIONS:
+    # a subclass of nn.Linear (layers/lora.py) has a forward of its own: computed as it says
+    if x.is_cuda and activation in GELU_ACTIVATIONS and type(linear) is nn.Linear:
         return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
     return eager(linear(x))
 
