@@ -1,5 +1,8 @@
 """A (query, document) pair through the model's chat template, as sentence-transformers 6 renders it
-for a CrossEncoder whose Transformer takes messages (an LLM reranker: Qwen3-Reranker, mxbai-rerank-v2).
+for a CrossEncoder whose Transformer takes messages (an LLM reranker: Qwen3-Reranker, mxbai-rerank-v2),
+and a text as it renders one for a SentenceTransformer whose Transformer takes messages (an embedder
+saved by sentence-transformers 6 with a tokenizer that has a chat template: one user message, the
+prompt a system message before it).
 
 sentence-transformers (base/modality.py, base/modules/transformer.py) makes a pair two messages,
 `{"role": "query", "content": q}` and `{"role": "document", "content": d}` (content a list of one
@@ -63,6 +66,38 @@ class ChatTemplate:
                 )
         return pieces
 
+    def text_pieces(self, system: str | None) -> tuple[str, str]:
+        """(head, tail): a text rendered as one user message is head + text + tail, `system` the
+        system message before it (None: none); ValueError for a template that does not write the
+        text once, as it is."""
+        try:
+            rendered = self.render_text(_QUERY, system)
+        except Exception as error:  # a template error, or one the template raises itself
+            raise ValueError(f"the chat template ({self.file}) does not render a text: {error}") from None
+        if rendered.count(_QUERY) != 1:
+            times = "does not write" if _QUERY not in rendered else "writes more than once"
+            raise ValueError(f"the chat template ({self.file}) {times} a user message's text: kembed serves "
+                             "a template that writes it once")  # fmt: skip
+        head, tail = rendered.split(_QUERY)
+        for text, _ in _PROBES:
+            if self.render_text(text, system) != head + text + tail:
+                raise ValueError(
+                    f"the chat template ({self.file}) changes a text as it writes it: kembed serves a "
+                    "template that writes it as it is"
+                )
+        return head, tail
+
+    def render_text(self, text: str, system: str | None) -> str:
+        """A text as sentence-transformers 6 renders it for an embedder that takes messages: one
+        user message, after a system message holding the prompt when there is one."""
+        messages = [] if system is None else [self._message("system", system)]
+        messages.append(self._message("user", text))
+        return str(
+            _compiled(self.source).render(
+                **self.variables, messages=messages, tools=None, documents=None, add_generation_prompt=False
+            )
+        )
+
     def _checked_render(self, query: str, document: str, system: str | None) -> str:
         try:
             return self.render(query, document, system)
@@ -98,18 +133,18 @@ class PairPieces:
 
 
 def read_chat_template(
-    transformer_dir: Path, sbert: dict[str, Any], tokenizer_config: dict[str, Any]
+    transformer_dir: Path,
+    sbert: dict[str, Any],
+    tokenizer_config: dict[str, Any],
+    task: str = "text-generation",
 ) -> ChatTemplate | None:
-    """The chat template sentence-transformers renders an LLM reranker's pairs with, or None: only a
-    causal LM's Transformer (`transformer_task: text-generation`) whose `modality_config`
-    (sentence_bert_config.json) takes messages does (sentence-transformers 6 writes it so when the
-    tokenizer has a template; a directory saved before it, without modality_config, takes text
-    alone). ValueError when it takes messages but the directory has no template.
-
-    An embedder saved so (feature-extraction with messages) has its texts rendered through the
-    template by sentence-transformers 6 too; kembed tokenizes texts as they are, so
-    model_files.load_model_spec refuses such a directory before this is read."""
-    if sbert.get("transformer_task") != "text-generation" or "message" not in (
+    """The chat template sentence-transformers renders inputs with, for a Transformer of `task`
+    (`transformer_task`: text-generation, an LLM reranker's pairs; feature-extraction, an embedder's
+    texts), or None: only one whose `modality_config` (sentence_bert_config.json) takes messages
+    does (sentence-transformers 6 writes it so when the tokenizer has a template; a directory saved
+    before it, without modality_config, takes text alone). ValueError when it takes messages but the
+    directory has no template."""
+    if sbert.get("transformer_task", "feature-extraction") != task or "message" not in (
         sbert.get("modality_config") or {}
     ):
         return None

@@ -50,6 +50,10 @@ class ModelSpec:
     """The chat template a (query, document) pair is rendered through (chat_template.py): an LLM
     reranker's, where sentence_bert_config.json says its Transformer takes messages; None: a pair is
     the tokenizer's own pair of texts."""
+    text_template: ChatTemplate | None = None
+    """The chat template each text is rendered through before it is tokenized (chat_template.py): an
+    embedder's, where sentence_bert_config.json says its Transformer takes messages (saved by
+    sentence-transformers 6 with a tokenizer that has a template); None: texts as they are."""
     lexical_skip: tuple[str, ...] = ()
     """The tokens a sparse (lexical) output drops: the tokenizer's cls, eos, pad and unk tokens as
     tokenizer_config.json / special_tokens_map.json name them (FlagEmbedding's BGE-M3 rule)."""
@@ -105,7 +109,6 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
     if not tokenizer_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
     sbert = _read_json(transformer_dir / "sentence_bert_config.json")
-    _refuse_chat_rendered_texts(sbert, transformer_dir)
     tokenizer_config = _read_json(transformer_dir / "tokenizer_config.json") or _read_json(
         model_dir / "tokenizer_config.json"
     )
@@ -130,6 +133,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
         vocab_size=config.get("vocab_size"),
         id2label=_id2label(config),
         chat_template=read_chat_template(transformer_dir, sbert, tokenizer_config),
+        text_template=read_chat_template(transformer_dir, sbert, tokenizer_config, "feature-extraction"),
         lexical_skip=_lexical_skip(
             tokenizer_config,
             _read_json(transformer_dir / "special_tokens_map.json")
@@ -137,22 +141,6 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
             str(config.get("model_type", "")),
         ),
     )
-
-
-def _refuse_chat_rendered_texts(sbert: dict[str, Any], transformer_dir: Path) -> None:
-    """ValueError for an embedder whose texts sentence-transformers 6 renders through the tokenizer's
-    chat template: it writes `modality_config` with `message` when the tokenizer it saved has one
-    (a Qwen3-Embedding fine-tuned and saved with sentence-transformers 6, say), and then wraps every
-    text as a user message (`<|im_start|>user ... <|im_end|>`). The gateway tokenizes texts as they
-    are, so it would embed other ids than `SentenceTransformer.encode` does: refused, naming the fix."""
-    task = sbert.get("transformer_task", "feature-extraction")
-    if task == "feature-extraction" and "message" in (sbert.get("modality_config") or {}):
-        raise ValueError(
-            f"{transformer_dir / 'sentence_bert_config.json'}: its modality_config takes chat messages, so "
-            "sentence-transformers renders every text through the tokenizer's chat template, which kembed "
-            "does not do for embedders yet; to serve its texts as they are, remove \"message\" from "
-            "modality_config (then sentence-transformers tokenizes them as kembed does)"
-        )
 
 
 LEXICAL_SKIP = ("cls_token", "eos_token", "pad_token", "unk_token")

@@ -17,6 +17,7 @@ from tokenizers import Encoding, Tokenizer
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
 from kembed.gateway.tokenizing.chat_pairs import ChatPairs, OverLongPair, encode_chat_pairs
+from kembed.gateway.tokenizing.chat_texts import ChatTexts, OverLongText, encode_chat_texts
 from kembed.gateway.tokenizing.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.tokenizing.encode_groups import SERIAL_MAX_CHARS, encode_each, ids_of, num_ids
 from kembed.gateway.tokenizing.heap import LARGE_CHARS, HeapTrim
@@ -102,6 +103,12 @@ class Tokenization:
             if spec.chat_template is None
             else ChatPairs.of(spec.chat_template, spec.resolve_prompt(None) or None, self._untruncated)
         )
+        # an embedder saved by sentence-transformers 6 with a chat template: each text a user message,
+        # a prompt the system message before it (chat_texts.py); the pieces per prompt, read at start
+        self._chat_texts: dict[str, ChatTexts] = {}
+        if spec.text_template is not None:
+            for prompt in dict.fromkeys(["", *spec.prompts.values()]):
+                self._chat_texts[prompt] = ChatTexts.of(spec.text_template, prompt, self._untruncated)
         self._special_rows = SpecialRows.of(self._untruncated)
         self._processes = TokenizerProcesses(spec, num_bulk_processes) if num_bulk_processes else None
 
@@ -167,6 +174,8 @@ class Tokenization:
         truncation; token-id inputs are checked against `vocab_size` and truncated as they are.
         `is_bulk`: the texts of a request classed bulk, tokenized in the bulk processes if any."""
         prompt = self.prompt(prompt_name)
+        if self._chat_texts:
+            return await self._encode_chat(inputs, prompt, truncate, direction, vocab_size)
         short = self._encode_short(inputs, prompt, truncate)
         if short is not None:
             return short
@@ -197,6 +206,41 @@ class Tokenization:
                     encoded = await self._run(num_chars, encode_ids, tokenizer, texts)
             for i, ids in zip(text_positions, encoded, strict=True):
                 self._check_length(i, len(ids))
+                result[i] = ids
+        return result  # type: ignore[return-value]
+
+    async def _encode_chat(
+        self,
+        inputs: Sequence[Input],
+        prompt: str,
+        truncate: bool,
+        direction: Direction | None,
+        vocab_size: int,
+    ) -> list[np.ndarray]:
+        """`encode` for an embedder whose texts go through its chat template (chat_texts.py)."""
+        result: list[np.ndarray | None] = [None] * len(inputs)
+        positions = [i for i, item in enumerate(inputs) if isinstance(item, str)]
+        for i, item in enumerate(inputs):
+            if not isinstance(item, str):
+                result[i] = self._take_ids(i, item, truncate, direction, vocab_size)
+        if positions:
+            texts: list[str] = [inputs[i] for i in positions]  # type: ignore[misc]
+            limit = self.spec.max_seq_length
+            side = direction or self.spec.truncation_side
+            chat = self._chat_texts[prompt]
+            num_chars = sum(len(text) for text in texts)
+            if limit is not None:
+                num_chars = sum(min(len(text), limit * WINDOW_CHARS_PER_TOKEN) for text in texts)
+            try:
+                args = (self._untruncated, chat, texts, limit, side, truncate)
+                encoded = await self._run(num_chars, encode_chat_texts, *args)
+            except OverLongText as error:
+                raise PayloadTooLarge(
+                    f"input {positions[error.index]} has more than {limit} tokens with the model's chat "
+                    "template, the model's limit; send truncate=true or shorten it",
+                    param="input",
+                ) from None
+            for i, ids in zip(positions, encoded, strict=True):
                 result[i] = ids
         return result  # type: ignore[return-value]
 
@@ -367,6 +411,12 @@ class Tokenization:
         """Late chunking (documents.py): per document, its chunks' ids joined into one sequence with
         the model's default prompt and special tokens once, and the k + 1 bounds of its chunks' spans.
         A document over `max_tokens` is refused (413): cutting it would drop chunks."""
+        if self._chat_texts:
+            raise InvalidInput(
+                "late chunking is not served for a model whose texts go through its chat template "
+                "(its chunks' spans would have to sit inside the rendered message)",
+                param=param,
+            )
         num_chars = sum(len(chunk) for chunks in documents for chunk in chunks)
         args = (self._untruncated, self._single, documents, self.prompt(None), max_tokens)
         try:
@@ -399,6 +449,9 @@ class Tokenization:
         all texts together, refused as soon as they are counted (tokenize_answer.py)."""
         prompt = self.prompt(prompt_name)
         prompted = [prompt + text for text in texts]
+        if self._chat_texts and add_special_tokens:  # the template is the special tokens it writes
+            chat = self._chat_texts[prompt]
+            prompted, add_special_tokens = [chat.head + text + chat.tail for text in texts], False
         num_chars = sum(len(text) for text in prompted)
         args = (self._untruncated, self._special_rows, prompted, add_special_tokens, max_tokens)
         try:

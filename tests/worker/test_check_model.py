@@ -411,9 +411,7 @@ CASES = {
     "`intfloat/e5-mistral-7b-instruct`, `Salesforce/SFR-Embedding-Mistral`": Case(e5_mistral),
     "any model with only `pytorch_model.bin`": Case(pickled_bert, "only pickled ones (pytorch_model.bin)"),
     "any model without `tokenizer.json`": Case(bert_without_tokenizer, "no tokenizer.json"),
-    "an embedder sentence-transformers 6 saved with a tokenizer chat template": Case(
-        chat_rendered_embedder, "renders every text through the tokenizer's chat template"
-    ),
+    "an embedder sentence-transformers 6 saved with a tokenizer chat template": Case(chat_rendered_embedder),
 }
 ROWS = table_rows()
 

@@ -151,20 +151,20 @@ def test_a_logit_score_on_another_pipeline_is_refused(tmp_path):
         load_engine(WorkerConfig(model=path, device="cpu"))
 
 
-def test_an_embedders_chat_template_is_refused_not_read_as_a_pair_template(tmp_path):
+def test_an_embedders_chat_template_renders_texts_not_pairs(tmp_path):
     """A directory whose Transformer is no causal LM's (feature-extraction) but takes messages has its
-    texts rendered through the chat template by sentence-transformers 6, which the gateway does not
-    do for embedders: refused, naming what to change, rather than served with other ids."""
+    texts rendered through the chat template (gateway/tokenizing/chat_texts.py, as
+    sentence-transformers 6 renders them), not pairs; without `message` it takes texts as they are."""
     path = reranker_dir(tmp_path, "qwen3", QWEN3_RERANKER_TEMPLATE)
     sbert = json.loads((path / "sentence_bert_config.json").read_text())
     (path / "sentence_bert_config.json").write_text(
         json.dumps({**sbert, "transformer_task": "feature-extraction"})
     )
-    with pytest.raises(ValueError, match="renders every text through the tokenizer's chat template"):
-        load_model_spec(path)
+    rendered = load_model_spec(path)
+    assert rendered.chat_template is None and rendered.text_template is not None
     texts_only = {**sbert, "transformer_task": "feature-extraction"}
     texts_only["modality_config"] = {k: v for k, v in sbert["modality_config"].items() if k != "message"}
     (path / "sentence_bert_config.json").write_text(json.dumps(texts_only))
     spec = load_model_spec(path)
-    assert spec.chat_template is None
+    assert spec.chat_template is None and spec.text_template is None
     Tokenization(spec, num_threads=1).close()

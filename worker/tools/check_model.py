@@ -59,6 +59,7 @@ class ModelCheck:
     score: str = ""  # LLM rerankers: which logits the score is, e.g. "logit('yes') - logit('no') ..."
     score_token_ids: list[int] = field(default_factory=list)  # LLM rerankers: LogitScore's true, false ids
     pair_template: str = ""  # LLM rerankers: a pair as the chat template renders it, {query} and {document}
+    text_template: str = ""  # embedders taking messages: a text as the chat template renders it, {text}
     max_positions: int | None = None  # the position table: the longest sequence the network takes
     max_seq_length: int | None = None  # tokens kept per input (the gateway truncates to it)
     do_lower_case: bool = False
@@ -209,6 +210,9 @@ def _read_spec(spec: ModelSpec, path: Path, result: ModelCheck) -> None:
         pieces = spec.chat_template.pieces(system)
         rendered = pieces.join("{query}", "{document}")
         result.pair_template = f"{spec.chat_template.file}: {rendered!r}"
+    if spec.text_template is not None:  # each text a user message (a template it cannot cut is refused)
+        head, tail = spec.text_template.text_pieces(spec.resolve_prompt(None) or None)
+        result.text_template = f"{spec.text_template.file}: {head + '{text}' + tail!r}"
 
 
 def _checkpoint_dtypes(files: list[Path]) -> list[str]:
@@ -342,6 +346,8 @@ def render(result: ModelCheck) -> str:
         lines.append(("score", result.score))
     if result.pair_template:
         lines.append(("pair template", result.pair_template))
+    if result.text_template:
+        lines.append(("text template", result.text_template))
     if result.weight_files:
         lines.append(("weights", f"{', '.join(result.weight_files)} ({', '.join(result.weight_dtypes)})"))
     if result.served_dtypes:
