@@ -116,8 +116,18 @@ class GatewayConfig:
     30 s later)."""
 
     max_attempts: int = 3
-    """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
-    Bounded so a fleet-wide outage fails fast instead of cycling."""
+    """Distinct replicas a chunk is tried on when one answers UNAVAILABLE or RESOURCE_EXHAUSTED or
+    is found stalled. Bounded so a fleet-wide outage fails fast instead of cycling. A replica tried
+    already may take the chunk again once it serves again (marked down, then SERVING to a probe),
+    which needs a probe's round trip each time, within the chunk's deadline."""
+
+    max_rejoin_wait_s: float = 10.0
+    """How long, in seconds, a chunk already sent (its request admitted, part of its work done) that
+    finds no replica to go to (the one it was on died, the others are down) waits for a replica to
+    serve again, within its deadline, before failing 503: a worker resumed after a stop, or one that
+    answers its probes again, is found within a probe or two (0.25 s apart while none serves). 10 s:
+    about what a stopped or overloaded worker takes to answer again, short of the 60 s deadline, so
+    an outage of the whole fleet still fails a request well before its deadline. 0: fail at once."""
 
     hedge_after_s: float = 0.25
     """An interactive chunk still unanswered this long after it was sent (or, if longer, after
@@ -322,6 +332,7 @@ class GatewayConfig:
             "max_inflight_frames",
             "max_document_tokens",
             "bulk_tokenization_processes",
+            "max_rejoin_wait_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

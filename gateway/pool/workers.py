@@ -19,6 +19,7 @@ it down. Tries are bounded; every chunk carries the request's deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -81,6 +82,8 @@ class WorkerPool:
         self._num_picks = 0
         self._hedging = Hedging(config)
         self._checks: set[asyncio.Task[None]] = set()  # probes of suspect replicas in flight
+        self._serving_again: asyncio.Future[None] | None = None  # set when a replica serves again
+        self._probe_soon = asyncio.Event()  # a chunk waits for a replica: the health loop probes now
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
@@ -335,11 +338,30 @@ class WorkerPool:
             replica.last_error = ""
             if not was_serving:
                 log.info("worker %s is serving", replica.address)
+                replica.num_rejoins += 1
+                self._say_serving()
         else:
             reason = pb.HealthResponse.Status.Name(health.status)
             if was_serving:
                 log.warning("worker %s is not serving: %s", replica.address, health.reason or reason)
             replica.mark_down(f"{reason}: {health.reason}" if health.reason else reason)
+
+    def _say_serving(self) -> None:
+        """A replica is serving that was not: chunks waiting for one try again (attempts.py)."""
+        if self._serving_again is not None and not self._serving_again.done():
+            self._serving_again.set_result(None)
+        self._serving_again = None
+
+    async def _wait_serving(self, until: float) -> None:
+        """Until a replica is heard SERVING that was not, or loop.time() reaches `until`. The health
+        loop probes at once and then every UNREADY_PROBE_S while none is available, so a worker
+        that runs again is found within a fraction of a second, not a health interval."""
+        loop = asyncio.get_running_loop()
+        if self._serving_again is None or self._serving_again.done():
+            self._serving_again = loop.create_future()
+        self._probe_soon.set()
+        with contextlib.suppress(TimeoutError):  # shielded: one chunk's timeout is not the others'
+            await asyncio.wait_for(asyncio.shield(self._serving_again), max(0.0, until - loop.time()))
 
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
@@ -347,7 +369,12 @@ class WorkerPool:
     async def _health_loop(self) -> None:
         while True:
             interval = self._config.health_interval_s
-            await asyncio.sleep(interval if self.is_ready() else min(interval, UNREADY_PROBE_S))
+            if self.is_ready() and not self._probe_soon.is_set():
+                with contextlib.suppress(TimeoutError):  # woken early by a chunk with nowhere to go
+                    await asyncio.wait_for(self._probe_soon.wait(), interval)
+            else:
+                await asyncio.sleep(min(interval, UNREADY_PROBE_S))
+            self._probe_soon.clear()
             try:
                 await self._probe_all()
                 self._say_readiness()
@@ -368,9 +395,10 @@ class WorkerPool:
             where = ", ".join(r.address for r in self.replicas) or self._config.worker_service
             log.warning("waiting for a worker to serve (%s); /ready answers 503 until then", where)
 
-    def _pick(self, tried: Sequence[Replica]) -> Replica | None:
-        """The available, untried replica with the fewest outstanding tokens. Ties go round-robin
-        (the scan starts one further each time), so an idle fleet still shares sequential requests."""
+    def _pick(self, is_allowed: Callable[[Replica], bool]) -> Replica | None:
+        """The available replica `is_allowed` (by a chunk's attempts) with the fewest outstanding
+        tokens. Ties go round-robin (the scan starts one further each time), so an idle fleet still
+        shares sequential requests."""
         replicas = self.replicas
         if not replicas:
             return None
@@ -380,7 +408,7 @@ class WorkerPool:
         best: Replica | None = None
         for offset in range(len(replicas)):
             replica = replicas[(start + offset) % len(replicas)]
-            if replica in tried or not self._is_available(replica, now):
+            if not self._is_available(replica, now) or not is_allowed(replica):
                 continue
             key = (replica.is_suspect, replica.outstanding_tokens)  # a suspect only if none else serves
             if best is None or key < (best.is_suspect, best.outstanding_tokens):
@@ -399,9 +427,11 @@ class WorkerPool:
             hedging=self._hedging,
             check=self.check,
             mark_down=self._mark_down,
+            wait_serving=self._wait_serving,
             translate=translate_error,
             metrics=self._metrics,
             max_attempts=self._config.max_attempts,
+            max_rejoin_wait_s=self._config.max_rejoin_wait_s,
         )
         return await attempts.run()
 
