@@ -165,7 +165,7 @@ class Attempts(Generic[Replica]):
             until = None
             if not self._is_hedged and len(self._running) == 1 and not first.is_overdue:
                 until = first.hedge_at
-            if not await _first_of(waits, until, loop):  # the attempt ran past its budget
+            if not await first_of(waits, until, loop):  # the attempt ran past its budget
                 self._overdue(first)
                 continue
             for attempt in list(self._running):
@@ -263,11 +263,12 @@ def _retrieve(task: asyncio.Future[np.ndarray]) -> None:
         task.exception()
 
 
-async def _first_of(
+async def first_of(
     futures: list[asyncio.Future[Any]], until: float | None, loop: asyncio.AbstractEventLoop
 ) -> bool:
     """Wait until one of `futures` is done (True) or loop.time() reaches `until` (False): what
-    asyncio.wait(FIRST_COMPLETED) does, without its sets, for the one or two futures of a chunk."""
+    asyncio.wait(FIRST_COMPLETED) does, without its sets, for the one or two futures of a chunk.
+    A cancel of the caller always raises CancelledError (3.11's wait_for can lose one)."""
     if any(future.done() for future in futures):
         return True
     waiter: asyncio.Future[None] = loop.create_future()

@@ -19,7 +19,6 @@ it down. Tries are bounded; every chunk carries the request's deadline.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ import numpy as np
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.metrics import GatewayMetrics
-from kembed.gateway.pool.attempts import Attempts, Hedging
+from kembed.gateway.pool.attempts import Attempts, Hedging, first_of
 from kembed.gateway.pool.batches import Part, split_into_chunks
 from kembed.gateway.pool.fanout import chunk_parts, gather_all, joined_rows
 from kembed.gateway.pool.model_check import ModelCheck
@@ -83,7 +82,7 @@ class WorkerPool:
         self._hedging = Hedging(config)
         self._checks: set[asyncio.Task[None]] = set()  # probes of suspect replicas in flight
         self._serving_again: asyncio.Future[None] | None = None  # set when a replica serves again
-        self._probe_soon = asyncio.Event()  # a chunk waits for a replica: the health loop probes now
+        self._probe_soon: asyncio.Future[None] | None = None  # set: the health loop probes now
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
@@ -356,12 +355,16 @@ class WorkerPool:
         """Until a replica is heard SERVING that was not, or loop.time() reaches `until`. The health
         loop probes at once and then every UNREADY_PROBE_S while none is available, so a worker
         that runs again is found within a fraction of a second, not a health interval."""
-        loop = asyncio.get_running_loop()
         if self._serving_again is None or self._serving_again.done():
-            self._serving_again = loop.create_future()
-        self._probe_soon.set()
-        with contextlib.suppress(TimeoutError):  # shielded: one chunk's timeout is not the others'
-            await asyncio.wait_for(asyncio.shield(self._serving_again), max(0.0, until - loop.time()))
+            self._serving_again = asyncio.get_running_loop().create_future()
+        self._probe_now()
+        # first_of, not wait_for: Python 3.11's wait_for can lose a cancel that meets the future
+        # done (a request whose client left, or whose deadline passed, would carry on)
+        await first_of([self._serving_again], until, asyncio.get_running_loop())
+
+    def _probe_now(self) -> None:
+        if self._probe_soon is not None and not self._probe_soon.done():
+            self._probe_soon.set_result(None)
 
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
@@ -369,12 +372,10 @@ class WorkerPool:
     async def _health_loop(self) -> None:
         while True:
             interval = self._config.health_interval_s
-            if self.is_ready() and not self._probe_soon.is_set():
-                with contextlib.suppress(TimeoutError):  # woken early by a chunk with nowhere to go
-                    await asyncio.wait_for(self._probe_soon.wait(), interval)
-            else:
-                await asyncio.sleep(min(interval, UNREADY_PROBE_S))
-            self._probe_soon.clear()
+            loop = asyncio.get_running_loop()
+            self._probe_soon = loop.create_future()  # a chunk with nowhere to go wakes it early
+            wait_s = interval if self.is_ready() else min(interval, UNREADY_PROBE_S)
+            await first_of([self._probe_soon], loop.time() + wait_s, loop)
             try:
                 await self._probe_all()
                 self._say_readiness()
