@@ -173,7 +173,7 @@ class EmbeddingService:
         vectors): the workers' raw rows, the token sequences and their token count."""
 
         async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
-            admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating))
+            admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating), deadline)
             try:
                 started = time.perf_counter()
                 sequences = await self.tokenization.encode(
@@ -289,7 +289,7 @@ class EmbeddingService:
         lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self.gate.admit(said, num_chunks, estimate_tokens(lengths, max_tokens))
+            admitted = self.gate.admit(said, num_chunks, estimate_tokens(lengths, max_tokens), deadline)
             try:
                 started = time.perf_counter()
                 sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
@@ -362,7 +362,7 @@ class EmbeddingService:
         estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self.gate.admit(said, len(texts), estimate)
+            admitted = self.gate.admit(said, len(texts), estimate, deadline)
             try:
                 started = time.perf_counter()
                 ids, type_ids = await self.tokenization.encode_pairs(
