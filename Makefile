@@ -46,7 +46,7 @@ TIKTOKEN_STAMP := $(TIKTOKEN_CACHE)/.kembed-installed
 # docs/clients.md's Node client (tests/clients/node), for make test
 NODE_CLIENTS   := tests/clients/node/node_modules/.kembed-installed
 
-.PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools metrics-plots
+.PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools browser-tools metrics-plots
 
 install: $(STAMP)
 
@@ -56,6 +56,9 @@ $(RUN_STAMP): pyproject.toml
 	@echo "   (~40 s and 1.5 GB from a fresh clone on a 2-core machine with a CPU torch wheel at hand)"
 	$(PIP) --quiet --upgrade pip
 	$(PIP) '$(TORCH_SPEC)'
+	@# swagger-ui-bundle (Swagger UI 4) and its successor swagger-ui-bundle-v2 install one module,
+	@# swagger_ui_bundle: a venv made before the switch has the old one, which must go first
+	$(PY) -m pip uninstall --disable-pip-version-check -y -q swagger-ui-bundle 2>/dev/null || true
 	$(PIP) -e '.[gateway,worker]'
 	@touch $@
 
@@ -112,7 +115,7 @@ run: $(RUN_STAMP)
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
-test: $(STAMP) lint prometheus-tools $(S3_TOOLS_STAMP) $(TIKTOKEN_STAMP) $(NODE_CLIENTS)
+test: $(STAMP) lint prometheus-tools browser-tools $(S3_TOOLS_STAMP) $(TIKTOKEN_STAMP) $(NODE_CLIENTS)
 	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
 	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
@@ -147,6 +150,20 @@ prometheus-tools:
 	  echo "installing Debian's prometheus package (prometheus, promtool)"; \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	}
+
+# A headless Chromium (Debian's `chromium-headless-shell`: the browser engine without its desktop
+# parts) for the test that renders /docs as a browser does (tests/e2e/test_docs_page.py). Installed
+# only when no chromium is on PATH; as root, or through sudo.
+browser-tools:
+	@command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	  else echo "make browser-tools: not root and no sudo; install Debian's chromium-headless-shell"; exit 1; fi; \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make browser-tools: no apt-get; install a headless chromium"; exit 1; }; \
+	  echo "installing Debian's chromium-headless-shell for the /docs test (~30 s, 19 packages, 280 MB)"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null; \
 	}
 
 # Regenerate the Grafana dashboards (charts/kembed/dashboards/*.json) and the PrometheusRule template

@@ -58,6 +58,17 @@ class GatewayConfig:
     max_client_batch_size: int = 2048
     """Most inputs in one request (413 above). 2048 is OpenAI's own limit for /v1/embeddings."""
 
+    max_answer_bytes: int = 64 * MIB
+    """Largest answer one request is given, in bytes as encoded, estimated before the model runs
+    from what is asked (inputs and their tokens, outputs, dimensions, encoding: float JSON ~13 bytes
+    a value, base64 5.3, base64_int8 1.3; answer_size.py); 413 above, naming the estimate. ColBERT
+    and token vectors grow with every token (256 BGE-M3 inputs of 512 tokens as ColBERT floats are
+    ~1.7 GB of JSON), and an answer is built whole in this process's memory, about three times its
+    size while it is encoded, and on its one core. 64 MiB holds every dense answer of 2048 inputs
+    (max_client_batch_size) up to 4096 dimensions as base64, the openai SDK's default (45 MB), and
+    up to 2500 dimensions as float JSON; about 5000 ColBERT vectors of BGE-M3's 1024 values as
+    float JSON, 12,000 as base64."""
+
     max_tokenize_chars: int = 256 * 1024
     """Most characters one /tokenize request may hold, all inputs together; 413 above, before it is
     tokenized. It bounds the time a refused request costs; what an answer costs is bounded by
@@ -299,6 +310,7 @@ class GatewayConfig:
         positive = {
             "max_request_bytes": self.max_request_bytes,
             "max_client_batch_size": self.max_client_batch_size,
+            "max_answer_bytes": self.max_answer_bytes,
             "max_tokenize_chars": self.max_tokenize_chars,
             "max_tokenize_tokens": self.max_tokenize_tokens,
             "max_context_documents": self.max_context_documents,

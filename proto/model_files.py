@@ -8,7 +8,10 @@ gateway's token ids equal `SentenceTransformer.encode`'s:
 - `do_lower_case` from sentence_bert_config.json adds a Lowercase normalizer;
 - prompts: `query` and `document` exist (empty) unless configured, plus `prompts` and
   `default_prompt_name` from config_sentence_transformers.json; a prompt is prepended to the text;
-- texts are not stripped; the truncation side is tokenizer_config.json `truncation_side` (right).
+- texts are not stripped; the truncation side is tokenizer_config.json `truncation_side` (right);
+- a Transformer that takes chat messages (sentence_bert_config.json `modality_config`, as
+  sentence-transformers 6 saves an LLM reranker) renders a pair through the chat template
+  (chat_template.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from kembed.proto.chat_template import ChatTemplate, read_chat_template
 
 # transformers' stand-in for "no limit" when tokenizer_config.json has no model_max_length.
 _UNLIMITED = int(1e30)
@@ -41,6 +46,10 @@ class ModelSpec:
     """config.json vocab_size; the worker's Info is authoritative once it has answered."""
     id2label: dict[int, str] = field(default_factory=dict)
     """config.json id2label: a sequence classifier's (reranker's) label names, for /info."""
+    chat_template: ChatTemplate | None = None
+    """The chat template a (query, document) pair is rendered through (chat_template.py): an LLM
+    reranker's, where sentence_bert_config.json says its Transformer takes messages; None: a pair is
+    the tokenizer's own pair of texts."""
     lexical_skip: tuple[str, ...] = ()
     """The tokens a sparse (lexical) output drops: the tokenizer's cls, eos, pad and unk tokens as
     tokenizer_config.json / special_tokens_map.json name them (FlagEmbedding's BGE-M3 rule)."""
@@ -96,6 +105,7 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
     if not tokenizer_file.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
     sbert = _read_json(transformer_dir / "sentence_bert_config.json")
+    _refuse_chat_rendered_texts(sbert, transformer_dir)
     tokenizer_config = _read_json(transformer_dir / "tokenizer_config.json") or _read_json(
         model_dir / "tokenizer_config.json"
     )
@@ -119,18 +129,74 @@ def load_model_spec(model_dir: Path) -> ModelSpec:
         truncation_side="left" if side == "left" else "right",
         vocab_size=config.get("vocab_size"),
         id2label=_id2label(config),
+        chat_template=read_chat_template(transformer_dir, sbert, tokenizer_config),
         lexical_skip=_lexical_skip(
             tokenizer_config,
             _read_json(transformer_dir / "special_tokens_map.json")
             or _read_json(model_dir / "special_tokens_map.json"),
+            str(config.get("model_type", "")),
         ),
     )
 
 
-def _lexical_skip(tokenizer_config: dict[str, Any], special_map: dict[str, Any]) -> tuple[str, ...]:
+def _refuse_chat_rendered_texts(sbert: dict[str, Any], transformer_dir: Path) -> None:
+    """ValueError for an embedder whose texts sentence-transformers 6 renders through the tokenizer's
+    chat template: it writes `modality_config` with `message` when the tokenizer it saved has one
+    (a Qwen3-Embedding fine-tuned and saved with sentence-transformers 6, say), and then wraps every
+    text as a user message (`<|im_start|>user ... <|im_end|>`). The gateway tokenizes texts as they
+    are, so it would embed other ids than `SentenceTransformer.encode` does: refused, naming the fix."""
+    task = sbert.get("transformer_task", "feature-extraction")
+    if task == "feature-extraction" and "message" in (sbert.get("modality_config") or {}):
+        raise ValueError(
+            f"{transformer_dir / 'sentence_bert_config.json'}: its modality_config takes chat messages, so "
+            "sentence-transformers renders every text through the tokenizer's chat template, which kembed "
+            "does not do for embedders yet; to serve its texts as they are, remove \"message\" from "
+            "modality_config (then sentence-transformers tokenizes them as kembed does)"
+        )
+
+
+LEXICAL_SKIP = ("cls_token", "eos_token", "pad_token", "unk_token")
+# The special tokens a transformers tokenizer class has when its files name none: its __init__'s
+# defaults (transformers 5; tests/proto/test_lexical_skip.py checks them against its signatures), by
+# class name without "Fast". FlagEmbedding skips the cls, eos, pad and unk tokens of the tokenizer
+# AutoTokenizer loads, whose `special_tokens_map` falls back to these.
+_CLASS_SPECIALS: dict[str, tuple[str | None, ...]] = {  # (cls, eos, pad, unk): LEXICAL_SKIP's order
+    "XLMRobertaTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "RobertaTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "CamembertTokenizer": ("<s>", "</s>", "<pad>", "<unk>"),
+    "MPNetTokenizer": ("<s>", "</s>", "<pad>", "[UNK]"),
+    "BertTokenizer": ("[CLS]", None, "[PAD]", "[UNK]"),
+    "DebertaV2Tokenizer": ("[CLS]", "[SEP]", "[PAD]", "[UNK]"),
+    "Qwen2Tokenizer": (None, "<|endoftext|>", "<|endoftext|>", "<|endoftext|>"),
+    "GemmaTokenizer": (None, "<eos>", "<pad>", "<unk>"),
+}
+# The class AutoTokenizer picks by config.json's model_type when tokenizer_config.json names none
+# (transformers' TOKENIZER_MAPPING_NAMES, for the model types kembed serves)
+_MODEL_TYPE_TOKENIZERS = {
+    "xlm-roberta": "XLMRobertaTokenizer", "roberta": "RobertaTokenizer", "camembert": "CamembertTokenizer",
+    "mpnet": "MPNetTokenizer", "bert": "BertTokenizer", "nomic_bert": "BertTokenizer",
+    "deberta-v2": "DebertaV2Tokenizer", "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer",
+    "gemma3": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
+}  # fmt: skip
+
+
+def _lexical_skip(
+    tokenizer_config: dict[str, Any], special_map: dict[str, Any], model_type: str = ""
+) -> tuple[str, ...]:
+    """The tokens a lexical (BGE-M3) sparse vector leaves out, as FlagEmbedding does: the cls, eos,
+    pad and unk tokens of the tokenizer, as its files name them, else as its class has them by
+    default (`_CLASS_SPECIALS`); one they name as null is none."""
+    tokenizer_class = str(tokenizer_config.get("tokenizer_class") or "").removesuffix("Fast")
+    tokenizer_class = tokenizer_class or _MODEL_TYPE_TOKENIZERS.get(model_type, "")
+    defaults = dict(zip(LEXICAL_SKIP, _CLASS_SPECIALS.get(tokenizer_class, ()), strict=False))
     tokens = []
-    for name in ("cls_token", "eos_token", "pad_token", "unk_token"):
-        token = special_map.get(name, tokenizer_config.get(name))
+    for name in LEXICAL_SKIP:
+        if name in special_map:
+            token = special_map[name]
+        elif name in tokenizer_config:
+            token = tokenizer_config[name]
+        else:
+            token = defaults.get(name)
         if isinstance(token, dict):  # an AddedToken as saved: {"content": ...}
             token = token.get("content")
         if isinstance(token, str):

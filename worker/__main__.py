@@ -193,8 +193,6 @@ def self_check(engine: EngineOps, num_buckets: int) -> None:
     log.info("self-check passed: %d captured buckets replayed against eager runs (%s)", len(results), summary)
 
 
-
-
 def _rate_tokens(max_batch_tokens: int) -> int:
     return max(1, min(max_batch_tokens, 512) // 128) * 128
 

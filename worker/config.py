@@ -44,6 +44,13 @@ class WorkerConfig:
     """Override of whether the model's pipeline ends in Normalize (reported by Info; the gateway
     normalises accordingly); unset (None) keeps the model's own."""
 
+    adapter: str = ""
+    """The task adapter of a multi-task model, one per deployment (a worker serves one): for
+    jina-embeddings-v3, one of its LoRA adapters (`retrieval.query`, `retrieval.passage`,
+    `separation`, `classification`, `text-matching`), merged into the weights at load. Its prompt is
+    the gateway's (`prompt_name`, or the deployment's default prompt). Empty: the base weights, as the
+    model's own `encode` without a task. A model without adapters refuses any."""
+
     served_model_name: str = ""
     """Name reported by Info; empty means the model directory's name."""
 

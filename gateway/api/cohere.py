@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kembed.gateway.answer_size import value_bytes
 from kembed.gateway.api.responses import json_response
 from kembed.gateway.api.schemas import parse
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
@@ -25,7 +26,7 @@ from kembed.gateway.service.service import PRIORITY_HEADER, Embedded, EmbeddingS
 from kembed.gateway.vectors import pack_bits, quantize_int8, rank, to_base64
 from kembed.proto.model_files import Direction
 
-_STRICT = ConfigDict(strict=True, extra="ignore")
+_STRICT = ConfigDict(strict=True, extra="forbid")  # unknown fields: 400 naming them (schemas.py)
 _META = {"api_version": {"version": "2"}}
 _META_V1 = {"api_version": {"version": "1"}}
 
@@ -40,8 +41,11 @@ class _TextContent(BaseModel):
 
 
 class _ImageContent(BaseModel):
+    """An image part, taken as Cohere's shape so that it is refused as an image (`_texts`)."""
+
     model_config = _STRICT
     type: Literal["image_url"]
+    image_url: Any = None
 
 
 class V2EmbedInput(BaseModel):
@@ -84,7 +88,8 @@ class V1EmbedRequest(BaseModel):
 
 
 class V2RerankRequest(BaseModel):
-    """`POST /v2/rerank`, Cohere's v2 shape: documents are strings (v1's objects are gone in v2)."""
+    """`POST /v2/rerank`, Cohere's v2 shape: documents are strings (v1's objects are gone in v2).
+    `priority` as `/v2/embed`'s: above 0 the request is bulk."""
 
     model_config = _STRICT
     model: str | None = None
@@ -93,6 +98,7 @@ class V2RerankRequest(BaseModel):
     top_n: int | None = Field(default=None, ge=1)
     max_tokens_per_doc: int | None = Field(default=None, ge=1)
     relevant_spans: dict[str, Any] | None = None
+    priority: int | None = Field(default=None, ge=0)
 
     @field_validator("documents")
     @classmethod
@@ -227,13 +233,7 @@ class CohereRoutes:
         texts = _texts(body)
         param = "texts" if body.texts is not None else "inputs"
         dimensions = body.output_dimension
-        if dimensions is not None:
-            served = self.service.worker_info().dimensions
-            if not 1 <= dimensions <= served:
-                raise InvalidInput(
-                    f"output_dimension must be between 1 and {served} for this model, got {dimensions}",
-                    param="output_dimension",
-                )
+        self.service.check_dimensions(dimensions, self.service.worker_info(), "output_dimension")
         side: Direction = "left" if body.truncate == "START" else "right"
         is_truncating = body.truncate != "NONE"
         if body.max_tokens is not None and texts:
@@ -252,6 +252,8 @@ class CohereRoutes:
                 normalize=None,
                 param=param,
                 priority=request.headers.get(PRIORITY_HEADER, "bulk" if body.priority else None),
+                value_bytes=value_bytes(dict.fromkeys(body.embedding_types or ["float"])),
+                dimensions_param="output_dimension",
             )
         except PayloadTooLarge as error:  # say it in this API's words
             message = error.message.replace("send truncate=true", 'send truncate "END" or "START"')
@@ -273,7 +275,7 @@ class CohereRoutes:
             direction=None,
             raw=False,
             param="documents",
-            priority=request.headers.get(PRIORITY_HEADER),
+            priority=request.headers.get(PRIORITY_HEADER, "bulk" if body.priority else None),
         )
         results = [
             {"index": i, "relevance_score": float(scored.scores[i])} for i in rank(scored.scores, body.top_n)

@@ -11,29 +11,29 @@ route as `[{"index", "value"}]`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kembed.gateway.answer_size import VALUE_BYTES
 from kembed.gateway.api.responses import json_response
 from kembed.gateway.api.schemas import (
     _STRICT,
     EmbeddingRequest,
     Inputs,
+    OutputName,
     TruncationDirection,
     as_direction,
     as_input_list,
     parse,
 )
 from kembed.gateway.api.tei import BodyReader
-from kembed.gateway.service.service import PRIORITY_HEADER, EmbeddingService
+from kembed.gateway.service.service import PRIORITY_HEADER, TEI_OUTPUTS, EmbeddingService
 from kembed.gateway.vectors import encode, finish
 from kembed.proto.outputs import KINDS, SPARSE, TOKENS
-
-OutputName = Literal["dense", "sparse", "colbert"]
 
 
 class TeiOutputsRequest(BaseModel):
@@ -51,13 +51,6 @@ class TeiSparseValue(BaseModel):
 
     index: int
     value: float
-
-
-class OutputsField(BaseModel):
-    """The `outputs` extension of `/v1/embeddings`: which outputs each item carries."""
-
-    model_config = _STRICT
-    outputs: list[OutputName] | None = Field(default=None, min_length=1)
 
 
 def sparse_vector(
@@ -102,6 +95,7 @@ class OutputRoutes:
             prompt_name=body.prompt_name,
             param="inputs",
             priority=request.headers.get(PRIORITY_HEADER),
+            offered=TEI_OUTPUTS,
         )
         return got.rows, list(got.sequences)
 
@@ -120,17 +114,12 @@ class OutputRoutes:
         rows, _ = await self._tei(request, TOKENS)
         return json_response([row["tokens"] for row in rows])
 
-    @staticmethod
-    def asked(body: bytes) -> list[str] | None:
-        """The `outputs` a `/v1/embeddings` body asks for, None without the field (the dense path)."""
-        if b'"outputs"' not in body:  # most bodies: no second parse
-            return None
-        return parse(OutputsField, body).outputs  # type: ignore[return-value]
-
-    async def openai(self, request: Request, names: list[str], parsed: EmbeddingRequest) -> Response:
+    async def openai(self, request: Request, names: list[OutputName], parsed: EmbeddingRequest) -> Response:
         """`/v1/embeddings` with `outputs`: each item holds `embedding` (dense, as without the field),
         `sparse_embedding` ({indices, values}) and `colbert_embedding` (a vector per token but the
-        first, each in `encoding_format`) for the outputs asked for."""
+        first, each in `encoding_format`) for the outputs asked for. `dimensions` cuts the dense and
+        the ColBERT vectors alike, each renormalised, as FlagEmbedding's `truncate_dim` does;
+        checked before the model runs, as the outputs and the answer's size are."""
         outputs = 0
         for name in names:
             outputs |= KINDS[name]
@@ -142,15 +131,10 @@ class OutputRoutes:
             direction=None,
             prompt_name=parsed.prompt_name,
             priority=request.headers.get(PRIORITY_HEADER),
+            dimensions=parsed.dimensions,
+            value_bytes=VALUE_BYTES[parsed.encoding_format or "float"],
         )
         info = service.worker_info()
-        if parsed.dimensions is not None and not 1 <= parsed.dimensions <= info.dimensions:
-            from kembed.gateway.errors import InvalidInput
-
-            raise InvalidInput(
-                f"dimensions must be between 1 and {info.dimensions}, got {parsed.dimensions}",
-                param="dimensions",
-            )
         items: list[dict[str, Any]] = [{"object": "embedding", "index": i} for i in range(len(got.rows))]
         if "dense" in names:
             dense = finish(
@@ -167,9 +151,11 @@ class OutputRoutes:
                 item["sparse_embedding"] = {"indices": indices.tolist(), "values": values.tolist()}
         if "colbert" in names:
             for item, row in zip(items, got.rows, strict=True):
-                item["colbert_embedding"] = encode(
-                    np.ascontiguousarray(row["colbert"]), parsed.encoding_format
+                # the worker's vectors are unit length: cut ones are made so again
+                vectors = finish(
+                    row["colbert"], dimensions=parsed.dimensions, normalize=parsed.dimensions is not None
                 )
+                item["colbert_embedding"] = encode(vectors, parsed.encoding_format)
         usage = {"prompt_tokens": got.num_tokens, "total_tokens": got.num_tokens}
         return json_response(
             {"object": "list", "data": items, "model": service.served_names[0], "usage": usage}

@@ -261,6 +261,29 @@ ROUTES: tuple[Operation, ...] = (
 )  # fmt: skip
 
 
+# The fields each request model takes beyond its peer API's own (OpenAI's, TEI's, Cohere's,
+# Perplexity's): written into the document as `x-kembed-extensions` and in each field's description.
+# Every other field is the peer API's; any field neither defines is refused naming it (schemas.py),
+# and tests/gateway/test_request_fields.py holds each model to its peer's fields and these.
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "EmbeddingRequest": ("prompt_name", "outputs"),  # and Perplexity's two encoding_format values
+    "EmbedRequest": ("encoding_format",),  # huggingface_hub's feature_extraction sends it; float only
+    "SimilarityRequest": ("truncate", "truncation_direction", "prompt_name"),  # TEI's parameters, beside
+}
+
+
+def _mark_extensions(schemas: dict[str, Any]) -> None:
+    for model, names in EXTENSIONS.items():
+        schema = schemas.get(model)
+        if schema is None:
+            continue
+        schema["x-kembed-extensions"] = list(names)
+        for name in names:
+            field = schema["properties"][name]
+            said = field.get("description")
+            field["description"] = "kembed's extension" + (f": {said}" if said else "")
+
+
 def _root_body(task: str | None) -> dict[str, Any]:
     """TEI's root route takes an embed or similarity body for an embedding model, a rerank body
     for a cross-encoder."""
@@ -316,6 +339,7 @@ def build(
     schemas = defs.get("$defs", {})
     if served is not None:
         constrain(schemas, served)
+    _mark_extensions(schemas)
     paths: dict[str, dict[str, Any]] = {}
     for op in ROUTES:
         if task is not None and op.task not in (None, task):
@@ -353,8 +377,10 @@ def build(
         "info": {
             "title": "kembed gateway",
             "version": version,
-            "description": "Text embeddings and relevance scores in the OpenAI, Cohere and "
-            "text-embeddings-inference shapes.",
+            "description": "Text embeddings and relevance scores in the OpenAI, Cohere, Perplexity "
+            "and text-embeddings-inference shapes. A field a request schema does not define is "
+            "refused, naming it (400; 422 on TEI's routes); the fields kembed takes beyond each "
+            "API's own are listed in its schema's `x-kembed-extensions`.",
         },
         "paths": paths,
         "components": {"schemas": schemas},

@@ -21,7 +21,7 @@ from typing import Any
 
 from kembed.gateway.config import GatewayConfig
 
-OUTPUT_NAMES = ("dense", "sparse", "colbert")  # what `outputs` names (multi_output.OutputName)
+OUTPUT_NAMES = ("dense", "sparse", "colbert")  # what `outputs` names (schemas.OutputName)
 
 Schema = dict[str, Any]
 
@@ -175,6 +175,15 @@ def _rerank_documents(served: Served) -> Schema:
     return _texts(served, {"anyOf": [{"type": "string"}, _ref("RerankDocument")]})
 
 
+def _rank_fields(served: Served) -> Schema:
+    text = {"type": "string", "const": "text"}  # Cohere v1's default, the one field ranked
+    return _nullable({"type": "array", "items": text, "minItems": 1, "maxItems": 1})
+
+
+def _not_served(served: Served) -> Schema:
+    return {"type": "null"}  # a peer API's option kembed refuses (docs/api.md): null or left out
+
+
 def _pair_sentences(served: Served) -> Schema:
     return _texts(served, max_items=served.max_client_batch_size - 1)  # the source is embedded too
 
@@ -197,10 +206,14 @@ _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
     "TeiOutputsRequest": {"inputs": _inputs, "prompt_name": _prompt_name},  # /embed_sparse, /embed_all
     "TokenizeRequest": {"inputs": _tokenize_inputs, "prompt_name": _prompt_name},
     "SimilarityRequest": {"prompt_name": _prompt_name},
+    "SimilarityParameters": {"prompt_name": _prompt_name},
     "SentencePair": {"sentences": _pair_sentences},
     "DecodeRequest": {"ids": _decode_ids},
     "RerankRequest": {"texts": _texts},
-    "V1RerankRequest": {"model": _model, "documents": _rerank_documents},
+    "V1RerankRequest": {
+        "model": _model, "documents": _rerank_documents, "rank_fields": _rank_fields,
+        "max_chunks_per_doc": _not_served,
+    },
     # `texts` and `inputs`: exactly one of the two (the `oneOf` below)
     "V2EmbedRequest": {
         "model": _model, "texts": _nullable_texts, "inputs": _v2_inputs, "images": _no_images,
@@ -214,9 +227,30 @@ _FIELDS: dict[str, dict[str, Callable[[Served], Schema]]] = {
     "ContextualizedEmbeddingRequest": {"model": _model, "dimensions": _dimensions, "input": _documents},
 }  # fmt: skip
 
+
+_SIMILARITY_OPTIONS = ("truncate", "truncation_direction", "prompt_name")
+
+
+def _once(name: str) -> Schema:
+    """Not both `parameters.<name>` and `<name>` beside `inputs` (a null is not given)."""
+    given: Schema = {"not": {"type": "null"}}
+    return {
+        "not": {
+            "required": [name, "parameters"],
+            "properties": {
+                name: given,
+                "parameters": {"type": "object", "required": [name], "properties": {name: given}},
+            },
+        }
+    }
+
+
 # Rules across a model's fields: Cohere's `texts` or `inputs`, exactly one of them sent (not null);
-# v1's `texts` (the v1 SDK's images are refused).
+# v1's `texts` (the v1 SDK's images are refused); a similarity option in one place of its two.
 _WHOLE: dict[str, Schema] = {
+    "SimilarityRequest": {
+        "allOf": [_once(name) for name in ("truncate", "truncation_direction", "prompt_name")]
+    },
     "V1EmbedRequest": {"required": ["texts"]},
     "V2EmbedRequest": {
         "oneOf": [

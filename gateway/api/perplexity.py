@@ -16,12 +16,13 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kembed.gateway.answer_size import VALUE_BYTES
 from kembed.gateway.api.responses import json_response
 from kembed.gateway.api.schemas import parse
 from kembed.gateway.service.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.vectors import EncodingFormat, encode
 
-_STRICT = ConfigDict(strict=True, extra="ignore")
+_STRICT = ConfigDict(strict=True, extra="forbid")  # unknown fields: 400 naming them (schemas.py)
 
 
 class ContextualizedEmbeddingRequest(BaseModel):
@@ -57,7 +58,10 @@ class PerplexityRoutes:
         body = parse(ContextualizedEmbeddingRequest, await self._body(request))
         self.service.check_model(body.model)
         embedded = await self.service.embed_documents(
-            body.input, dimensions=body.dimensions, priority=request.headers.get(PRIORITY_HEADER)
+            body.input,
+            dimensions=body.dimensions,
+            priority=request.headers.get(PRIORITY_HEADER),
+            value_bytes=VALUE_BYTES[body.encoding_format],
         )
         rows = encode(embedded.vectors, body.encoding_format)
         ends = np.cumsum([len(chunks) for chunks in body.input]).tolist()

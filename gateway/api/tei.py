@@ -40,14 +40,42 @@ class SentencePair(BaseModel):
     sentences: list[str] = Field(min_length=1)
 
 
-class SimilarityRequest(BaseModel):
-    """`POST /similarity`, TEI's shape (Hugging Face's sentence-similarity task)."""
+class SimilarityParameters(BaseModel):
+    """TEI's `parameters` of `/similarity` (Hugging Face's sentence-similarity task)."""
 
     model_config = _STRICT
-    inputs: SentencePair
     truncate: bool | None = None
     truncation_direction: TruncationDirection | None = None
     prompt_name: str | None = None
+
+
+class SimilarityRequest(BaseModel):
+    """`POST /similarity`, TEI's shape: the options in `parameters`. kembed also takes them beside
+    `inputs`, as its `/embed` does; one given in both places must say the same."""
+
+    model_config = _STRICT
+    inputs: SentencePair
+    parameters: SimilarityParameters | None = None
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection | None = None
+    prompt_name: str | None = None
+
+    def options(self) -> SimilarityParameters:
+        """The options, from `parameters` or beside `inputs`; InvalidInput for one given in both
+        places (which would win is no rule a client can know)."""
+        said = self.parameters.model_dump(exclude_none=True) if self.parameters else {}
+        beside = {
+            name: getattr(self, name)
+            for name in SimilarityParameters.model_fields
+            if getattr(self, name) is not None
+        }
+        for name in sorted(said.keys() & beside.keys()):
+            raise InvalidInput(
+                f"{name} is given twice, in parameters and beside inputs; send it once "
+                "(in parameters, TEI's place)",
+                param=name,
+            )
+        return SimilarityParameters.model_validate(beside | said)
 
 
 class DecodeRequest(BaseModel):
@@ -126,11 +154,12 @@ class TeiRoutes:
         """Cosine similarity of the source sentence to each of the others, in their order."""
         request = parse(SimilarityRequest, body)
         pair = request.inputs
+        options = request.options()
         embedded = await self.service.embed(
             [pair.source_sentence, *pair.sentences],
-            truncate=request.truncate,
-            direction=as_direction(request.truncation_direction),
-            prompt_name=request.prompt_name,
+            truncate=options.truncate,
+            direction=as_direction(options.truncation_direction),
+            prompt_name=options.prompt_name,
             dimensions=None,
             normalize=True,
             param="inputs",

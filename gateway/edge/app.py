@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # ships no type hints
 
+from kembed.gateway.answer_size import VALUE_BYTES
 from kembed.gateway.api import openapi
 from kembed.gateway.api.cohere import CohereRoutes
 from kembed.gateway.api.multi_output import OutputRoutes
@@ -48,6 +49,7 @@ from kembed.gateway.edge.auth import BearerAuth
 from kembed.gateway.edge.disconnect import CancelOnDisconnect
 from kembed.gateway.edge.hot_path import HotPath, HotRequest
 from kembed.gateway.errors import (
+    Flavour,
     GatewayError,
     MethodNotAllowed,
     NotFound,
@@ -140,12 +142,10 @@ class Routes:
         return body
 
     async def openai_embeddings(self, request: Request) -> Response:
-        raw = await self._body(request)
-        body = parse(EmbeddingRequest, raw)
+        body = parse(EmbeddingRequest, await self._body(request))
         self.service.check_model(body.model)
-        outputs = OutputRoutes.asked(raw)
-        if outputs is not None:  # several outputs a text (multi_output.py)
-            return await self.outputs.openai(request, outputs, body)
+        if body.outputs is not None:  # several outputs a text (multi_output.py)
+            return await self.outputs.openai(request, body.outputs, body)
         embedded = await self.service.embed(
             as_input_list(body.input),
             truncate=None,
@@ -154,6 +154,7 @@ class Routes:
             dimensions=body.dimensions,
             normalize=None,
             priority=request.headers.get(PRIORITY_HEADER),
+            value_bytes=VALUE_BYTES[body.encoding_format or "float"],
         )
         data = [
             {"object": "embedding", "index": i, "embedding": row}
@@ -175,6 +176,7 @@ class Routes:
     async def v1_rerank(self, request: Request) -> Response:
         body = parse(V1RerankRequest, await self._body(request))
         self.service.check_model(body.model)
+        body.check_options()
         texts = body.texts
         scored = await self.service.rerank(
             body.query,
@@ -252,7 +254,8 @@ class Routes:
         return json_response({"object": "list", "data": data})
 
     async def docs(self, request: Request) -> Response:
-        """Swagger UI over /openapi.json, its assets from the swagger-ui-bundle package (no CDN)."""
+        """Swagger UI (5.x, which reads OpenAPI 3.1) over /openapi.json, its assets from the
+        swagger-ui-bundle-v2 package (no CDN)."""
         return Response(_SWAGGER_PAGE, media_type="text/html")
 
     async def openapi(self, request: Request) -> Response:
@@ -353,18 +356,26 @@ def create_app(
             tokenization.close()
 
     async def on_error(request: Request, error: Exception) -> Response:
+        flavour = flavour_of(request.url.path)
         if isinstance(error, HTTPException):  # Starlette's own: unknown route or method
             method, path = request.method, request.url.path
             if error.status_code == 405:
                 # Starlette's Allow names the first route of the path only (`/` has two: GET, POST)
                 allow = methods_of.get(path) or (error.headers or {}).get("Allow", "")
                 error = MethodNotAllowed(f"{method} is not allowed on {path}; it takes {allow}", allow=allow)
+            elif f"/v1{path}" in methods_of:  # an OpenAI client whose base_url lacks /v1
+                error = NotFound(
+                    f"no route {method} {path}; the OpenAI routes are under /v1: {method} /v1{path} (an "
+                    "OpenAI client's base_url ends in /v1, e.g. http://127.0.0.1:8080/v1)"
+                )
+                # in OpenAI's shape: its `error.message` is what the openai SDKs show (TEI's string not)
+                flavour = Flavour.OPENAI
             else:
                 error = NotFound(f"no route {method} {path}; see GET /info for what this gateway serves")
         elif not isinstance(error, GatewayError):  # a bug: answer JSON, Starlette logs the traceback
             error = WorkerFailed("internal error in the gateway (see its log)")
         metrics.errors.labels(reason_of(error)).inc()
-        return render(error, flavour_of(request.url.path), retry_after_s=config.retry_after_s)
+        return render(error, flavour, retry_after_s=config.retry_after_s)
 
     http_routes = [
         Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),

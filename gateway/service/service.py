@@ -10,11 +10,13 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from kembed.gateway import answer_size
+from kembed.gateway.answer_size import ITEM_BYTES, SPARSE_ENTRY_BYTES, VALUE_BYTES, vectors
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.errors import (
     InvalidInput,
@@ -33,7 +35,16 @@ from kembed.gateway.tokenizing.tokenization import Input, Tokenization
 from kembed.gateway.vectors import finish, relevance
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.model_files import Direction
-from kembed.proto.outputs import DENSE, OutputShape, names_of, read_vocabulary
+from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS, OutputShape, names_of, read_vocabulary
+
+FLOAT_BYTES = VALUE_BYTES["float"]
+# How a route names each output, for the error that lists those the model has: `/v1/embeddings`'
+# `outputs` field by its values (the default), TEI's routes by route.
+OUTPUT_FIELD: Mapping[str, str] = {"dense": "dense", "sparse": "sparse", "colbert": "colbert"}
+TEI_OUTPUTS: Mapping[str, str] = {
+    "dense": "dense (/embed)", "sparse": "sparse (/embed_sparse)", "tokens": "token vectors (/embed_all)",
+}  # fmt: skip
+_SMALLER = "send fewer inputs, fewer dimensions, or a base64 encoding_format (float JSON is ~2.4x larger)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,19 @@ class EmbeddingService:
             raise Unavailable("no worker replica has answered yet; retry later")
         return info
 
+    def check_dimensions(
+        self, dimensions: int | None, info: pb.InfoResponse, param: str = "dimensions"
+    ) -> int:
+        """The width of the vectors answered: `dimensions` if given (InvalidInput unless from 1 to
+        the model's), else the model's."""
+        if dimensions is None:
+            return info.dimensions
+        if not 1 <= dimensions <= info.dimensions:
+            raise InvalidInput(
+                f"{param} must be between 1 and {info.dimensions}, got {dimensions}", param=param
+            )
+        return dimensions
+
     def _check_count(self, num_inputs: int, param: str) -> None:
         if num_inputs == 0:
             raise InvalidInput(f"`{param}` must not be empty", param=param)
@@ -137,16 +161,22 @@ class EmbeddingService:
         normalize: bool | None,
         param: str = "input",
         priority: str | None = None,
+        value_bytes: float = FLOAT_BYTES,
+        dimensions_param: str = "dimensions",
     ) -> Embedded:
         """Vectors of `inputs` in order. `normalize=None` follows the model (its Normalize module).
-        `priority`: the request's X-Kembed-Priority header, if any."""
+        `priority`: the request's X-Kembed-Priority header, if any. `value_bytes`: what a component
+        takes in the answer's encoding(s) (answer_size.py), for the answer's size cap."""
         said = said_priority(priority)
         self._check_count(len(inputs), param)
         info = self.worker_info()
-        if dimensions is not None and not 1 <= dimensions <= info.dimensions:
-            raise InvalidInput(
-                f"dimensions must be between 1 and {info.dimensions}, got {dimensions}", param="dimensions"
-            )
+        width = self.check_dimensions(dimensions, info, dimensions_param)
+        answer_size.check(
+            vectors(len(inputs), width, value_bytes) + len(inputs) * ITEM_BYTES,
+            self.config.max_answer_bytes,
+            f"{len(inputs)} vectors of {width} values",
+            _SMALLER,
+        )
         vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
         deadline = self._deadline()
 
@@ -168,9 +198,11 @@ class EmbeddingService:
         vocab_size: int,
         deadline: float,
         outputs: int = 0,
+        check: Callable[[Sequence[np.ndarray]], None] | None = None,
     ) -> tuple[np.ndarray, Sequence[np.ndarray], int]:
         """`inputs` admitted, tokenized and embedded (`outputs`: an Output bitmask, 0 the dense
-        vectors): the workers' raw rows, the token sequences and their token count."""
+        vectors): the workers' raw rows, the token sequences and their token count. `check` sees
+        the sequences before they go to the workers (the answer's size, which their tokens set)."""
 
         async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
             admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating), deadline)
@@ -185,6 +217,8 @@ class EmbeddingService:
                     is_bulk=admitted.is_bulk,
                 )
                 num_tokens = admitted.settle(self._observe_tokenized(started, len(inputs), sequences))
+                if check is not None:
+                    check(sequences)
                 raw = await self.pool.embed(
                     sequences, next(self._request_ids), deadline, priority=admitted.priority, outputs=outputs
                 )
@@ -194,17 +228,18 @@ class EmbeddingService:
 
         return await self.gate.run(run)
 
-    def check_outputs(self, outputs: int) -> pb.InfoResponse:
-        """The workers' Info, or InvalidInput (400) naming the outputs the model has when it lacks
-        one of `outputs`."""
+    def check_outputs(self, outputs: int, offered: Mapping[str, str] = OUTPUT_FIELD) -> pb.InfoResponse:
+        """The workers' Info, or InvalidInput (400) when the model lacks one of `outputs`, naming
+        those it has as the route takes them (`offered`: output name to its name there)."""
         info = self.worker_info()
         if info.task and info.task != "embed":
             raise Unsupported(f"the served model `{self.served_names[0]}` is not an embedding model")
         lacking = outputs & ~info.outputs
         if lacking:
+            has = [offered[name] for name in names_of(info.outputs or DENSE) if name in offered]
             raise InvalidInput(
                 f"the served model `{self.served_names[0]}` has no {', '.join(names_of(lacking))} output; "
-                f"it has: {', '.join(names_of(info.outputs or DENSE))}",
+                f"it has: {', '.join(has) or 'none of them'}",
                 param="outputs",
             )
         return info
@@ -219,23 +254,56 @@ class EmbeddingService:
         prompt_name: str | None,
         param: str = "input",
         priority: str | None = None,
+        offered: Mapping[str, str] = OUTPUT_FIELD,
+        dimensions: int | None = None,
+        value_bytes: float = FLOAT_BYTES,
     ) -> Outputs:
-        """Every output in `outputs` (an Output bitmask) of each input, from one pass of the model."""
+        """Every output in `outputs` (an Output bitmask) of each input, from one pass of the model.
+        Checked before the model runs: the outputs (named as `offered`), `dimensions` (the width
+        the caller cuts dense and ColBERT vectors to) and the answer's size, its vectors in
+        `value_bytes` a component (token vectors as float JSON, TEI's only form)."""
         said = said_priority(priority)
         self._check_count(len(inputs), param)
-        info = self.check_outputs(outputs)
+        info = self.check_outputs(outputs, offered)
+        width = self.check_dimensions(dimensions, info)
         vocab_size = info.vocab_size or self.tokenization.spec.vocab_size or 2**31 - 1
         deadline = self._deadline()
         is_truncating = self.config.auto_truncate if truncate is None else truncate
 
+        def check_size(sequences: Sequence[np.ndarray]) -> None:
+            if info.sparse_vocabulary:
+                return  # its entries are known once it ran (below)
+            lengths = np.array([len(s) for s in sequences], np.int64)
+            num_tokens = int(lengths.sum())
+            colbert = min(width, info.colbert_dimensions)
+            sizes = {
+                DENSE: vectors(len(sequences), width, value_bytes),
+                COLBERT: vectors(num_tokens - len(sequences), colbert, value_bytes),
+                TOKENS: vectors(num_tokens, info.hidden_size, FLOAT_BYTES),
+                SPARSE: num_tokens * SPARSE_ENTRY_BYTES,  # at most an entry a token
+            }
+            answer_size.check(
+                sum(size for kind, size in sizes.items() if outputs & kind) + len(sequences) * ITEM_BYTES,
+                self.config.max_answer_bytes,
+                f"{', '.join(names_of(outputs))} of {len(sequences)} inputs, {num_tokens} tokens",
+                "send fewer inputs or shorter ones, fewer outputs or dimensions, or a base64 encoding_format",
+            )
+
         raw, sequences, num_tokens = await self._embed_texts(
-            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline, outputs
+            said, inputs, is_truncating, direction, prompt_name, vocab_size, deadline, outputs, check_size
         )
         if info.sparse_vocabulary:  # SPLADE: each sequence's nonzero (id, weight) pairs
             try:
                 pairs = read_vocabulary(raw.reshape(-1), len(sequences))
             except ValueError as error:
                 raise WorkerFailed(f"the worker's sparse answer: {error}") from None
+            num_entries = sum(len(ids) for ids, _ in pairs)
+            answer_size.check(
+                num_entries * SPARSE_ENTRY_BYTES,
+                self.config.max_answer_bytes,
+                f"{num_entries} sparse entries of {len(sequences)} inputs",
+                "send fewer inputs",
+            )
             return Outputs(
                 [{"sparse_ids": ids, "sparse": values} for ids, values in pairs], sequences, num_tokens
             )
@@ -252,7 +320,12 @@ class EmbeddingService:
         return Outputs(rows, sequences, num_tokens)
 
     async def embed_documents(
-        self, documents: Sequence[Sequence[str]], *, dimensions: int | None, priority: str | None = None
+        self,
+        documents: Sequence[Sequence[str]],
+        *,
+        dimensions: int | None,
+        priority: str | None = None,
+        value_bytes: float = FLOAT_BYTES,
     ) -> Embedded:
         """Late chunking: each document run as one sequence (its chunks' tokens joined, special tokens
         once), each chunk's vector the mean of its own tokens' hidden states (the worker's span
@@ -276,10 +349,13 @@ class EmbeddingService:
         info = self.worker_info()
         if info.task and info.task != "embed":
             raise Unsupported(f"the served model `{self.served_names[0]}` is not an embedding model")
-        if dimensions is not None and not 1 <= dimensions <= info.dimensions:
-            raise InvalidInput(
-                f"dimensions must be between 1 and {info.dimensions}, got {dimensions}", param="dimensions"
-            )
+        width = self.check_dimensions(dimensions, info)
+        answer_size.check(
+            vectors(num_chunks, width, value_bytes) + len(documents) * ITEM_BYTES,
+            config.max_answer_bytes,
+            f"{num_chunks} vectors of {width} values",
+            _SMALLER,
+        )
         # a document is one sequence: at most what the model takes, and the configured cap if lower
         model_limit = self.tokenization.spec.max_seq_length or info.max_sequence_length
         limits = [n for n in (model_limit, config.max_document_tokens) if n]
@@ -359,7 +435,8 @@ class EmbeddingService:
 
         is_truncating = self.config.auto_truncate if truncate is None else truncate
         limit = self.tokenization.spec.max_seq_length if is_truncating else None
-        estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=3)
+        specials = self.tokenization.pair_specials
+        estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=specials)
 
         async def run() -> tuple[np.ndarray, int]:
             admitted = self.gate.admit(said, len(texts), estimate, deadline)

@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from kembed.gateway.errors import InvalidInput, PayloadTooLarge
+from kembed.gateway.tokenizing.chat_pairs import ChatPairs, OverLongPair, encode_chat_pairs
 from kembed.gateway.tokenizing.documents import EmptyChunk, OverLongDocument, SingleTemplate, encode_documents
 from kembed.gateway.tokenizing.encode_groups import SERIAL_MAX_CHARS, encode_each, ids_of, num_ids
 from kembed.gateway.tokenizing.heap import LARGE_CHARS, HeapTrim
@@ -94,6 +95,13 @@ class Tokenization:
                 )
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="kembed-tokenize")
         self._single = SingleTemplate.of(self._untruncated)
+        # an LLM reranker's pairs go through its chat template, with the default prompt as the system
+        # message where there is one (as CrossEncoder.predict renders them)
+        self._chat_pairs = (
+            None
+            if spec.chat_template is None
+            else ChatPairs.of(spec.chat_template, spec.resolve_prompt(None) or None, self._untruncated)
+        )
         self._special_rows = SpecialRows.of(self._untruncated)
         self._processes = TokenizerProcesses(spec, num_bulk_processes) if num_bulk_processes else None
 
@@ -111,6 +119,12 @@ class Tokenization:
     @property
     def max_length(self) -> int | None:
         return self.spec.max_seq_length
+
+    @property
+    def pair_specials(self) -> int:
+        """Tokens a (query, text) pair holds besides its texts': the pair template's special tokens
+        (3, as BERT's [CLS] q [SEP] d [SEP]), or an LLM reranker's whole chat template."""
+        return 3 if self._chat_pairs is None else self._chat_pairs.num_template_tokens
 
     def token_ids(self, tokens: tuple[str, ...]) -> frozenset[int]:
         """The ids of `tokens` in the vocabulary (those it has)."""
@@ -318,14 +332,21 @@ class Tokenization:
         As sentence-transformers' CrossEncoder tokenizes: `tokenizer(query, text, truncation=
         "longest_first", max_length=max_seq_length)`, i.e. the pair template of tokenizer.json
         ([CLS] q [SEP] d [SEP] with segments 0/1 for BERT, <s> q </s></s> d </s> for RoBERTa), the
-        longer side losing a token at a time until the pair fits. No prompt is applied."""
+        longer side losing a token at a time until the pair fits; no prompt is applied. An LLM
+        reranker's pair is its chat template's instead (chat_pairs.py), the default prompt its
+        system message."""
         limit = self.spec.max_seq_length
         side = direction or self.spec.truncation_side
         num_chars = len(query) + sum(len(text) for text in texts)
-        args = (self._tokenizer(truncate, direction), self._untruncated, query, list(texts), limit, side)
         try:
-            ids, type_ids = await self._run(num_chars, _encode_pairs, *args, truncate)
-        except _OverLongPair as error:
+            if self._chat_pairs is not None:
+                args: tuple[Any, ...] = (self._untruncated, self._chat_pairs, query, list(texts), limit, side)
+                ids, type_ids = await self._run(num_chars, encode_chat_pairs, *args, truncate)
+            else:
+                tokenizer = self._tokenizer(truncate, direction)
+                args = (tokenizer, self._untruncated, query, list(texts), limit, side)
+                ids, type_ids = await self._run(num_chars, _encode_pairs, *args, truncate)
+        except (_OverLongPair, OverLongPair) as error:
             raise PayloadTooLarge(
                 f"the pair of the query and {param}[{error.index}] is more than the model's limit of "
                 f"{limit} tokens; send truncate=true or shorten them",

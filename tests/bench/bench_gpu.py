@@ -52,11 +52,16 @@ def write_model_dir(name: str, tmp: Path):
     """(model directory with random bf16 weights for config `name`, the transformers model itself)."""
     src = CONFIGS / name
     config = transformers.AutoConfig.from_pretrained(src)
+    # AutoModel of a T5 config is the encoder-decoder; an embedder is its encoder alone
+    auto = transformers.T5EncoderModel if config.model_type in ("t5", "mt5") else transformers.AutoModel
     with torch.device("cuda"):
         torch.manual_seed(0)
-        model = transformers.AutoModel.from_config(
-            config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
-        ).eval()
+        # T5EncoderModel is no Auto class: built from its config as one builds any model class
+        build = auto.from_config if auto is transformers.AutoModel else auto._from_config
+        try:
+            model = build(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        except ValueError:  # a class without sdpa (MPNet): its own attention, the fastest it has
+            model = build(config, dtype=torch.bfloat16, attn_implementation="eager").eval()
     path = tmp / name
     model.save_pretrained(path)
     for extra in ("modules.json", "1_Pooling"):
@@ -67,15 +72,17 @@ def write_model_dir(name: str, tmp: Path):
     return path, model
 
 
-def write_reranker_dir(tmp: Path):
+def write_reranker_dir(tmp: Path, name: str = RERANKER):
     """(cross-encoder directory with random bf16 weights, the transformers model itself)."""
-    config = transformers.AutoConfig.from_pretrained(CONFIGS / RERANKER)
+    config = transformers.AutoConfig.from_pretrained(CONFIGS / name)
     with torch.device("cuda"):
         torch.manual_seed(0)
-        model = transformers.AutoModelForSequenceClassification.from_config(
-            config, torch_dtype=torch.bfloat16, attn_implementation="sdpa"
-        ).eval()
-    path = tmp / RERANKER
+        auto = transformers.AutoModelForSequenceClassification
+        try:
+            model = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        except ValueError:  # a class without sdpa (DeBERTa-v2): its own attention
+            model = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    path = tmp / name
     model.save_pretrained(path)
     return path, model
 
@@ -229,7 +236,8 @@ def compare_step(engine, seqs, forward, iters: int, rounds: int):
 def suite_latency(name, engine, baseline, rng, iters: int, rounds: int) -> list[str]:
     rows = []
     vocab, pooling = engine.info.vocab_size, engine.info.pooling
-    for tokens in (128, 512, 4096):
+    # at most the model's position table (MPNet's and T5's 512): a longer sequence is refused at the edge
+    for tokens in [n for n in (128, 512, 4096) if n <= engine.info.max_sequence_length]:
         print(f"  latency {name} 1x{tokens}", flush=True)
         seqs = [rng.integers(5, vocab, tokens).astype(np.int64)]
         cells, got, want, graph_rows = compare_step(
@@ -347,6 +355,9 @@ def main() -> None:
     )
     parser.add_argument("--throughput-batches", type=int, default=40)
     parser.add_argument(
+        "--rerankers", nargs="+", default=[RERANKER], help="cross-encoder configs of the scoring suite"
+    )
+    parser.add_argument(
         "--suites",
         type=lambda text: set(text.split(",")),
         default=set(SUITES),
@@ -373,23 +384,26 @@ def main() -> None:
                 print(f"{label}: pooling {engine.info.pooling}", flush=True)
                 if "latency" in args.suites:
                     latency += suite_latency(label, engine, baseline, rng, args.iters, args.rounds)
+                    print("\n".join(latency[-3:]), flush=True)  # as they come: a later model may fail
                 if "throughput" in args.suites:
                     throughput += suite_throughput(
                         label, engine, baseline, rng, args.throughput_batches, args.rounds
                     )
+                    print("\n".join(throughput[-2:]), flush=True)
                 if "saturation" in args.suites:
                     saturation += suite_saturation(label, engine, rng, max(20, args.iters // 4))
                 del engine
                 torch.cuda.empty_cache()
             del baseline
-        if "scoring" in args.suites:
-            path, baseline = write_reranker_dir(Path(tmp))
+        for reranker in args.rerankers if "scoring" in args.suites else ():
+            path, baseline = write_reranker_dir(Path(tmp), reranker)
             for backend in args.backends:
                 engine = build(path, backend, max_batch_tokens=32768)
-                label = f"{RERANKER}, {engine.info.attention_backend}"
+                label = f"{reranker}, {engine.info.attention_backend}"
                 scoring += suite_scoring(engine, baseline, rng, args.iters, args.rounds, label)
                 del engine
                 torch.cuda.empty_cache()
+            del baseline
     step_columns = (
         "kembed p50 ms (median / worst round) | kembed p99 ms (median) | cold ms | HF + CUDA graph p50 ms "
         "(median / worst) | HF eager p50 ms (median / worst) | speed-up vs HF + graph | vs HF eager"

@@ -78,8 +78,12 @@ def assert_sentence_transformers_vectors(reference, texts, vectors) -> None:
     assert cosines.min() >= 0.999, cosines
 
 
+# The snippets for a model with prompts: run against a gateway whose model has `query` and `passage`
+PROMPT_SNIPPETS = ("langchain-prompts", "llama-index-prompts")
+
+
 def test_every_snippet_on_the_page_is_run_here():
-    assert set(SNIPPETS) == {*EMBEDDING_SNIPPETS, "openai-node", "cohere-rerank"}
+    assert set(SNIPPETS) == {*EMBEDDING_SNIPPETS, *PROMPT_SNIPPETS, "openai-node", "cohere-rerank"}
     assert all(DOC_URL in code for _, code in SNIPPETS.values())
 
 
@@ -97,6 +101,23 @@ def test_the_snippet_gets_sentence_transformers_vectors(stack, reference, tmp_pa
     if name == "huggingface-hub":
         expected = reference.encode(variables["texts"])
         np.testing.assert_allclose(variables["similarities"], expected[1:] @ expected[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", PROMPT_SNIPPETS)
+def test_the_prompt_snippet_sends_each_texts_prompt(prompt_gateway, prompt_model_dir, tmp_path, name):
+    """The documents come back as sentence-transformers embeds them with the `passage` prompt, the
+    query with the `query` prompt: the prompt_name sent through the client's extra arguments acts.
+    Without it a query's vector here is at cosine 0.90 to its prompted one."""
+    from sentence_transformers import SentenceTransformer
+
+    variables = run_python(name, prompt_gateway.url, tmp_path, "texts", "vectors", "query_vector")
+    prompted = SentenceTransformer(str(prompt_model_dir), device="cpu")
+    documents = prompted.encode(variables["texts"], prompt_name="passage")
+    query = prompted.encode(["Where does the cat sit?"], prompt_name="query")
+    assert (np.asarray(variables["vectors"]) * documents).sum(1).min() >= 0.999  # unit vectors: cosines
+    assert float(np.dot(variables["query_vector"], query[0])) >= 0.999
+    unprompted = prompted.encode(["Where does the cat sit?"])[0]
+    assert float(np.dot(variables["query_vector"], unprompted)) < 0.95
 
 
 def test_the_rerank_snippet_gets_the_cross_encoders_scores(rerank_stack, cross_encoder_dir, tmp_path):

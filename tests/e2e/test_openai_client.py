@@ -50,3 +50,16 @@ def test_openai_client_sees_a_clear_error_for_an_unknown_model(openai_client):
 
 def test_openai_client_lists_the_served_model(openai_client):
     assert [m.id for m in openai_client.models.list()] == [MODEL_NAME]
+
+
+def test_a_base_url_without_v1_gets_a_message_the_sdk_shows(stack):
+    """The openai SDK shows an error body's `error.message`; the 404 of an unknown route was TEI's
+    shape (`error` a string), so the SDK said only "Error code: 404". Now a path that is an OpenAI
+    route less its `/v1` is answered in OpenAI's shape, saying where the route is."""
+    with openai.OpenAI(base_url=stack.url, api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.embeddings.create(model=MODEL_NAME, input="x")
+        assert "POST /v1/embeddings" in str(caught.value) and "base_url ends in /v1" in str(caught.value)
+        with pytest.raises(openai.NotFoundError) as listed:
+            client.models.list()
+        assert "GET /v1/models" in str(listed.value)

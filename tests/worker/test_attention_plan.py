@@ -22,7 +22,7 @@ class Tagged(Attention):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __call__(self, q, k, v, meta, causal):
+    def __call__(self, q, k, v, meta, causal, window=None):
         return self.name
 
 

@@ -132,7 +132,7 @@ def test_auto_never_compiles_and_says_how_to_build_the_kernels():
 
 def test_router_hands_the_offsets_to_the_routed_backend_only(backend):
     class Plain(Attention):
-        def __call__(self, q, k, v, meta, causal):
+        def __call__(self, q, k, v, meta, causal, window=None):
             return q
 
     plan = AttentionPlan(routes=((256, "flashinfer"), (2**62, "plain")), timings_us=())

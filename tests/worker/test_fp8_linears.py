@@ -29,9 +29,9 @@ from kembed.worker.engine.layers.attention import build_metadata
 from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS
 from kembed.worker.engine.models.bert import BertEmbedder, BertShape
 from kembed.worker.engine.models.cross_encoder import BertCrossEncoder
+from kembed.worker.engine.models.decoder import DecoderEmbedder, DecoderShape
 from kembed.worker.engine.models.families import build_model
 from kembed.worker.engine.models.model_dir import read_model_dir
-from kembed.worker.engine.models.qwen3 import Qwen3Embedder, Qwen3Shape
 from kembed.worker.errors import StartupError
 
 SDPA = ATTENTION_BACKENDS["sdpa"]
@@ -160,7 +160,8 @@ def test_only_the_encoder_layers_linears_turn_fp8():
     scorer = BertCrossEncoder(bert_shape(), SDPA, num_labels=1)
     assert quantize_linears(scorer) == 3 * 4
     assert type(scorer.dense) is nn.Linear and type(scorer.out_proj) is nn.Linear  # the head stays
-    qwen = Qwen3Embedder(Qwen3Shape(100, 64, 2, 4, 2, 16, 128, 64, 1e-6, 10000.0, False, True), SDPA, "last")
+    shape = DecoderShape(100, 64, 2, 4, 2, 16, 128, 64, 1e-6, 10000.0, False, False, True, has_qk_norm=True)
+    qwen = DecoderEmbedder(shape, SDPA, "last")
     assert quantize_linears(qwen) == 2 * 4
     assert quantize_linears(qwen) == 0  # already done
     assert qwen.decoder.embed_tokens.weight.dtype == torch.float32

@@ -24,8 +24,8 @@ from kembed.worker.engine.kernels.fused import add_layer_norm, linear_activation
 from kembed.worker.engine.kernels.fused_decoder import qk_norm_rope, rms_norm, silu_mul
 from kembed.worker.engine.layers.attention import AttentionShape
 from kembed.worker.engine.layers.attention_backends import cuda_backends
+from kembed.worker.engine.layers.norms import RMSNorm
 from kembed.worker.engine.layers.rope import RotaryEmbedding, rotate
-from kembed.worker.engine.models.qwen3 import RMSNorm
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -153,6 +153,25 @@ def test_qk_norm_rope_kernel_matches_norm_then_rotate(num_heads, num_kv_heads, h
     bf = torch.bfloat16
     q, k = qk_norm_rope(qkv, q_norm.weight.to(bf), k_norm.weight.to(bf), 1e-6, cos.to(bf), sin.to(bf),
                         num_heads, num_kv_heads)  # fmt: skip
+    assert q.shape == want_q.shape and k.shape == want_k.shape
+    assert rel_err(q, want_q) < 1e-2 and rel_err(k, want_k) < 1e-2
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(12, 2, 128), (4, 2, 64)])
+def test_qk_rope_kernel_without_weights_rotates_the_heads_as_they_are(num_heads, num_kv_heads, head_dim):
+    """Qwen2's and EuroBERT's q and k: no per-head norm, RoPE alone (the kernel's NORM=False)."""
+    num_tokens = 300
+    qkv = torch.randn(
+        num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=CUDA, dtype=torch.bfloat16
+    )
+    rope = RotaryEmbedding(head_dim, 4096, 1e6).to(CUDA)
+    cos, sin = rope(torch.randint(0, 4096, (num_tokens,), device=CUDA))
+    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    q_ref, k_ref, _ = qkv.float().split(sizes, dim=1)
+    want_q = rotate(q_ref.reshape(num_tokens, num_heads, head_dim), cos, sin)
+    want_k = rotate(k_ref.reshape(num_tokens, num_kv_heads, head_dim), cos, sin)
+    bf = torch.bfloat16
+    q, k = qk_norm_rope(qkv, None, None, 1e-6, cos.to(bf), sin.to(bf), num_heads, num_kv_heads)
     assert q.shape == want_q.shape and k.shape == want_k.shape
     assert rel_err(q, want_q) < 1e-2 and rel_err(k, want_k) < 1e-2
 

@@ -92,3 +92,23 @@ def test_roberta_max_sequence_length_accounts_for_the_position_offset(tmp_path):
     write_model(tmp_path, "roberta", "mean", normalize=True)
     engine = load_engine(WorkerConfig(model=tmp_path, device="cpu"))
     assert engine.info.max_sequence_length == TINY["max_position_embeddings"] - 2
+
+
+def test_a_one_type_model_ignores_the_second_segment_type_a_raw_client_sends(tmp_path):
+    """XLM-R checkpoints have one token type; the edge lets types 0 and 1 through (a pair's two
+    segments), and a 1 indexed past the table: an IndexError on the CPU, a device-side assert that
+    kills the worker on a GPU. Now every token takes the one row, as with no types at all."""
+    torch.manual_seed(0)
+    config = transformers.XLMRobertaConfig(**TINY, type_vocab_size=1)
+    model = transformers.XLMRobertaModel(config, add_pooling_layer=False).eval()
+    model.save_pretrained(tmp_path)
+    pooling = {"word_embedding_dimension": TINY["hidden_size"], "pooling_mode_mean_tokens": True}
+    write_pipeline(tmp_path, pooling, normalize=False)
+    engine = load_engine(WorkerConfig(model=tmp_path, device="cpu", attention_backend="sdpa"))
+    lengths = np.array([5, 9], np.int32)
+    ids = np.random.default_rng(0).integers(5, 300, int(lengths.sum())).astype(np.int32)
+    plain = engine.step(engine.pack(ids, lengths)).wait()
+    ones = engine.step(engine.pack(ids, lengths, np.ones_like(ids))).wait()
+    np.testing.assert_allclose(ones, plain, rtol=1e-6)
+    expected = reference(model, [ids[:5], ids[5:]], "mean")
+    assert cosine_rows(plain, expected).min() >= MIN_COSINE

@@ -80,6 +80,7 @@ def test_help_answers_without_torch(argv):
 SAMPLES = {
     "pooling": ("cls", "cls"),
     "normalize": ("false", False),
+    "adapter": ("retrieval.query", "retrieval.query"),
     "served_model_name": ("m", "m"),
     "host": ("0.0.0.0", "0.0.0.0"),
     "device": ("cpu", "cpu"),

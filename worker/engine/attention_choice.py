@@ -13,12 +13,14 @@ captured graph bakes in one backend.
 import logging
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from kembed.worker.buckets import BucketTable
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata, AttentionShape
+from kembed.worker.engine.layers.relative_bias import AttentionBias
 from kembed.worker.engine.staging import pad_batch
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,30 @@ class RoutedAttention(Attention):
     def __init__(self, plan: AttentionPlan, backends: dict[str, Attention]) -> None:
         self._routes = tuple((limit, backends[name]) for limit, name in plan.routes)
         self.plans_batches = any(attention.plans_batches for _, attention in self._routes)
+        kinds = [set(attention.bias_kinds) for _, attention in self._routes]
+        self.bias_kinds = tuple(sorted(set.intersection(*kinds)))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
-        return self._route(q.shape[0])(q, k, v, meta, causal)
+        # a window or a bias only where there is one: backends written to the plain call keep working
+        extra: dict[str, Any] = {}
+        if window is not None:
+            extra["window"] = window
+        if bias is not None:
+            extra["bias"] = bias
+        return self._route(q.shape[0])(q, k, v, meta, causal, **extra)
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """The first refusal among the backends it routes to (each was chosen for the model's shape)."""
+        return next((r for _, a in self._routes if (r := a.window_refusal(causal)) is not None), None)
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """The batch's host offsets to the backend its size routes to (a no-op for most)."""
@@ -100,7 +121,9 @@ def choose_attention(
         totals = {}
         for name, attend in list(usable.items()):
             try:
-                totals[name] = sum(_time_probe(attend, *probe, shape.is_causal) for probe in inputs)
+                totals[name] = sum(
+                    _time_probe(attend, *probe, shape.is_causal, shape.window) for probe in inputs
+                )
             except Exception as error:  # a kernel that cannot run this shape: never route to it
                 log.warning("attention backend %s failed on %s: %s; not used", name, shape, error)
                 del usable[name]
@@ -172,15 +195,17 @@ def _time_probe(
     v: torch.Tensor,
     meta: AttentionMetadata,
     causal: bool,
+    window: int | None = None,
 ) -> float:
-    """Microseconds per call of `attend` on one probe, as a graph replay."""
+    """Microseconds per call of `attend` on one probe, as a graph replay (with the model's sliding
+    window where it has one: its local layers' call, the one backends differ on)."""
     with torch.inference_mode():
-        attend(q, k, v, meta, causal)  # compile / lazy init outside the capture
+        attend(q, k, v, meta, causal, window)  # compile / lazy init outside the capture
         torch.cuda.synchronize(q.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(_CALLS_PER_GRAPH):
-                attend(q, k, v, meta, causal)
+                attend(q, k, v, meta, causal, window)
         graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

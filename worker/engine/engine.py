@@ -30,10 +30,15 @@ from kembed.worker.engine.kernels.fp8 import fp8_unsupported_reason, quantize_li
 from kembed.worker.engine.layers.attention import (
     Attention,
     AttentionMetadata,
+    AttentionShape,
     FlashInferAttention,
     build_metadata,
 )
-from kembed.worker.engine.layers.attention_backends import ATTENTION_BACKENDS, cuda_backends
+from kembed.worker.engine.layers.attention_backends import (
+    ATTENTION_BACKENDS,
+    cuda_backends,
+    window_refusal,
+)
 from kembed.worker.engine.lazy import LazyTensor, to_host
 from kembed.worker.engine.models.families import attention_shape, build_model
 from kembed.worker.engine.models.model_dir import ModelDir, read_model_dir
@@ -244,6 +249,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
         )
     if config.normalize is not None:
         model_dir = dataclasses.replace(model_dir, normalize=config.normalize)
+    if config.adapter:
+        model_dir = dataclasses.replace(model_dir, adapter=config.adapter)
     # Probed up to the configured budget; a longer single sequence takes the last range's backend.
     backend, attend, is_varlen = _resolve_attention(
         config.attention_backend, model_dir, device, dtype, config.max_batch_tokens
@@ -255,6 +262,8 @@ def load_engine(config: WorkerConfig) -> BaseEngine[Any]:
             num_fp8 = quantize_linears(model)  # after the move: quantised on the device, in bf16
         except ValueError as exc:
             raise StartupError(f"--linear-dtype fp8: {exc}") from None
+        if num_fp8 == 0:  # a family without an fp8 path (its layers name no FP8_LINEARS)
+            raise StartupError(f"--linear-dtype fp8: model_type {model_dir.model_type!r} has no fp8 path")
         dtype_name += "+fp8"
         log.warning(
             "linear dtype fp8: %d encoder linears in float8 e4m3 (below kembed's cosine 0.999 bar)", num_fp8
@@ -349,17 +358,26 @@ def _interactive_lane(config: WorkerConfig, engine: CudaEngine, attend: Attentio
 def _resolve_attention(
     requested: str, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, max_tokens: int
 ) -> tuple[str, Attention, bool]:
-    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay)."""
+    """(what Info reports, the attention backend, whether it is a varlen kernel CUDA graphs replay).
+    A model whose scores carry a relative-position bias gets only a backend that adds it, and one
+    with a sliding window only a backend that serves it exactly (each said in the log); on a GPU where
+    no varlen backend serves the model it runs on `sdpa-padded` in the eager engine, which is logged.
+    A backend asked for by name that cannot serve the model refuses the start."""
+    shape = attention_shape(model_dir)
     if device.type != "cuda":
         name = "sdpa" if requested == "auto" else requested  # per-sequence calls are cheap on a CPU
         if name not in ATTENTION_BACKENDS:
             raise StartupError(f"attention backend {requested!r} needs a CUDA device")
-        return name, ATTENTION_BACKENDS[name], False
-    shape = attention_shape(model_dir)
+        return name, _serving(ATTENTION_BACKENDS[name], name, shape), False
     # auto never compiles flashinfer's kernels (minutes with nvcc): it times them only when built
     varlen = cuda_backends(device, shape, compile_kernels=requested == "flashinfer")
     if requested == "auto":
         if not varlen:
+            log.warning(
+                "attention: no varlen backend serves this model's attention (%s): the eager engine "
+                "with sdpa-padded, no CUDA graphs",
+                shape,
+            )
             return "sdpa-padded", ATTENTION_BACKENDS["sdpa-padded"], False
         if len(varlen) == 1:
             name = next(iter(varlen))
@@ -369,11 +387,28 @@ def _resolve_attention(
     if requested in varlen:
         return requested, varlen[requested], True
     if requested in ATTENTION_BACKENDS:
-        return requested, ATTENTION_BACKENDS[requested], False
+        return requested, _serving(ATTENTION_BACKENDS[requested], requested, shape), False
+    if shape.window is not None or shape.bias:  # left out for the model's attention? say why
+        plain = cuda_backends(device, dataclasses.replace(shape, window=None, bias=""))
+        if requested in plain:
+            _serving(plain[requested], requested, shape)  # raises, naming what it lacks
     raise StartupError(
         f"attention backend {requested!r} is not available here for this model (usable: {sorted(varlen)}; "
         f"flashinfer has kernels for head sizes {FlashInferAttention.HEAD_DIMS} only)"
     )
+
+
+def _serving(attend: Attention, name: str, shape: AttentionShape) -> Attention:
+    """`attend`, if it adds the model's position bias and serves its sliding window exactly (or the
+    model has neither); else StartupError."""
+    if shape.bias and shape.bias not in attend.bias_kinds:
+        raise StartupError(
+            f"attention backend {name!r} adds no {shape.bias} position bias, which this model's attention "
+            "needs (auto chooses one that does)"
+        )
+    if (reason := window_refusal(attend, shape)) is not None:
+        raise StartupError(f"attention backend {name!r} cannot serve this model: {reason}")
+    return attend
 
 
 def _resolve_device(requested: str) -> torch.device:

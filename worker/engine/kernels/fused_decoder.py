@@ -1,10 +1,10 @@
-"""Fused Triton kernels for Qwen3-style decoder layers (RMSNorm, per-head q/k norm + RoPE, SiLU gate).
+"""Fused Triton kernels for Llama-style decoder layers (RMSNorm, per-head q/k norm + RoPE, SiLU gate).
 
 Unfused, a Qwen3 layer runs ~50 small kernels (float32 casts, powers, means, rsqrt, the halves of RoPE,
 concatenations), each a launch and a pass over the activations, which made a small decoder's layer
 several times slower than BGE-M3's (docs/benchmarks-history.md). Here each of those stretches is one
 kernel, computing in float32 registers and rounding once on the way out; the GEMMs and attention stay as
-they are. Every function has a plain-torch twin in qwen3.py (the CPU path and the reference the GPU
+they are. Every function has a plain-torch twin in models/decoder.py (the CPU path and the reference the GPU
 tests compare against).
 With fp8 linears (fp8.py), `rms_norm_fp8` also writes the normalised rows quantised to e4m3 for the
 next GEMM, and the SiLU gate is `activation_quantize(gate_up, "silu_mul")`.
@@ -24,7 +24,12 @@ except ImportError:  # CPU-only torch builds ship without Triton
 def can_fuse(x: torch.Tensor, head_dim: int) -> bool:
     """Whether the fused kernels serve this tensor: CUDA, Triton present, half head a power of two."""
     half = head_dim // 2
-    return triton is not None and x.is_cuda and half & (half - 1) == 0
+    return can_run(x) and half & (half - 1) == 0
+
+
+def can_run(x: torch.Tensor) -> bool:
+    """Whether the kernels here run on `x` at all: on CUDA, with Triton installed."""
+    return triton is not None and x.is_cuda
 
 
 def rms_norm(
@@ -64,23 +69,28 @@ def rms_norm_fp8(
 
 def qk_norm_rope(
     qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], contiguous
-    q_weight: torch.Tensor,  # [head_dim]
-    k_weight: torch.Tensor,  # [head_dim]
+    q_weight: torch.Tensor | None,  # [head_dim]; None (with k_weight): no q/k norm, RoPE alone
+    k_weight: torch.Tensor | None,  # [head_dim]
     eps: float,
     cos: torch.Tensor,  # [num_tokens, 1, head_dim/2]
     sin: torch.Tensor,  # [num_tokens, 1, head_dim/2]
     num_heads: int,
     num_kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k ([num_tokens, heads, head_dim]) normalised per head, then rotated (rotate-half RoPE)."""
+    """q and k ([num_tokens, heads, head_dim]) normalised per head (Qwen3; not without weights: Qwen2,
+    EuroBERT), then rotated (rotate-half RoPE)."""
     num_tokens = qkv.shape[0]
     half = cos.shape[-1]
     q = qkv.new_empty(num_tokens, num_heads, 2 * half)
     k = qkv.new_empty(num_tokens, num_kv_heads, 2 * half)
+    has_norm = q_weight is not None
+    assert has_norm == (k_weight is not None), "both q and k are normalised, or neither"
     _qk_norm_rope_kernel[(num_tokens, 2)](
-        qkv, q_weight, k_weight, cos, sin, q, k, qkv.stride(0), eps,
+        qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
+        cos, sin, q, k, qkv.stride(0), eps,
         HQ=num_heads, HKV=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        NORM=has_norm,
     )  # fmt: skip
     return q, k
 
@@ -124,17 +134,20 @@ if triton is not None:
             tl.store(Y + row * hidden + cols, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _norm_rope_heads(SRC, W, OUT, c, s, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _norm_rope_heads(  # type: ignore[no-untyped-def]
+        SRC, W, OUT, c, s, eps, H: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr
+    ):  # fmt: skip
         heads = tl.arange(0, BLOCK_H)[:, None]
         dims = tl.arange(0, HALF)[None, :]
         mask = heads < H
         first = SRC + heads * (2 * HALF) + dims
-        x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
-        mean_square = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
-        rstd = (1.0 / tl.sqrt(mean_square + eps))[:, None]
-        n1 = x1 * rstd * tl.load(W + dims).to(tl.float32)
-        n2 = x2 * rstd * tl.load(W + HALF + dims).to(tl.float32)
+        n1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+        n2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
+        if NORM:  # a compile-time branch: without it, the heads are rotated as they are
+            mean_square = (tl.sum(n1 * n1, axis=1) + tl.sum(n2 * n2, axis=1)) / (2 * HALF)
+            rstd = (1.0 / tl.sqrt(mean_square + eps))[:, None]
+            n1 = n1 * rstd * tl.load(W + dims).to(tl.float32)
+            n2 = n2 * rstd * tl.load(W + HALF + dims).to(tl.float32)
         out = OUT + heads * (2 * HALF) + dims
         tl.store(out, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask)
         tl.store(out + HALF, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask)
@@ -143,7 +156,7 @@ if triton is not None:
     def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
         QKV, QW, KW, COS, SIN, Q, K, stride_qkv, eps,
         HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, NORM: tl.constexpr,
     ):  # fmt: skip
         token = tl.program_id(0).to(tl.int64)
         dims = tl.arange(0, HALF)[None, :]
@@ -151,10 +164,10 @@ if triton is not None:
         s = tl.load(SIN + token * HALF + dims).to(tl.float32)
         row = QKV + token * stride_qkv
         if tl.program_id(1) == 0:
-            _norm_rope_heads(row, QW, Q + token * (HQ * 2 * HALF), c, s, eps, HQ, HALF, BLOCK_HQ)
+            _norm_rope_heads(row, QW, Q + token * (HQ * 2 * HALF), c, s, eps, HQ, HALF, BLOCK_HQ, NORM)
         else:
             _norm_rope_heads(
-                row + HQ * 2 * HALF, KW, K + token * (HKV * 2 * HALF), c, s, eps, HKV, HALF, BLOCK_HKV
+                row + HQ * 2 * HALF, KW, K + token * (HKV * 2 * HALF), c, s, eps, HKV, HALF, BLOCK_HKV, NORM
             )
 
     @triton.jit  # type: ignore[untyped-decorator]

@@ -4,14 +4,26 @@ Sequences are packed back to back (`cu_seqlens`), never padded between each othe
 layer runs on exactly the real tokens. `sdpa` (one call per sequence) is the CPU path and
 `sdpa-padded` (q/k/v gathered into a [batch, heads, max_seqlen, head_dim] block for the attention
 product only) the eager GPU fallback. Every backend is an `Attention`: the same call,
-`attention(q, k, v, meta, causal)` on packed [num_tokens, heads, head_dim] tensors (k and v may have
-fewer heads: grouped-query attention), and `plan_batch`, a no-op but where `plans_batches`. The
+`attention(q, k, v, meta, causal, window, bias)` on packed [num_tokens, heads, head_dim] tensors (k and
+v may have fewer heads: grouped-query attention; `window`, `bias`: below), and `plan_batch`, a no-op
+but where `plans_batches`. The
 varlen kernels take packed sequences natively, so CUDA graphs can replay them:
 `torch-varlen` (torch's bundled flash attention) and `flash-attn` (FlashAttention 4 from the
 `flash-attn-4` package, CuTe DSL kernels for Hopper and Blackwell, compiled on first use) and
 `flashinfer` (flashinfer's ragged prefill, `flashinfer-python`; its kernels are compiled with nvcc
 on first use, minutes per head size, and it needs a host-side plan per batch: `plan_batch`) and
 `triton` (triton_attention.py: a Triton kernel of our own).
+
+Sliding windows (ModernBERT's and Gemma 3's local layers, Mistral's): with `window` w a query sees the
+keys of its sequence at most w positions before it and, unless causal, at most w after it (a band
+2w + 1 wide, or w + 1 causal); None is no window. A backend that cannot serve a window exactly says
+why in `window_refusal`, and is then not chosen for a windowed model (attention_backends.py). Where a
+window is longer than every sequence of a batch the band holds every key, the same as full attention;
+the backends still apply it as given (no shortcut that a later, longer batch would have to undo).
+
+A family whose scores carry a relative-position bias (relative_bias.py) passes it as the call's
+`bias`; a backend serves the kinds it names in `bias_kinds` and raises for any other, and the engine
+never chooses it for a model of another kind (attention_backends.py).
 """
 
 import inspect
@@ -28,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kembed.worker.engine.layers.relative_bias import DISENTANGLED, DISTANCE, AttentionBias
+
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -37,6 +51,8 @@ class AttentionShape:
     num_kv_heads: int  # < num_heads: grouped-query attention
     head_dim: int
     is_causal: bool
+    bias: str = ""  # the kind of relative-position bias its scores carry (relative_bias.py); "": none
+    window: int | None = None  # the sliding window of the model's local layers (tokens each side), if any
 
 
 @dataclass(frozen=True)
@@ -71,17 +87,37 @@ class AttentionMetadata:
 
 
 class Attention(ABC):
-    """An attention backend: `attention(q, k, v, meta, causal) -> out` over the packed tokens of a
-    batch. A backend that needs a plan made on the host per batch (flashinfer) sets `plans_batches`;
-    the engine then calls `plan_batch` with the batch's host offsets before every forward, eager or
-    replayed. For every other backend `plan_batch` does nothing."""
+    """An attention backend: `attention(q, k, v, meta, causal, window, bias) -> out` over the packed
+    tokens of a batch (`window`: the module docstring). A backend that needs a plan made on the host
+    per batch (flashinfer) sets `plans_batches`; the engine then calls `plan_batch` with the batch's
+    host offsets before every forward, eager or replayed. For every other backend `plan_batch` does
+    nothing. `bias`: an additive bias of the scores, of a kind in `bias_kinds` (a backend raises for
+    any other)."""
 
     plans_batches: bool = False
+    bias_kinds: tuple[str, ...] = ()  # the AttentionBias kinds it adds exactly
 
     @abstractmethod
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor: ...
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """None where this backend serves a sliding window exactly (causal or, not causal, symmetric),
+        else why not. A backend serves none unless it says so."""
+        return "it has no sliding-window attention"
+
+    def refuse_bias(self, bias: AttentionBias | None) -> None:
+        """Raise unless this backend serves `bias` (None: always)."""
+        if bias is not None and bias.kind not in self.bias_kinds:
+            raise ValueError(f"{type(self).__name__} adds no {bias.kind} attention bias")
 
     def plan_batch(self, cu_seqlens: torch.Tensor, scratch: object | None = None) -> None:
         """Plan the next forward: `cu_seqlens` is the batch's int32 offsets on the host (pinned, as the
@@ -90,7 +126,19 @@ class Attention(ABC):
         return None
 
 
-_Shape = tuple[int, int, int, torch.dtype, bool]  # (num_heads, num_kv_heads, head_dim, dtype, causal)
+# (num_heads, num_kv_heads, head_dim, dtype, causal, window: -1 for none)
+_Shape = tuple[int, int, int, torch.dtype, bool, int]
+
+
+def window_mask(length: int, causal: bool, window: int | None, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where query row i may see key column j: j <= i when causal, and
+    |i - j| <= window with a window."""
+    rows = torch.arange(length, device=device)[:, None]
+    cols = torch.arange(length, device=device)[None, :]
+    mask = cols <= rows if causal else torch.ones(length, length, dtype=torch.bool, device=device)
+    if window is not None:
+        mask = mask & ((rows - cols).abs() <= window)
+    return mask
 
 
 def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
@@ -127,29 +175,71 @@ def build_metadata(lengths: np.ndarray) -> tuple[AttentionMetadata, np.ndarray]:
 class SdpaLoopAttention(Attention):
     """CPU attention: one SDPA call per sequence on views of the packed tensors, so no FLOP is spent
     on padding. The per-call overhead (tens of microseconds) is small against a CPU forward pass;
-    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for."""
+    on a GPU it would not be, which is what `sdpa-padded` and the varlen kernels are for. A window is
+    a banded mask per sequence; a bias is materialised per sequence ([heads, len, len])."""
+
+    bias_kinds = (DISTANCE, DISENTANGLED)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
         out = q.new_empty(q.shape)
         is_gqa = k.shape[1] != q.shape[1]
+        scale = None if bias is None else bias.scale
         for start, end in itertools.pairwise(meta.host_cu_seqlens):
             if start == end:  # an empty padding slot of a bucketed batch
                 continue
             # [len, heads, head_dim] -> [1, heads, len, head_dim]
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            if bias is None and window is None:
+                attn = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=is_gqa)
+            else:  # an explicit mask: sdpa takes is_causal only without one
+                # the band, even where it holds the whole sequence (then it is full attention)
+                allowed = (
+                    window_mask(end - start, causal, window, q.device)
+                    if window is not None
+                    else ~_above_diagonal(end - start, q.device)
+                    if causal
+                    else None
+                )
+                mask: torch.Tensor | None = allowed
+                if bias is not None:
+                    additive = bias.sequence(start, end).to(q.dtype).unsqueeze(0)
+                    mask = additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
+                attn = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=is_gqa
+                )
             out[start:end] = attn[0].transpose(0, 1)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
 
 
 class SdpaPaddedAttention(Attention):
     """Packed q/k/v gathered into a padded [num_seqs, heads, max_seqlen, head_dim] block for the
-    attention product only, then scattered back: the eager GPU fallback."""
+    attention product only, then scattered back: the eager GPU fallback, and the GPU path of a bias
+    no varlen kernel adds (a [num_seqs, heads, max_seqlen, max_seqlen] block per call). A window is a
+    band over the block's positions (those within each sequence), and'ed with the key mask."""
+
+    bias_kinds = (DISTANCE, DISENTANGLED)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
         _, num_heads, head_dim = q.shape
         num_seqs, max_seqlen = meta.num_seqs, meta.max_seqlen
@@ -159,19 +249,36 @@ class SdpaPaddedAttention(Attention):
                 x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[meta.pad_index]
             return x.view(num_seqs, max_seqlen, *x.shape[1:]).transpose(1, 2)
 
-        mask = meta.key_mask
-        if causal and mask is not None:
-            mask = mask & torch.ones(max_seqlen, max_seqlen, dtype=torch.bool, device=q.device).tril()
+        mask: torch.Tensor | None = meta.key_mask
+        if window is not None:  # padded query rows may see no key at all: their rows are dropped
+            band = window_mask(max_seqlen, causal, window, q.device)
+            mask = band if mask is None else mask & band
+        elif causal and mask is not None:
+            mask = mask & ~_above_diagonal(max_seqlen, q.device)
+        if bias is not None:  # the additive form: -inf where the boolean mask says no
+            additive = bias.padded(meta.pad_index, num_seqs, max_seqlen).to(q.dtype)
+            if mask is None and causal:
+                mask = ~_above_diagonal(max_seqlen, q.device)
+            mask = additive if mask is None else additive.masked_fill(~mask, float("-inf"))
         out = F.scaled_dot_product_attention(
             padded(q),
             padded(k),
             padded(v),
             attn_mask=mask,
             is_causal=causal and mask is None,
+            scale=None if bias is None else bias.scale,
             enable_gqa=k.shape[1] != num_heads,
         )
         out = out.transpose(1, 2).reshape(num_seqs * max_seqlen, num_heads, head_dim)
         return out if meta.unpad_index is None else out[meta.unpad_index]
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None
+
+
+def _above_diagonal(length: int, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where a key comes after its query (what causal attention hides)."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
 
 
 class TorchVarlenAttention(Attention):
@@ -185,10 +292,22 @@ class TorchVarlenAttention(Attention):
         self._has_gqa = "enable_gqa" in params
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
         kwargs: dict[str, Any] = {}
-        if self._has_window:
+        if window is not None:  # (left, right), both inclusive: flash attention's local window
+            if not self._has_window:
+                raise ValueError(f"torch-varlen: {self.window_refusal(causal)}")
+            kwargs["window_size"] = (window, 0 if causal else window)
+        elif self._has_window:
             kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
         else:
             kwargs["is_causal"] = causal
@@ -202,6 +321,9 @@ class TorchVarlenAttention(Attention):
         # a tuple only with return_aux, which is never passed
         out: torch.Tensor = self._varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, **kwargs)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None if self._has_window else f"torch {torch.__version__}'s varlen_attn has no window_size"
 
 
 def torch_varlen_backend() -> TorchVarlenAttention | None:
@@ -218,17 +340,34 @@ class FlashAttn4Attention(Attention):
 
     def __init__(self, flash_attn_varlen_func: Callable[..., Any]) -> None:
         self._varlen_func = flash_attn_varlen_func
+        self._has_window = "window_size" in inspect.signature(flash_attn_varlen_func).parameters
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
         cu = meta.cu_seqlens
+        kwargs: dict[str, Any] = {}
+        if window is not None:  # (left, right), inclusive; causal makes it (window, 0) in FA4 too
+            if not self._has_window:
+                raise ValueError(f"flash-attn: {self.window_refusal(causal)}")
+            kwargs["window_size"] = (window, 0 if causal else window)
         out = self._varlen_func(
             q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal,
+            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen, causal=causal, **kwargs,
         )  # fmt: skip
         result: torch.Tensor = out[0] if isinstance(out, tuple) else out
         return result
+
+    def window_refusal(self, causal: bool) -> str | None:
+        return None if self._has_window else "this flash-attn-4's flash_attn_varlen_func has no window_size"
 
 
 def flash_attn_4_backend() -> FlashAttn4Attention | None:
@@ -289,10 +428,27 @@ class FlashInferAttention(Attention):
             self._plan(planned, cu_seqlens, scratch)
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, causal: bool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        causal: bool,
+        window: int | None = None,
+        bias: AttentionBias | None = None,
     ) -> torch.Tensor:
+        self.refuse_bias(bias)
+        if window is not None and not causal:
+            raise ValueError(f"flashinfer: {self.window_refusal(causal)}")
         key = (q.shape[0], meta.cu_seqlens.shape[0] - 1)
-        shape: _Shape = (q.shape[1], k.shape[1], q.shape[2], q.dtype, causal)
+        shape: _Shape = (
+            q.shape[1],
+            k.shape[1],
+            q.shape[2],
+            q.dtype,
+            causal,
+            -1 if window is None else window,
+        )
         planned = self._wrappers.setdefault(key, {}).get(shape)
         if planned is None:
             planned = self._wrappers[key][shape] = self._new_wrapper(key, shape)
@@ -306,6 +462,11 @@ class FlashInferAttention(Attention):
             self._plan(planned, *self._pending[1:])
         out: torch.Tensor = planned.wrapper.run(q, k, v)
         return out
+
+    def window_refusal(self, causal: bool) -> str | None:
+        """flashinfer's `window_left` bounds the keys before a query only: a causal window is served
+        (every layer's plan made with its own), a symmetric one is not."""
+        return None if causal else "its window_left bounds keys on the left only, not a symmetric window"
 
     @torch.inference_mode(False)  # plain tensors: planning may run outside inference mode too
     def _new_wrapper(self, key: tuple[int, int], shape: _Shape) -> "_Planned":
@@ -329,7 +490,9 @@ class FlashInferAttention(Attention):
         scratch: object | None,
         offsets: tuple[int, ...] = (),
     ) -> None:
-        num_heads, num_kv_heads, head_dim, dtype, causal = planned.shape
+        num_heads, num_kv_heads, head_dim, dtype, causal, window_left = planned.shape
+        # the window only where there is one: the plan's other arguments as they always were
+        window = {} if window_left < 0 else {"window_left": window_left}
         wrapper = planned.wrapper
         # flashinfer writes the plan into this pinned buffer, then copies it to the device on the
         # stream: one buffer per in-flight batch (the attribute is flashinfer's own, 0.7.x).
@@ -341,7 +504,7 @@ class FlashInferAttention(Attention):
         try:
             wrapper.plan(
                 cu_seqlens, cu_seqlens, num_heads, num_kv_heads, head_dim,
-                causal=causal, q_data_type=dtype, non_blocking=True,
+                causal=causal, q_data_type=dtype, non_blocking=True, **window,
             )  # fmt: skip
         except Exception as error:
             if disable_jit and "JIT" in str(error):

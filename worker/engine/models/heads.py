@@ -4,13 +4,17 @@ BGE-M3 ships, beside its encoder, `sparse_linear` (hidden -> 1: a lexical weight
 and `colbert_linear` (hidden -> colbert: a multi-vector per token but the first, normalised), as
 FlagEmbedding's BGEM3FlagModel computes them. They load from `<name>.safetensors` when the
 directory has it, else from the published `<name>.pt` through `torch.load(weights_only=True)`
-(tensors only: no pickled code runs). A directory with neither has no such output.
+(tensors only: no pickled code runs). A directory with neither has no such output. A head the worker
+cannot serve refuses the model at start, naming it (`check_heads`): a sparse head must give one
+weight a token, a ColBERT head vectors of the dense width (every output travels in rows of that
+width, proto/outputs.py); before, such a ColBERT head was dropped without a word.
 
 A multi-output forward (served.py) returns one flat float32 block per bucket, laid out as
 `FlatLayout` says: what a captured graph writes, and what `assemble` (payload.py) gathers each
 sequence's answer from.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +47,46 @@ def _read_head(path: Path, name: str) -> dict[str, torch.Tensor] | None:
     return None
 
 
+def head_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each head's weight shape as the directory holds it (a safetensors header is read, not its
+    tensors); heads it lacks are absent."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in HEAD_FILES:
+        safe = Path(path) / f"{name}.safetensors"
+        if safe.is_file():
+            with safe_open(str(safe), framework="pt") as tensors:
+                has = "weight" in tensors.keys()  # noqa: SIM118 (a safe_open handle, not a dict)
+                shapes[name] = tuple(tensors.get_slice("weight").get_shape()) if has else ()
+            continue
+        state = _read_head(Path(path), name)
+        if state is not None:
+            weight = state.get("weight")
+            shapes[name] = () if weight is None else tuple(weight.shape)
+    return shapes
+
+
+def check_heads(shapes: Mapping[str, tuple[int, ...]], hidden: int, width: int) -> None:
+    """InvalidInput naming a head the worker cannot serve: `sparse_linear` must be [1, hidden]
+    (a weight a token), `colbert_linear` [width, hidden], its vectors of the dense rows' `width`."""
+    for name, shape in shapes.items():
+        if len(shape) != 2 or shape[1] != hidden:
+            raise InvalidInput(f"{name}: a weight [out, {hidden}] is expected, got {list(shape)}")
+    sparse = shapes.get("sparse_linear")
+    if sparse is not None and sparse[0] != 1:
+        raise InvalidInput(
+            f"sparse_linear gives {sparse[0]} weights a token; a sparse head gives one ([1, {hidden}])"
+        )
+    colbert = shapes.get("colbert_linear")
+    if colbert is not None and colbert[0] != width:
+        raise InvalidInput(
+            f"colbert_linear gives vectors of {colbert[0]} values, the model's dense vectors have {width}: "
+            "kembed serves ColBERT vectors of the dense width only (each output travels in rows of "
+            "that width); remove colbert_linear.* from the directory to serve the model without them"
+        )
+
+
 def _linear(state: dict[str, torch.Tensor], name: str, hidden: int) -> nn.Linear:
     weight = state.get("weight")
     if weight is None or weight.ndim != 2 or weight.shape[1] != hidden:
@@ -72,6 +116,11 @@ class M3Heads(nn.Module):
             for name in HEAD_FILES
         )
         return cls(sparse, colbert)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each loaded head's weight shape, as `check_heads` takes them."""
+        heads = {"sparse_linear": self.sparse, "colbert_linear": self.colbert}
+        return {name: tuple(head.weight.shape) for name, head in heads.items() if head is not None}
 
     @property
     def colbert_size(self) -> int:

@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from kembed.worker.engine.models.dense import DenseSpec, read_dense
+from kembed.worker.engine.models.logit_score import LogitScoreSpec, read_logit_score
 from kembed.worker.engine.models.splade import SpladeSpec, read_splade
 from kembed.worker.errors import InvalidInput
 
 # Prefixes under which task heads (BertForSequenceClassification, ...) store the encoder.
-_ENCODER_PREFIXES = ("bert.", "roberta.", "model.")
+_ENCODER_PREFIXES = ("bert.", "roberta.", "model.", "mpnet.", "deberta.")
 # sentence-transformers pooling flags, in the order it checks them, mapped to our pooling names.
 _POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -38,6 +39,8 @@ class ModelDir:
     normalize: bool  # the pipeline ends in sentence_transformers.models.Normalize
     dense: tuple[DenseSpec, ...] = ()  # Dense modules after pooling, in order (applied by the model)
     splade: SpladeSpec | None = None  # a SparseEncoder's SpladePooling (splade.py); None: not one
+    adapter: str = ""  # the deployment's task adapter (WorkerConfig.adapter); "": the base weights
+    logit_score: LogitScoreSpec | None = None  # an LLM reranker's LogitScore (logit_score.py); None: not one
 
     @property
     def model_type(self) -> str:
@@ -54,6 +57,9 @@ def read_model_dir(path: Path) -> ModelDir:
     splade = _read_splade_pipeline(path)
     if splade is not None:
         return ModelDir(path=path, config=config, pooling=None, normalize=False, splade=splade)
+    logit_score = _read_logit_score_pipeline(path)
+    if logit_score is not None:
+        return ModelDir(path=path, config=config, pooling=None, normalize=False, logit_score=logit_score)
     pooling, dense, normalize = _read_pipeline(path)
     return ModelDir(path=path, config=config, pooling=pooling, normalize=normalize, dense=dense)
 
@@ -77,6 +83,25 @@ def _read_splade_pipeline(path: Path) -> SpladeSpec | None:
             f"not {', '.join(_described(path, names, modules))}"
         )
     return read_splade(path / modules[1].get("path", ""))
+
+
+def _read_logit_score_pipeline(path: Path) -> LogitScoreSpec | None:
+    """A CrossEncoder's pipeline on a causal LM, a Transformer of task text-generation then
+    LogitScore (and nothing else), as its LogitScoreSpec; None for any other directory."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None
+    modules = json.loads(modules_file.read_text())
+    names = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if "LogitScore" not in names:
+        return None
+    is_causal_lm = names[0] == "Transformer" and _transformer_task(path, modules[0]) == "text-generation"
+    if len(names) != 2 or names[1] != "LogitScore" or not is_causal_lm:
+        raise InvalidInput(
+            f"{modules_file}: an LLM reranker's pipeline is served as a Transformer with transformer_task "
+            f"text-generation then LogitScore, not {', '.join(_described(path, names, modules))}"
+        )
+    return read_logit_score(path / modules[1].get("path", ""))
 
 
 def _transformer_task(path: Path, module: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from kembed.proto.outputs import COLBERT, DENSE, SPARSE, TOKENS, OutputShape
 from kembed.worker.engine.layers.attention import AttentionMetadata
 from kembed.worker.engine.layers.pooling import pool
 from kembed.worker.engine.models.dense import Dense, DenseSpec
-from kembed.worker.engine.models.heads import M3Heads
+from kembed.worker.engine.models.heads import M3Heads, check_heads
 from kembed.worker.engine.payload import zero_rows
 
 
@@ -97,16 +97,20 @@ class PooledEmbedder(ServedModel):
         self.heads: M3Heads | None = None
 
     def load_heads(self, heads: M3Heads | None) -> None:
-        """BGE-M3's sparse and ColBERT heads (heads.py), after `load_dense`. A vector output whose
-        size is not the dense width is not offered (the rows' layout needs it: proto/outputs.py)."""
-        self.heads = heads
+        """BGE-M3's sparse and ColBERT heads (heads.py), after `load_dense`; InvalidInput for one
+        it cannot serve (`check_heads`: a ColBERT head not of the dense width, as the rows' layout
+        needs, proto/outputs.py). Token vectors of another size than the dense width are not
+        offered, for the same reason (a Dense module changed the width)."""
         facts = self.facts
+        if heads is not None:
+            check_heads(heads.shapes(), facts.hidden_size, facts.output_size)
+        self.heads = heads
         outputs, colbert = facts.outputs, 0
         if facts.hidden_size != facts.output_size:
             outputs &= ~TOKENS
         if heads is not None and heads.sparse is not None:
             outputs |= SPARSE
-        if heads is not None and heads.colbert_size == facts.output_size:
+        if heads is not None and heads.colbert is not None:
             outputs, colbert = outputs | COLBERT, heads.colbert_size
         hidden = facts.hidden_size if outputs & TOKENS else 0
         self.facts = dataclasses.replace(facts, outputs=outputs, colbert_size=colbert, hidden_size=hidden)

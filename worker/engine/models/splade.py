@@ -19,7 +19,7 @@ from torch import nn
 
 from kembed.proto.outputs import SPARSE
 from kembed.worker.engine.layers.attention import Attention, AttentionMetadata
-from kembed.worker.engine.models.bert import _ACTIVATIONS, BertEncoder, BertShape
+from kembed.worker.engine.models.bert import HIDDEN_ACTIVATIONS, BertEncoder, BertShape
 from kembed.worker.engine.models.served import ModelFacts, ServedModel
 from kembed.worker.errors import InvalidInput
 
@@ -57,7 +57,7 @@ class MlmHead(nn.Module):
     def __init__(self, shape: BertShape) -> None:
         super().__init__()
         self.transform = nn.Linear(shape.hidden_size, shape.hidden_size)
-        self.activation = _ACTIVATIONS[shape.activation]
+        self.activation = HIDDEN_ACTIVATIONS[shape.activation]
         self.norm = nn.LayerNorm(shape.hidden_size, eps=shape.layer_norm_eps)
         self.decoder = nn.Linear(shape.hidden_size, shape.vocab_size)
 
