@@ -339,11 +339,24 @@ class WorkerPool:
                 log.info("worker %s is serving", replica.address)
                 replica.num_rejoins += 1
                 self._say_serving()
+        elif health.reason.startswith("stalled") and was_serving and not self._others_serve(replica):
+            # A lone replica is never marked down for being slow (it cannot tell a slow device from
+            # a stuck one): it keeps its work as a suspect, which waits for it within its deadline
+            # rather than failing 503 with nowhere else to go; marked down once another serves.
+            if not replica.is_suspect:
+                log.warning("worker %s says %s; the only one serving: kept", replica.address, health.reason)
+            replica.is_suspect, replica.last_error = True, f"NOT_SERVING: {health.reason}"
         else:
             reason = pb.HealthResponse.Status.Name(health.status)
             if was_serving:
                 log.warning("worker %s is not serving: %s", replica.address, health.reason or reason)
             replica.mark_down(f"{reason}: {health.reason}" if health.reason else reason)
+
+    def _others_serve(self, replica: Replica) -> bool:
+        """Whether a replica other than `replica`, and not suspect, could take its work now."""
+        now = asyncio.get_running_loop().time()
+        others = (r for r in self.replicas if r is not replica and not r.is_suspect)
+        return any(self._is_available(r, now) for r in others)
 
     def _say_serving(self) -> None:
         """A replica is serving that was not: chunks waiting for one try again (attempts.py)."""
@@ -440,6 +453,8 @@ class WorkerPool:
         """An attempt of `part` on `replica` came back with its rows."""
         replica.num_chunks_served += 1
         replica.is_suspect = False  # it answers: alive
+        if replica.is_serving:  # as good as a SERVING probe: a lone slow replica does not age out
+            replica.last_serving_at = asyncio.get_running_loop().time()
         if self.on_chunk_served is not None:
             self.on_chunk_served(part.num_tokens)
 

@@ -12,7 +12,7 @@ at once (429, `Overloaded`) when that work would
   that will not. Until this process has measured that rate (a busy window of 0.5 s and a chunk's
   worth of tokens), the rate the serving workers report for their devices stands in for it: a
   gateway that has served nothing yet, or only queries, admitted a burst by the queues' capacity
-  alone (issue 43: 300 clients at once, 63-68 requests of 1,032 tokens admitted in the first 0.2 s
+  alone (300 clients at once, 63-68 requests of 1,032 tokens admitted in the first 0.2 s
   by one CPU worker's 65,536, answered after up to 42 s against a 10 s bound, 38-57 of them 504).
 A query behind a 2048-text request is thus admitted (one chunk of it is ahead), a second such
 request is not. With two classes (the workers serve interactive work before bulk, docs/scheduling.md)
