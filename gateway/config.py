@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kembed.proto.model_files import ModelSpec
 
 MIB = 1024 * 1024
 
@@ -371,3 +374,12 @@ class GatewayConfig:
             raise ValueError(f"max_queue_wait_s must be positive, got {self.max_queue_wait_s}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+
+
+def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
+    """The model directory's tokenization facts with the deployment's overrides (max length, prompts):
+    what the gateway tokenizes by, and the golden check too (golden.py)."""
+    prompts = {**spec.prompts, **(json.loads(config.prompts) if config.prompts else {})}
+    return dataclasses.replace(
+        spec, max_seq_length=config.max_seq_length or spec.max_seq_length, prompts=prompts
+    )
