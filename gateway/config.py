@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kembed.proto.model_files import ModelSpec
 
 MIB = 1024 * 1024
 
@@ -127,8 +130,18 @@ class GatewayConfig:
     30 s later)."""
 
     max_attempts: int = 3
-    """Tries per chunk across distinct replicas when one answers UNAVAILABLE or RESOURCE_EXHAUSTED.
-    Bounded so a fleet-wide outage fails fast instead of cycling."""
+    """Distinct replicas a chunk is tried on when one answers UNAVAILABLE or RESOURCE_EXHAUSTED or
+    is found stalled. Bounded so a fleet-wide outage fails fast instead of cycling. A replica tried
+    already may take the chunk again once it serves again (marked down, then SERVING to a probe),
+    which needs a probe's round trip each time, within the chunk's deadline."""
+
+    max_rejoin_wait_s: float = 10.0
+    """How long, in seconds, a chunk already sent (its request admitted, part of its work done) that
+    finds no replica to go to (the one it was on died, the others are down) waits for a replica to
+    serve again, within its deadline, before failing 503: a worker resumed after a stop, or one that
+    answers its probes again, is found within a probe or two (0.25 s apart while none serves). 10 s:
+    about what a stopped or overloaded worker takes to answer again, short of the 60 s deadline, so
+    an outage of the whole fleet still fails a request well before its deadline. 0: fail at once."""
 
     hedge_after_s: float = 0.25
     """An interactive chunk still unanswered this long after it was sent (or, if longer, after
@@ -334,6 +347,7 @@ class GatewayConfig:
             "max_inflight_frames",
             "max_document_tokens",
             "bulk_tokenization_processes",
+            "max_rejoin_wait_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -360,3 +374,12 @@ class GatewayConfig:
             raise ValueError(f"max_queue_wait_s must be positive, got {self.max_queue_wait_s}")
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+
+
+def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
+    """The model directory's tokenization facts with the deployment's overrides (max length, prompts):
+    what the gateway tokenizes by, and the golden check too (golden.py)."""
+    prompts = {**spec.prompts, **(json.loads(config.prompts) if config.prompts else {})}
+    return dataclasses.replace(
+        spec, max_seq_length=config.max_seq_length or spec.max_seq_length, prompts=prompts
+    )

@@ -1,13 +1,18 @@
 """`python -m kembed.gateway.golden`: what a candidate revision answers for fixed texts, to compare
 with what earlier revisions of the same weights answered (the operator's golden-embedding gate).
 
-Run by the operator's rollout Job from the gateway image, beside the smoke test: it reads the model
-directory as the gateway does, tokenizes GOLDEN_TEXTS with the gateway's own tokenizer (a tokenizer
-that no longer matches the weights changes the answer), embeds them on every candidate pod over gRPC
-(or scores GOLDEN_PAIRS for a cross-encoder), checks that the pods agree with each other and answer
-finite values, and prints one `kembed-golden-record: {json}` line: the weights' digest and the first
-pod's answer. The operator reads that line from the Job's log, compares it with the record kept for
-the same weights (if any) and keeps the record of weights it has not seen once the gate passes.
+Run by the operator's rollout Job from the gateway image, beside the smoke test, with the gateway's
+own settings (`--max-seq-length`, `--prompts`: what the revision's gateway is given): it reads the
+model directory as the gateway does, tokenizes GOLDEN_TEXTS with the gateway's own tokenizer (a
+tokenizer that no longer matches the weights changes the answer), embeds them on every candidate pod
+over gRPC (or scores GOLDEN_PAIRS for a cross-encoder), as the gateway answers a request without a
+prompt name, and PROMPTED_TEXTS under each of the model's prompts; it normalises the rows as the
+gateway does (the pods' Info says whether: their pooling and normalisation are the workers' own),
+so a record's norms are what clients got. It checks that the pods agree with each other and answer
+finite values, and prints one `kembed-golden-record: {json}` line: the weights' digest and the
+first pod's answer. The operator reads that line from the Job's log, compares it with the record
+kept for the same weights (if any: directions and norms, golden.py there) and keeps the record of
+weights it has not seen once the gate passes.
 
 The weights' digest is the SHA-256 over the weight files (safetensors and the like, every module's),
 their paths and sizes, not over the tokenizer or config files: "the same weights" under another
@@ -32,8 +37,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from kembed.gateway.config import GatewayConfig, with_overrides
 from kembed.gateway.pool.model_check import ModelCheck
 from kembed.gateway.tokenizing.tokenization import Tokenization
+from kembed.gateway.vectors import finish
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
 from kembed.proto.accuracy import MIN_COSINE
@@ -41,7 +48,9 @@ from kembed.proto.model_files import load_model_spec
 from kembed.proto.model_identity import WEIGHT_SUFFIXES, files_digest, read_identity, weight_files
 
 RECORD_PREFIX = "kembed-golden-record: "
-RECORD_VERSION = 1
+# 2: rows as the gateway answers them (normalised where it normalises), `prompted` rows, `normalized`.
+# A record of version 1 holds raw pooled rows: its directions are compared, not its norms.
+RECORD_VERSION = 2
 # Fixed forever: a record names the texts' digest, and a record made from other texts cannot be
 # compared (the operator records anew, with a warning). Short and long, several scripts, code and
 # numbers: the cases where a wrong tokenizer, pooling or kernel shows.
@@ -58,6 +67,9 @@ GOLDEN_TEXTS = (
     "A",
 )
 GOLDEN_PAIRS = tuple((GOLDEN_TEXTS[0], text) for text in GOLDEN_TEXTS[1:])
+# Embedded once under each prompt of the model (a changed prefix shows on any text; a short and a
+# long one keep the record small for models of a dozen prompts).
+PROMPTED_TEXTS = GOLDEN_TEXTS[:2]
 
 
 def texts_digest(texts: Sequence[str]) -> str:
@@ -132,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"FAIL golden {address}: {refusal}")
     if any(refusal for _, refusal in refusals):
         return 1
-    tokenization = Tokenization(spec, num_threads=1)
+    tokenization = Tokenization(with_overrides(spec, args.gateway), num_threads=1)
+    prompt_names: list[str] = []
     try:
         if info.task == "score":
             texts: Sequence[str] = [f"{q}\n{d}" for q, d in GOLDEN_PAIRS]
@@ -144,19 +157,28 @@ def run(args: argparse.Namespace) -> int:
             batch = _batch(ids, type_ids)
         else:
             texts = GOLDEN_TEXTS
-            encoded = asyncio.run(
-                tokenization.encode(
-                    list(GOLDEN_TEXTS),
-                    truncate=True,
-                    direction=None,
-                    prompt_name=None,
-                    vocab_size=info.vocab_size,
+            prompt_names = sorted(tokenization.spec.prompts)
+
+            def encode(inputs: Sequence[str], prompt_name: str | None) -> list[np.ndarray]:
+                return asyncio.run(
+                    tokenization.encode(
+                        list(inputs),
+                        truncate=True,
+                        direction=None,
+                        prompt_name=prompt_name,
+                        vocab_size=info.vocab_size,
+                    )
                 )
-            )
+
+            encoded = encode(GOLDEN_TEXTS, None)  # as a request without a prompt name
+            for name in prompt_names:
+                encoded += encode(PROMPTED_TEXTS, name)
             batch = _batch(encoded)
     finally:
         tokenization.close()
     rows = [answer(stub, info.task, batch, args.timeout, args.metadata) for stub in stubs]
+    if info.task != "score":  # what the gateway answers: normalised where the model is
+        rows = [finish(got, dimensions=None, normalize=info.normalize) for got in rows]
     failed = False
     for address, got in zip(args.target, rows, strict=True):
         if not np.isfinite(got).all():
@@ -175,14 +197,23 @@ def run(args: argparse.Namespace) -> int:
         failed |= worst < args.min_cosine
     if failed:
         return 1
+    answered, prompted = rows[0][: len(texts)], rows[0][len(texts) :]
     record = {
         "version": RECORD_VERSION,
         "weights": digest,
         "task": info.task,
         "textsSha256": texts_digest(texts),
         "modelType": info.model_type,
-        "rows": [encode_row(row) for row in rows[0]],
+        "rows": [encode_row(row) for row in answered],
         "columns": int(rows[0].shape[1]),
+        "normalized": bool(info.normalize) and info.task != "score",
+        "maxSeqLength": tokenization.spec.max_seq_length,
+        "prompted": {
+            name: [
+                encode_row(row) for row in prompted[n * len(PROMPTED_TEXTS) : (n + 1) * len(PROMPTED_TEXTS)]
+            ]
+            for n, name in enumerate(prompt_names)
+        },
     }
     print(f"weights {digest}, {len(args.target)} pod(s) agree")
     print(RECORD_PREFIX + json.dumps(record, separators=(",", ":")), flush=True)
@@ -209,7 +240,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="seconds a worker call may take (default: %(default)s)"
     )
+    parser.add_argument(
+        "--max-seq-length",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the gateway's --max-seq-length: tokens kept per input (default: 0, the model's own)",
+    )
+    parser.add_argument(
+        "--prompts",
+        default="",
+        metavar="JSON",
+        help="the gateway's --prompts: prompt name to prefix, merged over the model's (default: none)",
+    )
     args = parser.parse_args(argv)
+    try:  # the gateway's own rules for these settings, and its own merge of them (config.py)
+        args.gateway = GatewayConfig(
+            model_dir=args.model, max_seq_length=args.max_seq_length, prompts=args.prompts
+        )
+    except ValueError as error:
+        parser.error(str(error))
     token = os.environ.get("KEMBED_WORKER_AUTH_TOKEN", "").strip()
     args.metadata = (("authorization", f"Bearer {token}"),) if token else ()
     return args

@@ -11,6 +11,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from kembed.proto.accuracy import MIN_COSINE
@@ -81,6 +82,10 @@ async def serve(config: WorkerConfig, engine: ServedEngine | None = None) -> Non
             config.stall_min_s,
             config.stall_unseen_s,
             min_batch_tokens=config.max_batch_tokens // 4,
+            # a gap between the watch's looks past twice its period: the process was not running
+            max_gap_s=2 * STALL_CHECK_S,
+            # a CPU step is seen to progress by the CPU the process spends (stalls.py)
+            progress=time.process_time if engine.info.device == "cpu" else None,
         ),
     )
     metrics.watch(engine.stats, scheduler, config.max_pinned_bytes)

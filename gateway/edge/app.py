@@ -9,8 +9,6 @@ rest TEI).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -44,7 +42,7 @@ from kembed.gateway.api.schemas import (
     parse,
 )
 from kembed.gateway.api.tei import TeiRoutes
-from kembed.gateway.config import GatewayConfig
+from kembed.gateway.config import GatewayConfig, with_overrides
 from kembed.gateway.edge.auth import BearerAuth
 from kembed.gateway.edge.disconnect import CancelOnDisconnect
 from kembed.gateway.edge.hot_path import HotPath, HotRequest
@@ -68,7 +66,7 @@ from kembed.gateway.service.service import PRIORITY_HEADER, EmbeddingService
 from kembed.gateway.tokenizing.heap import LARGE_BODY_BYTES, HeapTrim
 from kembed.gateway.tokenizing.tokenization import Tokenization
 from kembed.gateway.vectors import encode, rank
-from kembed.proto.model_files import ModelSpec, load_model_spec
+from kembed.proto.model_files import load_model_spec
 from kembed.proto.model_identity import ModelIdentity
 from kembed.proto.outputs import names_of
 from kembed.proto.version import VERSION
@@ -311,14 +309,6 @@ class Routes:
             "refused_workers": pool.num_refused(),  # serving another model (`/info` says which and why)
         }
         return json_response(body, status_code=503)
-
-
-def with_overrides(spec: ModelSpec, config: GatewayConfig) -> ModelSpec:
-    """The model directory's tokenization facts with the deployment's overrides (max length, prompts)."""
-    prompts = {**spec.prompts, **(json.loads(config.prompts) if config.prompts else {})}
-    return dataclasses.replace(
-        spec, max_seq_length=config.max_seq_length or spec.max_seq_length, prompts=prompts
-    )
 
 
 def create_app(

@@ -15,7 +15,10 @@ refused. `guarded_protocol` adds, per connection:
   as soon as it passes the limit, before it is parsed further;
 - at most `max_connections` are open at once: past that, the longest-open connection that is not
   being served (idle between requests or still sending its head) is closed to make room, and if
-  every connection is busy the new one is answered 503 and closed.
+  every connection is busy the new one is answered 503 and closed. The open connections are kept
+  in the order they opened, so the one to close is found from the oldest and the search stops
+  there (scanning them all for each newcomer past the cap held up the accept loop: 5,000 silent
+  connections at a cap of 4,096 delayed a /health 1.9-2.7 s on 2 loaded cores, 0.08 s below it).
 
 Each close is counted in `kembed_gateway_connections_closed_total{reason}`; open connections in
 `kembed_gateway_open_connections`.
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import http
-import itertools
 import logging
 import re
 import resource
@@ -175,7 +177,8 @@ def guarded_protocol(
     hot_paths = hot.paths if hot is not None else frozenset()
     closed = metrics.connections_closed
     open_gauge = metrics.open_connections
-    opened = itertools.count()
+    # this app's guarded connections, oldest first (a dict keeps insertion order; used as an ordered set)
+    by_age: dict[Any, None] = {}
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -187,7 +190,6 @@ def guarded_protocol(
             self._timer: TimerHandle | None = None
             self._is_refused = False
             self._held = b""  # the start of a request head, until its blank line comes
-            self._order = next(opened)
             self.url = b""
 
         # -- lifecycle --------------------------------------------------------------------------
@@ -201,6 +203,7 @@ def guarded_protocol(
                 closed.labels("too_many_connections").inc()
                 return
             super().connection_made(transport)
+            by_age[self] = None
             open_gauge.inc()
             self._arm(header_timeout_s, "header_timeout")  # the first request's head must come
 
@@ -211,6 +214,7 @@ def guarded_protocol(
                 return  # type: ignore[unreachable]
             if self in self.connections:
                 open_gauge.dec()
+            by_age.pop(self, None)
             self._disarm()
             cycle = self._hot_cycle()
             super().connection_lost(exc)
@@ -225,13 +229,12 @@ def guarded_protocol(
             return is_answered and self._phase in (_IDLE, _HEAD) and not self.pipeline
 
         def _evict_one(self) -> bool:
-            """Close the longest-open connection not being served; False if every one is busy."""
-            candidates = [
-                c for c in self.connections if isinstance(c, GuardedHttpProtocol) and c._is_evictable()
-            ]
-            if not candidates:
+            """Close the longest-open connection not being served; False if every one is busy. From
+            the oldest: it is usually the one (a silent or idle connection is not served)."""
+            oldest = next((c for c in by_age if c._is_evictable()), None)
+            if oldest is None:
                 return False
-            min(candidates, key=lambda c: c._order)._close("evicted_idle")
+            oldest._close("evicted_idle")
             return True
 
         # -- timers -----------------------------------------------------------------------------
@@ -267,6 +270,7 @@ def guarded_protocol(
 
         def _close(self, reason: str) -> None:
             closed.labels(reason).inc()
+            by_age.pop(self, None)  # closing: no longer one to make room with
             self._disarm()
             if self.cycle is not None and not self.cycle.response_complete:
                 self.cycle.disconnected = True  # the app's receive() now reports a disconnect

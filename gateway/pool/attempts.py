@@ -1,5 +1,5 @@
 """How one chunk is sent: tries on distinct replicas, a hedge when an attempt runs long, a re-send
-when its replica is found stalled.
+when its replica is found stalled, and a replica tried before tried again once it serves again.
 
 Embedding is idempotent, so a chunk may run on two replicas and the first answer be taken (Dean and
 Barroso, "The Tail at Scale", 2013: a hedged request sent after the 95th-percentile latency cut
@@ -16,14 +16,24 @@ replica serves) and is probed at once (`WorkerPool.check`). A probe that answers
 as does any answer from it; one that says NOT_SERVING (a worker that found itself stalled), or
 none within `health_timeout_s` while another replica serves (a stopped process, a wedged loop),
 marks it down, and every attempt outstanding on it is re-sent elsewhere at once, unthrottled: it is
-a move, not a duplicate. Mutated only on the event loop.
+a move, not a duplicate.
+
+A replica a chunk was tried on is not tried again while it is the same serving spell (its attempt
+failed, or it was found stalled, and it has not been heard SERVING since), but once it has come back
+(marked down, then SERVING to a probe: `Target.num_rejoins` moved on) it is a replica like any other:
+a chunk moved off a stopped worker whose second replica then dies goes back to the first if it runs
+again (before, such a chunk failed 503 with a replica serving). A chunk with nowhere to go that was
+sent before (its work admitted) waits for a replica to serve again, up to `max_rejoin_wait_s` and
+within its deadline, rather than failing at once; a chunk's first attempt with none serving fails
+at once (503). Each try again needs a probe's round trip, so a flapping fleet cannot make a chunk
+spin. Mutated only on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -85,6 +95,7 @@ class Target(Protocol):
     outstanding_tokens: int  # tokens sent and not yet answered
     queued_tokens: int  # tokens its worker last said were queued
     tokens_per_s: float  # its device's rate (0: not known)
+    num_rejoins: int  # times it was heard SERVING after it was not: a new serving spell
 
     def down_signal(self) -> asyncio.Future[None]: ...
 
@@ -109,22 +120,25 @@ class Attempts(Generic[Replica]):
         self,
         part: Part,
         *,
-        pick: Callable[[Sequence[Replica]], Replica | None],
+        pick: Callable[[Callable[[Replica], bool]], Replica | None],
         request: Callable[[Replica], asyncio.Future[np.ndarray]],
         answered: Callable[[Replica, Part], None],
         hedging: Hedging,
         check: Callable[[Replica], None],
         mark_down: Callable[[Replica, str], None],
+        wait_serving: Callable[[float], Awaitable[None]],
         translate: Callable[[grpc.aio.AioRpcError, str], Exception],
         metrics: GatewayMetrics,
         max_attempts: int,
+        max_rejoin_wait_s: float,
     ) -> None:
         self._part = part
         self._pick, self._request, self._answered, self._hedging = pick, request, answered, hedging
         self._check, self._mark_down, self._translate = check, mark_down, translate
+        self._wait_serving = wait_serving
         self._metrics = metrics
-        self._max_attempts = max_attempts
-        self._tried: list[Replica] = []
+        self._max_attempts, self._max_rejoin_wait_s = max_attempts, max_rejoin_wait_s
+        self._tried: dict[Replica, int] = {}  # each replica tried: its num_rejoins when last tried
         self._running: list[_Attempt[Replica]] = []
         self._is_hedged = False
         self._is_overloaded = False
@@ -142,14 +156,16 @@ class Attempts(Generic[Replica]):
             if not self._running and not self._start(is_hedge=False):
                 if self._is_overloaded:
                     raise Overloaded("every worker replica tried has a full queue; retry later")
-                raise Unavailable("no worker replica is serving; retry later")
+                if not self._tried or not await self._rejoined(loop):
+                    raise Unavailable("no worker replica is serving; retry later")
+                continue
             waits: list[asyncio.Future[Any]] = [a.task for a in self._running]
             waits += [a.down for a in self._running]
             first = self._running[0]
             until = None
             if not self._is_hedged and len(self._running) == 1 and not first.is_overdue:
                 until = first.hedge_at
-            if not await _first_of(waits, until, loop):  # the attempt ran past its budget
+            if not await first_of(waits, until, loop):  # the attempt ran past its budget
                 self._overdue(first)
                 continue
             for attempt in list(self._running):
@@ -160,11 +176,31 @@ class Attempts(Generic[Replica]):
                 elif attempt.down.done():  # its replica was found stalled: moved elsewhere
                     self._drop(attempt)
 
-    def _start(self, *, is_hedge: bool) -> bool:
-        """A new attempt on the best untried replica; False if none is left (or tries are spent)."""
-        if len(self._tried) >= self._max_attempts:
+    async def _rejoined(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a replica serves again (any, heard SERVING after it was not) within
+        `max_rejoin_wait_s` and the chunk's deadline; Timeout once the deadline has passed."""
+        until = min(self._part.deadline, loop.time() + self._max_rejoin_wait_s)
+        while loop.time() < until:
+            await self._wait_serving(until)
+            if self._pick(self._is_allowed) is not None:
+                return True
+        if self._part.deadline <= loop.time():
+            raise Timeout("the request did not complete within its deadline")
+        return False
+
+    def _is_allowed(self, replica: Replica) -> bool:
+        """Whether a new attempt may go to `replica`: not running one of this chunk, and either new
+        to it (while distinct tries are left) or back since it was tried (a new serving spell)."""
+        if any(attempt.replica is replica for attempt in self._running):
             return False
-        replica = self._pick(self._tried)
+        tried_at = self._tried.get(replica)
+        if tried_at is None:
+            return len(self._tried) < self._max_attempts
+        return replica.num_rejoins != tried_at
+
+    def _start(self, *, is_hedge: bool) -> bool:
+        """A new attempt on the best replica allowed; False if none is."""
+        replica = self._pick(self._is_allowed)
         if replica is None:
             return False
         if self._part.deadline <= asyncio.get_running_loop().time():
@@ -175,7 +211,7 @@ class Attempts(Generic[Replica]):
             self._metrics.upstream_retries.inc()
         else:
             self._hedging.earn()
-        self._tried.append(replica)
+        self._tried[replica] = replica.num_rejoins
         ahead = max(replica.outstanding_tokens, replica.queued_tokens)
         hedge_at = asyncio.get_running_loop().time() + self._hedging.budget_s(replica, self._part, ahead)
         replica.outstanding_tokens += self._part.num_tokens  # so chunks sent this turn spread out
@@ -227,11 +263,12 @@ def _retrieve(task: asyncio.Future[np.ndarray]) -> None:
         task.exception()
 
 
-async def _first_of(
+async def first_of(
     futures: list[asyncio.Future[Any]], until: float | None, loop: asyncio.AbstractEventLoop
 ) -> bool:
     """Wait until one of `futures` is done (True) or loop.time() reaches `until` (False): what
-    asyncio.wait(FIRST_COMPLETED) does, without its sets, for the one or two futures of a chunk."""
+    asyncio.wait(FIRST_COMPLETED) does, without its sets, for the one or two futures of a chunk.
+    A cancel of the caller always raises CancelledError (3.11's wait_for can lose one)."""
     if any(future.done() for future in futures):
         return True
     waiter: asyncio.Future[None] = loop.create_future()

@@ -72,13 +72,29 @@ def joined_rows(rows: Sequence[np.ndarray], kind: str) -> np.ndarray:
 
 async def gather_all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
     """Results of `coros` in order. The first failure cancels the rest and is raised as itself (not
-    as an ExceptionGroup), so no chunk outlives its request; a cancelled request cancels them all."""
+    as an ExceptionGroup), so no chunk outlives its request; a cancelled request cancels them all
+    and ends cancelled, even if a chunk fails meanwhile or in its own cancellation. (A TaskGroup,
+    used before, gives a child's error priority over its parent's cancel: a request whose client
+    left, or whose deadline passed, as a chunk failed was answered, and counted, as that chunk's
+    error instead of 499 or 504: the pacing window's ValueError made it a 500.)"""
     if len(coros) == 1:
         return [await coros[0]]
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
     try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(coro) for coro in coros]
-    except BaseExceptionGroup as failures:
-        known: list[BaseException] = [e for e in failures.exceptions if isinstance(e, GatewayError)]
-        raise (known or list(failures.exceptions))[0] from None
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        await _cancelled(tasks)
+        raise
+    failures = [e for t in tasks if t.done() and not t.cancelled() and (e := t.exception()) is not None]
+    if failures:
+        await _cancelled(tasks)
+        known = [e for e in failures if isinstance(e, GatewayError)]
+        raise (known or failures)[0] from None
     return [task.result() for task in tasks]
+
+
+async def _cancelled(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Every task of `tasks` cancelled and ended (their own errors retrieved, not raised)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

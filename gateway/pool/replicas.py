@@ -65,6 +65,7 @@ class Replica:
     is_checking: bool = False  # a probe of a suspect is in flight
     tokens_per_s: float = 0.0  # its device's rate, from its Health (0: not known)
     num_stalls: int = 0  # times it was found stalled (a probe not answered, or NOT_SERVING, while suspect)
+    num_rejoins: int = 0  # times it was heard SERVING after it was not (a chunk tried on it may come back)
     _down: asyncio.Future[None] | None = None
 
     def down_signal(self) -> asyncio.Future[None]:

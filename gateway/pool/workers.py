@@ -29,7 +29,7 @@ import numpy as np
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.metrics import GatewayMetrics
-from kembed.gateway.pool.attempts import Attempts, Hedging
+from kembed.gateway.pool.attempts import Attempts, Hedging, first_of
 from kembed.gateway.pool.batches import Part, split_into_chunks
 from kembed.gateway.pool.fanout import chunk_parts, gather_all, joined_rows
 from kembed.gateway.pool.model_check import ModelCheck
@@ -81,6 +81,8 @@ class WorkerPool:
         self._num_picks = 0
         self._hedging = Hedging(config)
         self._checks: set[asyncio.Task[None]] = set()  # probes of suspect replicas in flight
+        self._serving_again: asyncio.Future[None] | None = None  # set when a replica serves again
+        self._probe_soon: asyncio.Future[None] | None = None  # set: the health loop probes now
         # Called with a chunk's tokens each time one comes back answered (the admission's drain rate).
         self.on_chunk_served: Callable[[int], None] | None = None
         token = config.worker_auth_token  # sent with every call; a worker without a token ignores it
@@ -335,11 +337,47 @@ class WorkerPool:
             replica.last_error = ""
             if not was_serving:
                 log.info("worker %s is serving", replica.address)
+                replica.num_rejoins += 1
+                self._say_serving()
+        elif health.reason.startswith("stalled") and was_serving and not self._others_serve(replica):
+            # A lone replica is never marked down for being slow (it cannot tell a slow device from
+            # a stuck one): it keeps its work as a suspect, which waits for it within its deadline
+            # rather than failing 503 with nowhere else to go; marked down once another serves.
+            if not replica.is_suspect:
+                log.warning("worker %s says %s; the only one serving: kept", replica.address, health.reason)
+            replica.is_suspect, replica.last_error = True, f"NOT_SERVING: {health.reason}"
         else:
             reason = pb.HealthResponse.Status.Name(health.status)
             if was_serving:
                 log.warning("worker %s is not serving: %s", replica.address, health.reason or reason)
             replica.mark_down(f"{reason}: {health.reason}" if health.reason else reason)
+
+    def _others_serve(self, replica: Replica) -> bool:
+        """Whether a replica other than `replica`, and not suspect, could take its work now."""
+        now = asyncio.get_running_loop().time()
+        others = (r for r in self.replicas if r is not replica and not r.is_suspect)
+        return any(self._is_available(r, now) for r in others)
+
+    def _say_serving(self) -> None:
+        """A replica is serving that was not: chunks waiting for one try again (attempts.py)."""
+        if self._serving_again is not None and not self._serving_again.done():
+            self._serving_again.set_result(None)
+        self._serving_again = None
+
+    async def _wait_serving(self, until: float) -> None:
+        """Until a replica is heard SERVING that was not, or loop.time() reaches `until`. The health
+        loop probes at once and then every UNREADY_PROBE_S while none is available, so a worker
+        that runs again is found within a fraction of a second, not a health interval."""
+        if self._serving_again is None or self._serving_again.done():
+            self._serving_again = asyncio.get_running_loop().create_future()
+        self._probe_now()
+        # first_of, not wait_for: Python 3.11's wait_for can lose a cancel that meets the future
+        # done (a request whose client left, or whose deadline passed, would carry on)
+        await first_of([self._serving_again], until, asyncio.get_running_loop())
+
+    def _probe_now(self) -> None:
+        if self._probe_soon is not None and not self._probe_soon.done():
+            self._probe_soon.set_result(None)
 
     async def _probe_all(self) -> None:
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
@@ -347,7 +385,10 @@ class WorkerPool:
     async def _health_loop(self) -> None:
         while True:
             interval = self._config.health_interval_s
-            await asyncio.sleep(interval if self.is_ready() else min(interval, UNREADY_PROBE_S))
+            loop = asyncio.get_running_loop()
+            self._probe_soon = loop.create_future()  # a chunk with nowhere to go wakes it early
+            wait_s = interval if self.is_ready() else min(interval, UNREADY_PROBE_S)
+            await first_of([self._probe_soon], loop.time() + wait_s, loop)
             try:
                 await self._probe_all()
                 self._say_readiness()
@@ -368,9 +409,10 @@ class WorkerPool:
             where = ", ".join(r.address for r in self.replicas) or self._config.worker_service
             log.warning("waiting for a worker to serve (%s); /ready answers 503 until then", where)
 
-    def _pick(self, tried: Sequence[Replica]) -> Replica | None:
-        """The available, untried replica with the fewest outstanding tokens. Ties go round-robin
-        (the scan starts one further each time), so an idle fleet still shares sequential requests."""
+    def _pick(self, is_allowed: Callable[[Replica], bool]) -> Replica | None:
+        """The available replica `is_allowed` (by a chunk's attempts) with the fewest outstanding
+        tokens. Ties go round-robin (the scan starts one further each time), so an idle fleet still
+        shares sequential requests."""
         replicas = self.replicas
         if not replicas:
             return None
@@ -380,7 +422,7 @@ class WorkerPool:
         best: Replica | None = None
         for offset in range(len(replicas)):
             replica = replicas[(start + offset) % len(replicas)]
-            if replica in tried or not self._is_available(replica, now):
+            if not self._is_available(replica, now) or not is_allowed(replica):
                 continue
             key = (replica.is_suspect, replica.outstanding_tokens)  # a suspect only if none else serves
             if best is None or key < (best.is_suspect, best.outstanding_tokens):
@@ -399,9 +441,11 @@ class WorkerPool:
             hedging=self._hedging,
             check=self.check,
             mark_down=self._mark_down,
+            wait_serving=self._wait_serving,
             translate=translate_error,
             metrics=self._metrics,
             max_attempts=self._config.max_attempts,
+            max_rejoin_wait_s=self._config.max_rejoin_wait_s,
         )
         return await attempts.run()
 
@@ -409,6 +453,8 @@ class WorkerPool:
         """An attempt of `part` on `replica` came back with its rows."""
         replica.num_chunks_served += 1
         replica.is_suspect = False  # it answers: alive
+        if replica.is_serving:  # as good as a SERVING probe: a lone slow replica does not age out
+            replica.last_serving_at = asyncio.get_running_loop().time()
         if self.on_chunk_served is not None:
             self.on_chunk_served(part.num_tokens)
 

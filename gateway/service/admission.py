@@ -7,8 +7,13 @@ in flight, at most max(n, one chunk) tokens more have been served: its `ahead` w
 at once (429, `Overloaded`) when that work would
 - pass what the serving workers' queues take together (each worker's `max_queued_tokens`, from its
   Info); or
-- take longer than `max_queue_wait_s` at the rate the workers have been finishing tokens lately: it
-  would time out, and take capacity from requests that will not.
+- take longer than `max_queue_wait_s` (or its own deadline, if that is sooner) at the rate the
+  workers have been finishing tokens lately: it would time out, and take capacity from requests
+  that will not. Until this process has measured that rate (a busy window of 0.5 s and a chunk's
+  worth of tokens), the rate the serving workers report for their devices stands in for it: a
+  gateway that has served nothing yet, or only queries, admitted a burst by the queues' capacity
+  alone (300 clients at once, 63-68 requests of 1,032 tokens admitted in the first 0.2 s
+  by one CPU worker's 65,536, answered after up to 42 s against a 10 s bound, 38-57 of them 504).
 A query behind a 2048-text request is thus admitted (one chunk of it is ahead), a second such
 request is not. With two classes (the workers serve interactive work before bulk, docs/scheduling.md)
 an interactive request's `ahead` is the interactive work only, and a bulk request's is all the
@@ -109,18 +114,36 @@ class Admission:
             f"past its {deadline_s:g} s deadline: send at most ~{most} tokens per request"
         )
 
-    def retry_after_s(self, num_tokens: int, *, is_bulk: bool = False) -> int | None:
-        """Seconds until the work ahead of a refused request should have drained enough for it to be
-        admitted (at the recent drain rate), at least 1, at most 60; None if the rate is not known."""
+    def tokens_per_s(self, device_rate: float = 0.0) -> float:
+        """The rate the wait rule counts on: this process's recent drain rate, else `device_rate`
+        (the serving workers' own measure of their devices; 0: not known either)."""
         rate = self.rate.tokens_per_s
+        return rate if rate > 0 else device_rate
+
+    def retry_after_s(
+        self, num_tokens: int, *, is_bulk: bool = False, device_rate: float = 0.0
+    ) -> int | None:
+        """Seconds until the work ahead of a refused request should have drained enough for it to be
+        admitted (at the rate `tokens_per_s` gives), at least 1, at most 60; None if no rate is known."""
+        rate = self.tokens_per_s(device_rate)
         if not rate > 0:
             return None
         held = self.ahead(num_tokens, is_bulk=is_bulk) + num_tokens
         return max(1, min(60, math.ceil(held / rate - self.max_queue_wait_s)))
 
-    def refusal(self, num_tokens: int, capacity_tokens: int, *, is_bulk: bool = False) -> str | None:
+    def refusal(
+        self,
+        num_tokens: int,
+        capacity_tokens: int,
+        *,
+        is_bulk: bool = False,
+        device_rate: float = 0.0,
+        deadline_s: float = math.inf,
+    ) -> str | None:
         """Why a request of `num_tokens` must be refused now, or None to admit it. `capacity_tokens`:
-        what the serving workers' queues hold together (0: unknown, no cap)."""
+        what the serving workers' queues hold together (0: unknown, no cap); `device_rate`: the
+        serving workers' devices' tokens/s, counted on until a drain rate is measured; `deadline_s`:
+        the time the request has left, if sooner than `max_queue_wait_s`."""
         if self.outstanding_tokens == 0:
             return None  # an idle gateway takes anything a worker would (the worker checks the size)
         held = self.ahead(num_tokens, is_bulk=is_bulk) + num_tokens
@@ -133,12 +156,14 @@ class Admission:
                 f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this {kind} "
                 f"of {num_tokens} tokens would pass the {capacity_tokens} the workers' queues hold{share}"
             )
-        rate = self.rate.tokens_per_s
-        if rate > 0 and held / rate > self.max_queue_wait_s:
+        rate = self.tokens_per_s(device_rate)
+        bound_s = min(self.max_queue_wait_s, deadline_s)
+        if rate > 0 and held / rate > bound_s:
+            measured = "recent" if self.rate.tokens_per_s > 0 else "devices'"
             return (
                 f"{self.outstanding_tokens} tokens are in flight; served in turn with them, this {kind} "
-                f"would take {held / rate:.1f} s at the workers' recent {rate:.0f} tokens/s, "
-                f"past {self.max_queue_wait_s:g} s"
+                f"would take {held / rate:.1f} s at the workers' {measured} {rate:.0f} tokens/s, "
+                f"past {bound_s:g} s"
             )
         return None
 

@@ -5,6 +5,7 @@ first at its estimate, then at its token count once tokenized."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -107,18 +108,28 @@ class RequestGate:
             return pb.PRIORITY_INTERACTIVE
         return pb.PRIORITY_BULK
 
-    def admit(self, said: int, num_inputs: int, estimate: int) -> Admitted:
+    def admit(self, said: int, num_inputs: int, estimate: int, deadline: float = math.inf) -> Admitted:
         """The request held as outstanding until `Admitted.release`, first at its `estimate`
         (estimate_tokens), then at its token count once tokenized (`Admitted.settle`); or Overloaded
         (429) at once, before any tokenizing, if the workers cannot take it in time (admission.py).
-        Its class (`said`, else by size) decides what it waits behind, and bulk is refused first."""
+        Its class (`said`, else by size) decides what it waits behind, and bulk is refused first;
+        the work ahead of it must drain before `max_queue_wait_s` and its own `deadline` (loop time)."""
         admitted = Admitted(self, said, num_inputs, estimate)
         # An estimate may be high (5 characters a token where it takes 4): refused on it only if
         # three quarters of it cannot fit; what it let through is checked again once counted.
         self.check_feasible(estimate, share=0.75)
-        reason = self.admission.refusal(estimate, self.pool.capacity_tokens, is_bulk=admitted.is_bulk)
+        device_rate = self.pool.tokens_per_s  # until this process has drained enough to measure
+        reason = self.admission.refusal(
+            estimate,
+            self.pool.capacity_tokens,
+            is_bulk=admitted.is_bulk,
+            device_rate=device_rate,
+            deadline_s=deadline - asyncio.get_running_loop().time(),
+        )
         if reason is not None:
-            retry_after_s = self.admission.retry_after_s(estimate, is_bulk=admitted.is_bulk)
+            retry_after_s = self.admission.retry_after_s(
+                estimate, is_bulk=admitted.is_bulk, device_rate=device_rate
+            )
             raise Overloaded(
                 f"the workers are at capacity: {reason}; retry later", retry_after_s=retry_after_s
             )

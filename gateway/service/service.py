@@ -211,7 +211,7 @@ class EmbeddingService:
         the sequences before they go to the workers (the answer's size, which their tokens set)."""
 
         async def run() -> tuple[np.ndarray, Sequence[np.ndarray], int]:
-            admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating))
+            admitted = self.gate.admit(said, len(inputs), self._estimate(inputs, is_truncating), deadline)
             try:
                 started = time.perf_counter()
                 sequences = await self.tokenization.encode(
@@ -410,7 +410,7 @@ class EmbeddingService:
         lengths = [sum(len(chunk) for chunk in chunks) for chunks in documents]
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self.gate.admit(said, num_chunks, estimate_tokens(lengths, max_tokens))
+            admitted = self.gate.admit(said, num_chunks, estimate_tokens(lengths, max_tokens), deadline)
             try:
                 started = time.perf_counter()
                 sequences, spans = await self.tokenization.encode_documents(documents, max_tokens)
@@ -484,7 +484,7 @@ class EmbeddingService:
         estimate = estimate_tokens([len(query) + len(text) for text in texts], limit, specials=specials)
 
         async def run() -> tuple[np.ndarray, int]:
-            admitted = self.gate.admit(said, len(texts), estimate)
+            admitted = self.gate.admit(said, len(texts), estimate, deadline)
             try:
                 started = time.perf_counter()
                 ids, type_ids = await self.tokenization.encode_pairs(

@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,11 +16,38 @@ from kembed.operator.rollout import golden
 from kembed.worker.config import bundled_model_dir
 
 
-def run_golden(model_dir, *targets: str) -> subprocess.CompletedProcess:
+def run_golden(model_dir, *targets: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     command = [sys.executable, "-P", "-m", "kembed.gateway.golden", "--model", str(model_dir)]
     for target in targets:
         command += ["--target", target]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*command, *flags], capture_output=True, text=True, timeout=120)
+
+
+def serving_worker(log_dir, *flags: str):
+    """A CPU worker on the bundled model with `flags`, once it answers Info."""
+    import grpc
+    from processes import spawn
+
+    from kembed.proto import embedder_pb2 as pb
+    from kembed.proto import embedder_pb2_grpc as pb_grpc
+
+    port = free_port()
+    worker = spawn(
+        f"worker-golden-{port}",
+        ["kembed.worker", "--port", str(port), "--metrics-port", "0", "--device", "cpu", *flags],
+        log_dir,
+    )
+    deadline = time.monotonic() + 90
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        while True:
+            try:
+                pb_grpc.EmbedderStub(channel).Info(pb.InfoRequest(), timeout=2)
+                return worker, f"127.0.0.1:{port}"
+            except grpc.RpcError:
+                if worker.popen.poll() is not None or time.monotonic() > deadline:
+                    worker.stop()
+                    pytest.fail(f"the worker did not serve:\n{worker.log.read_text()}")
+                time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +151,36 @@ def test_a_pod_of_another_model_fails_the_golden_check_before_its_answers_are_co
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"FAIL golden 127.0.0.1:{port}: serves another model: its tokenizer" in done.stdout, done.stdout
     assert "kembed-golden-record" not in done.stdout
+
+
+def test_the_gateways_length_prompts_and_normalisation_are_checked_against_the_record(stack, log_dir):
+    """The golden check answers as the revision's gateway would: with its maximum length and prompts
+    (the operator passes the gateway's settings), normalised as the pods say. Each of a length of 16,
+    a changed prompt and normalisation turned off, on the same weights, fails against the record;
+    before, each was promoted (embedded with the model directory alone, raw rows, cosine only)."""
+    kept = golden.from_log(run_golden(bundled_model_dir(), *stack.workers).stdout)
+    assert kept.has_norms and {name for name, _ in kept.prompted} >= {"query", "document"}
+    norms = np.linalg.norm(np.asarray(kept.rows), axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-4), norms  # MiniLM's pipeline normalises: as clients get it
+
+    short = run_golden(bundled_model_dir(), stack.workers[0], flags=("--max-seq-length", "16"))
+    assert short.returncode == 0, short.stdout + short.stderr
+    verdict = golden.judge(golden.from_log(short.stdout), kept, "Check", 0.999)
+    assert not verdict.passed and "against the record (need >= 0.999)" in verdict.message, verdict.message
+
+    prompts = ("--prompts", json.dumps({"query": "query: "}))
+    prompted = run_golden(bundled_model_dir(), stack.workers[0], flags=prompts)
+    verdict = golden.judge(golden.from_log(prompted.stdout), kept, "Check", 0.999)
+    assert not verdict.passed and "under prompt 'query'" in verdict.message, verdict.message
+
+    worker, address = serving_worker(log_dir, "--no-normalize")
+    try:
+        raw = run_golden(bundled_model_dir(), address)
+    finally:
+        worker.stop()
+    assert raw.returncode == 0, raw.stdout + raw.stderr
+    verdict = golden.judge(golden.from_log(raw.stdout), kept, "Check", 0.999)
+    assert not verdict.passed and "has norm" in verdict.message, verdict.message
+
+    bad = run_golden(bundled_model_dir(), stack.workers[0], flags=("--prompts", "[1]"))
+    assert bad.returncode == 2 and "prompts must be a JSON object" in bad.stderr

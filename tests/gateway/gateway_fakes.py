@@ -74,6 +74,7 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     num_received: int = 0  # Embed requests received (counted before any delay)
     bulk_gate: asyncio.Event | None = None  # set: bulk Embed requests wait for it
     health_delays: list[float] = field(default_factory=list)  # each Health call sleeps the next one
+    health_reason: str = ""  # why it is not serving, as its Health says (a worker's "stalled: ...")
     tokens_per_s: float = 0.0  # the device rate its Health reports (0: not known)
     enforce_queue: bool = False  # refuse RESOURCE_EXHAUSTED past max_queued_tokens held, as a worker
     queued_tokens: int = 0  # tokens of Embed requests held now
@@ -145,7 +146,9 @@ class FakeEmbedder(pb_grpc.EmbedderServicer):
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthResponse:
         if self.health_delays:
             await asyncio.sleep(self.health_delays.pop(0))
-        return pb.HealthResponse(status=self.status, queued_tokens=0, tokens_per_s=self.tokens_per_s)
+        return pb.HealthResponse(
+            status=self.status, queued_tokens=0, tokens_per_s=self.tokens_per_s, reason=self.health_reason
+        )
 
 
 class _Aborted(Exception):

@@ -37,6 +37,33 @@ def test_a_request_that_would_wait_past_the_limit_at_the_drain_rate_is_refused()
     assert reason is not None and "would take 2.1 s" in reason and "past 2 s" in reason
 
 
+def test_before_a_drain_rate_is_measured_the_workers_device_rate_bounds_the_wait():
+    """A burst at a gateway that has measured no drain rate yet (none is, before a busy window of
+    0.5 s and a chunk's worth of tokens) was admitted by the queues' capacity alone: 63 requests of
+    1,032 tokens by a 65,536-token queue, 20-40 s of a CPU worker against a 10 s bound."""
+    admission = Admission(max_queue_wait_s=10.0, quantum_tokens=4096)
+    admitted = 0
+    while admission.refusal(1032, capacity_tokens=65536, device_rate=3000.0) is None:
+        admission.admit(1032)
+        admitted += 1
+    assert admitted == 29  # 30,000 tokens: 10 s at the device's 3,000 tokens/s
+    reason = admission.refusal(1032, capacity_tokens=65536, device_rate=3000.0)
+    assert reason is not None and "devices' 3000 tokens/s" in reason and "past 10 s" in reason
+    assert admission.retry_after_s(1032, device_rate=3000.0) == 1
+    assert admission.refusal(1032, capacity_tokens=65536) is None  # no rate at all: the capacity only
+    admission.rate.tokens_per_s = 6000.0  # once measured, the drain rate is what counts
+    assert admission.refusal(1032, capacity_tokens=65536, device_rate=3000.0) is None
+
+
+def test_a_request_is_not_admitted_past_its_own_deadline():
+    admission = Admission(max_queue_wait_s=10.0, quantum_tokens=4096)
+    admission.rate.tokens_per_s = 1000.0
+    admission.admit(3000)
+    assert admission.refusal(1000, capacity_tokens=0) is None  # 4 s of work, 10 s allowed
+    reason = admission.refusal(1000, capacity_tokens=0, deadline_s=3.0)  # its deadline is sooner
+    assert reason is not None and "past 3 s" in reason
+
+
 def test_a_small_request_is_admitted_behind_a_large_one_that_fills_the_queues():
     """Served in turn, a query waits for one chunk of a 2048-text request, not all of it; a second
     large request would wait for all of the first (up to its own size) and is refused."""

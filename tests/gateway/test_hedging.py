@@ -119,3 +119,32 @@ async def test_the_only_replica_is_not_marked_down_for_being_slow(gateway_with):
         response = await client.post("/embed", json={"inputs": [[3, 4]]})
         assert response.status_code == 200
         assert (await _workers(client))[0]["serving"] is True
+
+
+async def test_the_only_replica_saying_it_is_stalled_keeps_serving_and_a_second_takes_over(gateway_with):
+    """A worker cannot always tell a slow device from a stuck one; with nowhere else to go its work
+    waits for it (answered once it runs again) rather than failing 503. Beside a replica that
+    serves, the same answer marks it down and its work moves."""
+    stalled = "stalled: a device step of ~64 tokens has run 1.6 s (74.1 ms expected; limit 1.0 s)"
+    lone = FakeEmbedder(delay_s=0.5)
+    async with gateway_with(lone, hedge_after_s=0.1, health_timeout_s=0.3, health_interval_s=0.1) as client:
+        lone.status, lone.health_reason = pb.HealthResponse.NOT_SERVING, stalled
+        for _ in range(3):  # each request probes it (suspect past 0.1 s): NOT_SERVING, stalled
+            response = await client.post("/embed", json={"inputs": [[3, 4]]})
+            assert response.status_code == 200, response.text
+        worker = (await _workers(client))[0]
+        assert worker["serving"] is True and "stalled" in worker["last_error"]
+        assert (await client.get("/ready")).status_code == 200
+    slow, other = FakeEmbedder(delay_s=30.0), FakeEmbedder()
+    async with gateway_with(
+        slow, other, hedge_after_s=0.1, max_hedge_share=0.0, health_timeout_s=0.3, health_interval_s=0.1
+    ) as client:
+        slow.status, slow.health_reason = pb.HealthResponse.NOT_SERVING, stalled
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while (await _workers(client))[0]["serving"]:
+            assert loop.time() < deadline, "a stalled replica beside a serving one was kept"
+            await asyncio.sleep(0.05)
+        response = await client.post("/embed", json={"inputs": [[3, 4]]})
+        assert response.status_code == 200
+        assert other.num_received >= 1

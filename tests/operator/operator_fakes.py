@@ -220,19 +220,27 @@ class FakeCluster:
 
 
 def golden_log(
-    weights: str = "ab" * 32, rows: tuple[tuple[float, ...], ...] = ((1.0, 0.0), (0.6, 0.8))
+    weights: str = "ab" * 32,
+    rows: tuple[tuple[float, ...], ...] = ((1.0, 0.0), (0.6, 0.8)),
+    prompted: dict[str, tuple[tuple[float, ...], ...]] | None = None,
 ) -> str:
-    """A golden Job's log: a report line and the record line (kembed.gateway.golden's format)."""
-    encoded = [base64.b64encode(struct.pack(f"<{len(r)}f", *r)).decode() for r in rows]
+    """A golden Job's log: a report line and the record line (kembed.gateway.golden's format; of
+    version 1, raw rows, unless `prompted` is given: version 2, rows as clients get them)."""
+
+    def encoded(block: tuple[tuple[float, ...], ...]) -> list[str]:
+        return [base64.b64encode(struct.pack(f"<{len(r)}f", *r)).decode() for r in block]
+
     record = {
-        "version": 1,
+        "version": 1 if prompted is None else 2,
         "weights": f"sha256:{weights}",
         "task": "embed",
         "textsSha256": "t" * 64,
         "modelType": "bert",
-        "rows": encoded,
+        "rows": encoded(rows),
         "columns": len(rows[0]),
     }
+    if prompted is not None:
+        record["prompted"] = {name: encoded(block) for name, block in prompted.items()}
     return f"ok   golden 10.0.0.1:50051: {len(rows)} rows\n{golden.RECORD_PREFIX}{json.dumps(record)}\n"
 
 

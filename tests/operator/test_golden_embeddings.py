@@ -138,8 +138,47 @@ def test_a_golden_job_whose_answer_cannot_be_read_blocks_with_why(driver, log, s
     assert records(driver) == {}
 
 
-def record(rows, task="embed", texts="t" * 64) -> golden.GoldenRecord:
-    line = golden_log(rows=rows).splitlines()[1].removeprefix(golden.RECORD_PREFIX)
+def test_the_golden_job_tokenizes_with_the_gateways_length_and_prompts(driver):
+    """The check embeds what the revision's clients get: a maxSequenceLength of 16 and a prompt are
+    the gateway's settings (its env), and the golden Job is given the same. Before, it embedded with
+    the model directory alone, so both were promoted unseen (a long text's vector at cosine 0.923)."""
+    driver.promote()
+    driver.cluster.golden_log = None  # held running, to look at it
+    driver.edit("model", maxSequenceLength=16, prompts={"query": "query: ", "document": "passage: "})
+    revision = to_smoke_testing(driver)
+    (job,) = [j for j in driver.cluster.named("Job", "golden") if revision in j["metadata"]["name"]]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    prompts = '{"document": "passage: ", "query": "query: "}'
+    assert command[command.index("--max-seq-length") + 1] == "16"
+    assert command[command.index("--prompts") + 1] == prompts
+    (gateway,) = driver.cluster.named("Deployment", "gateway")
+    env = {e["name"]: e.get("value") for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env.get("KEMBED_GATEWAY_PROMPTS") in (None, prompts)  # the serving revision's, or the same
+
+
+def test_judge_compares_norms_and_each_prompts_rows_and_renews_an_older_record():
+    """A record as clients got their vectors (version 2): a normalisation turned off keeps every
+    direction but not the norms; a prompt's prefix changed shows on its own rows; an older record
+    (raw rows) is compared by direction only and renewed."""
+    rows = ((1.0, 0.0), (0.6, 0.8))
+    kept = record(rows, prompted={"query": ((0.8, 0.6),)})
+    assert golden.judge(record(rows, prompted={"query": ((0.8, 0.6),)}), kept, "Check", MIN_COSINE).passed
+    unnormalised = record(((5.0, 0.0), (3.0, 4.0)), prompted={"query": ((4.0, 3.0),)})
+    verdict = golden.judge(unnormalised, kept, "Check", MIN_COSINE)
+    assert (
+        not verdict.passed and "golden text 0 has norm 5.0000 against the record's 1.0000" in verdict.message
+    )
+    reprompted = golden.judge(record(rows, prompted={"query": ((0.0, 1.0),)}), kept, "Check", MIN_COSINE)
+    assert not reprompted.passed and "golden text 0 under prompt 'query' answers" in reprompted.message
+    added = record(rows, prompted={"query": ((0.8, 0.6),), "passage": ((1.0, 0.0),)})
+    assert golden.judge(added, kept, "Check", MIN_COSINE).passed  # a new prompt has no record yet
+    older = record(((5.0, 0.0), (3.0, 4.0)))  # version 1: raw pooled rows
+    renewed = golden.judge(record(rows, prompted={"query": ((0.8, 0.6),)}), older, "Check", MIN_COSINE)
+    assert renewed.passed and renewed.record is not None and "renewed" in renewed.message
+
+
+def record(rows, task="embed", texts="t" * 64, prompted=None) -> golden.GoldenRecord:
+    line = golden_log(rows=rows, prompted=prompted).splitlines()[1].removeprefix(golden.RECORD_PREFIX)
     data = json.loads(line) | {"task": task, "textsSha256": texts}
     return golden.parse(json.dumps(data))
 

@@ -113,18 +113,58 @@ def test_a_failed_step_puts_the_gateway_back_on_the_serving_revision_at_its_size
     status = driver.step()
     assert status["phase"] == "Blocked" and status["activeRevision"] == driver.old
     assert gateway(driver) == (driver.old, f"minilm-worker-{driver.old}.ml.svc:50051")
-    assert asked(driver) == {driver.old: R, new: 2}  # kept while a gateway pod still sends it work
+    # the candidate's pods are kept while a gateway pod still sends them work, and the serving
+    # revision grows back only as they go: never more than R + S pods (was R + 2)
+    assert asked(driver) == {driver.old: R + S - 2, new: 2}
     driver.cluster.roll_gateway()
+    driver.step()
     driver.step()
     assert asked(driver) == {driver.old: R}
 
 
+def passes(driver: Driver, num: int) -> list[dict[str, int]]:
+    """What each of `num` passes asks (the gateway rolled out after each)."""
+    seen = []
+    for _ in range(num):
+        driver.step()
+        driver.cluster.roll_gateway()
+        seen.append(asked(driver))
+    return seen
+
+
 def test_a_spec_moving_on_mid_step_takes_the_gateway_back_first(driver):
+    """Back to the serving revision's own spec while the revisions mix: the gateway goes back onto
+    it, which grows back to R as the candidate's pods go, never past R + S (was: R beside the
+    candidate's 2, and 5 pods against 4 for as long as the gateway took to roll)."""
     new = driver.step()["candidateRevision"]
     gate_step(driver, new, S)
     driver.cluster.roll_gateway()
     driver.step()
-    driver.edit("worker", maxBatchTokens=2048)
+    assert asked(driver) == {driver.old: R + S - 2, new: 2}
+    driver.edit("worker", maxBatchTokens=2048)  # the serving revision's spec again
     status = driver.step()
-    assert status["candidateRevision"] not in (new, driver.old)
-    assert gateway(driver)[0] == driver.old and asked(driver)[driver.old] == R
+    assert status["candidateRevision"] == "" and gateway(driver)[0] == driver.old
+    assert sum(asked(driver).values()) <= R + S
+    seen = passes(driver, 3)
+    assert all(sum(pods.values()) <= R + S for pods in seen), seen
+    assert seen[-1] == {driver.old: R}
+
+
+def test_a_spec_moving_on_to_another_revision_while_mixing_holds_r_plus_s_pods(driver):
+    """A third revision while the first two mix: the second's pods are held until the gateway is
+    off them, the serving revision then grows back to R, and only then does the third start its
+    canary; R + S pods at most in every pass (was 6 against 4: R, the second's 2, the third's 1)."""
+    new = driver.step()["candidateRevision"]
+    gate_step(driver, new, S)
+    driver.cluster.roll_gateway()
+    driver.step()
+    driver.edit("worker", maxBatchTokens=512)
+    status = driver.step()
+    third = status["candidateRevision"]
+    assert third not in (new, driver.old) and gateway(driver)[0] == driver.old
+    assert sum(asked(driver).values()) <= R + S, asked(driver)
+    seen = passes(driver, 3)
+    assert all(sum(pods.values()) <= R + S for pods in seen), seen
+    assert seen[-1] == {driver.old: R, third: S}
+    status = gate_step(driver, third, S)
+    assert status["rollout"]["stage"] == "Mixing"

@@ -11,7 +11,8 @@ A thread polls the emulator through its HTTP API (as a controller would list/wat
 - runs each Job's pod command as a real local process and writes Complete or Failed: exit codes
   matched by a `FailJob` podFailurePolicy rule fail at once, others are retried `backoffLimit`
   times, `activeDeadlineSeconds` kills it; the pod's termination message is the log tail
-  (`FallbackToLogsOnError`).
+  (`FallbackToLogsOnError`). A Job deleted and created again under the same name (a rollback to a
+  retired revision asks its Jobs anew) is a new Job, run from the start.
 - plays the garbage collector: an object whose owner (by uid) is gone is deleted.
 - stops a pod as the kubelet does, without holding up the loop: it leaves the API (and so cluster
   DNS) at once, its preStop sleep runs, then SIGTERM, then SIGKILL once terminationGracePeriodSeconds
@@ -122,6 +123,7 @@ class JobRun:
     """A Job as the harness saw it run: for the tests' assertions."""
 
     name: str
+    uid: str  # a Job created again under its name is another run
     labels: dict[str, str]
     command: list[str]
     exit_codes: list[int] = field(default_factory=list)
@@ -140,7 +142,8 @@ class LocalKubelet:
         self._ips = (f"127.0.0.{i}" for i in itertools.count(10))
         self._names = itertools.count(1)
         self._dns_turn = 0
-        self.jobs: dict[str, JobRun] = {}
+        self.jobs: dict[str, JobRun] = {}  # the latest run of each Job name
+        self.job_runs: list[JobRun] = []  # every run, in order (a name may come back)
         self.errors: list[str] = []
         self._inits = InitContainers(self._api, namespace, log_dir, ENTRY_POINTS, self.errors)
         self.init_runs = self._inits.runs  # (owner, init container, exit code)
@@ -289,15 +292,13 @@ class LocalKubelet:
             self._sync_job(job)
 
     def _sync_job(self, job: dict[str, Any]) -> None:
-        name, spec = job["metadata"]["name"], job["spec"]
-        run = self.jobs.setdefault(
-            name,
-            JobRun(
-                name,
-                dict(job["metadata"].get("labels", {})),
-                spec["template"]["spec"]["containers"][0]["command"],
-            ),
-        )
+        name, spec, uid = job["metadata"]["name"], job["spec"], job["metadata"]["uid"]
+        run = self.jobs.get(name)
+        if run is None or run.uid != uid:  # the runs of a Job deleted since are not this one's
+            labels = dict(job["metadata"].get("labels", {}))
+            run = JobRun(name, uid, labels, spec["template"]["spec"]["containers"][0]["command"])
+            self.jobs[name] = run
+            self.job_runs.append(run)
         pods = self.pods_of(name)
         if not pods and self.is_holding_jobs.is_set():
             return

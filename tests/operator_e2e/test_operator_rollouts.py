@@ -263,3 +263,30 @@ def test_a_change_while_the_gateway_switches_keeps_every_request_answered(cluste
     assert any(f"revision {b} serves" in m for m in promoted), promoted
     assert gateway_rolled_to(cluster, b) and worker_ips(cluster, b)
     print(f"{len(answers)} answers, all 200: {old} -> {b} promoted, then the change blocked")
+
+
+def test_rolling_back_to_a_retired_revision_runs_its_jobs_again(cluster, example):
+    """A spec changed back after its revision retired asks that revision's Jobs again, under the
+    names they had (revision and attempt 1), which the stand-in's kubelet runs as the new Jobs they
+    are; the revision serves again. Before, the kubelet held the first run's outcome by name, never
+    ran the Jobs created again, and the rollback hung in Prewarming."""
+    old = start_ready(cluster, example)
+    before = cluster.model()["spec"]["worker"].get("maxBatchSequences")
+    patch_spec(cluster, {"worker": {"maxBatchSequences": 64}})
+    new = new_candidate(cluster, old)
+    cluster.wait(f"revision {new} serving", lambda: serves(cluster, new), timeout_s=120)
+    cluster.wait(
+        f"revision {old} retired, its Jobs gone",
+        lambda: (
+            not any(old in name for name in names(cluster, "/apis/batch/v1", "jobs"))
+            and not cluster.kubelet.pods_of(f"minilm-worker-{old}")
+        ),
+        timeout_s=30,
+    )
+    patch_spec(cluster, {"worker": {"maxBatchSequences": before}})  # back: the retired revision
+    cluster.wait(f"revision {old} serving again", lambda: serves(cluster, old), timeout_s=120)
+    prewarms = [run for run in cluster.kubelet.job_runs if run.name == f"minilm-prewarm-{old}-1"]
+    assert [run.outcome for run in prewarms] == ["Complete", "Complete"], prewarms
+    assert len({run.uid for run in prewarms}) == 2
+    assert cluster.kubelet.jobs[f"minilm-smoke-{old}-1"].outcome == "Complete"
+    assert len(embed(gateway_url(cluster))) == 384

@@ -119,3 +119,50 @@ async def test_a_hung_step_turns_health_not_serving_and_back(tmp_path):
         await channel.close()
         await server.stop(None)
         await scheduler.close()
+
+
+def test_time_the_process_was_not_running_does_not_count_toward_a_stall():
+    """A SIGSTOP (or a host that did not schedule the worker) freezes the step and the watch alike:
+    the gap between two looks counts `max_gap_s` at most. A query step in flight across a 1.5 s stop
+    read as run 1.5 s against its 1 s limit, and the lone worker's gateway answered 503."""
+    clock = Clock()
+    watch = StepWatch(multiple=10.0, min_s=1.0, clock=clock, max_gap_s=0.4)
+    for _ in range(3):  # query steps take 20 ms
+        step = watch.started(64)
+        clock.now += 0.02
+        watch.finished(step, 64)
+    step = watch.started(64)
+    for _ in range(2):  # looks every 0.2 s: the live clock keeps up
+        clock.now += 0.2
+        assert watch.stall() is None
+    clock.now += 1.5  # stopped: one gap of 1.5 s between looks counts 0.4 s
+    assert watch.stall() is None  # 0.4 + 0.4 = 0.8 s, not 1.9 s
+    clock.now += 0.1
+    assert watch.stall() is None
+    clock.now += 0.2  # running again, and the step does not end: a stall after all
+    assert (watch.stall() or "").startswith("stalled: a device step of ~64 tokens has run 1.1 s")
+    watch.finished(step, 64)
+
+
+def test_a_cpu_step_that_computes_is_slow_not_stalled():
+    """On a CPU device the process's CPU time shows a step progressing: one slowed 30x by a loaded
+    host (a fifth of a core) is not stalled; one that computes nothing (deadlocked) is."""
+    clock, cpu = Clock(), Clock()
+    watch = StepWatch(multiple=10.0, min_s=1.0, clock=clock, progress=cpu, min_progress_share=0.1)
+    for size in (64, 128):
+        step = watch.started(size)
+        clock.now += 0.05
+        watch.finished(step, size)  # 50 ms expected: limit 1 s
+    slow = watch.started(64)
+    for _ in range(10):
+        clock.now += 0.2
+        cpu.now += 0.04  # a fifth of a core
+        assert watch.stall() is None
+    watch.finished(slow, 64)
+    stuck = watch.started(128)
+    for _ in range(6):
+        clock.now += 0.2
+        cpu.now += 0.001  # the event loop's own few milliseconds
+    reason = watch.stall()
+    assert reason is not None and "of CPU since" in reason
+    watch.finished(stuck, 128)

@@ -3,9 +3,21 @@
 `StepWatch` times every device step the scheduler runs. A step still running after `multiple`
 times what steps of its size have taken (an average over the recent ones, at least `min_s`), or
 after `unseen_s` for a size not seen yet (a first step may compile kernels or capture a graph), is
-*stalled*: a hung kernel, a wedged driver, a GPU fallen off the bus. The worker then answers its
-health checks NOT_SERVING with the reason, so gateways stop sending to it and move what it holds,
-the pod leaves its Service, and the liveness probe restarts it if it stays so
+*stalled*: a hung kernel, a wedged driver, a GPU fallen off the bus, never a step that is merely
+slow. Two things make a step slow without its device being stuck, and neither counts:
+- the whole process not running (SIGSTOP, a frozen cgroup, a host that did not schedule it): steps
+  are timed on a clock that advances only while the worker's loop turns, each gap between the
+  watch's looks counting `max_gap_s` at most (a step in flight across a 1.5 s stop read as run
+  1.5 s against a 1 s limit, and the lone worker behind a gateway answered 503 for the rest of
+  each cycle);
+- a CPU device short of CPU (a loaded host): with `progress` (the process's CPU time, on a CPU
+  engine) a step past its limit is stalled only if the process has done less than
+  `min_progress_share` of a core's work since it began; a step that computes, however slowly, is
+  computing. A deadlocked CPU step is found this way, one stuck in a loop that burns CPU is not.
+
+The worker then answers its health checks NOT_SERVING with the reason, so gateways stop sending to
+it and move what it holds (a gateway with no other replica keeps it: gateway/pool/workers.py), the
+pod leaves its Service, and the liveness probe restarts it if it stays so
 (readiness.py `Readiness`). A worker whose event loop stops turning cannot answer at all; the
 gateway's probe then times out, which it treats the same way (gateway/pool/attempts.py), and
 `LoopWatch`, a thread, logs where the loop is stuck.
@@ -19,6 +31,7 @@ quarter of the budget, each timed from its launch or the previous batch's end, w
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -41,28 +54,51 @@ def size_key(num_tokens: int) -> int:
 
 @dataclass
 class StepWatch:
-    """See the module docstring. `min_batch_tokens`: the smallest batch the rate counts."""
+    """See the module docstring. `min_batch_tokens`: the smallest batch the rate counts;
+    `max_gap_s`: the most one gap between calls of `stall` (the watch's looks) adds to the clock
+    steps are timed on (inf: the wall clock); `progress`: the process's CPU seconds (CPU engines),
+    None where the device's own progress cannot be seen (a GPU's kernels)."""
 
     multiple: float = 10.0
     min_s: float = 1.0
     unseen_s: float = 30.0
     min_batch_tokens: int = 0
     clock: Callable[[], float] = time.perf_counter
+    max_gap_s: float = math.inf
+    progress: Callable[[], float] | None = None
+    min_progress_share: float = 0.1
     tokens_per_s: float = 0.0  # 0: not measured yet
     _expected: dict[int, float] = field(default_factory=dict)  # size key -> seconds
-    _running: dict[int, tuple[int, float]] = field(default_factory=dict)  # step -> (key, started)
+    # step -> (size key, started on the live clock, progress then)
+    _running: dict[int, tuple[int, float, float]] = field(default_factory=dict)
     _next: int = 0
     _last_finished: float = 0.0
+    _live: float = 0.0  # the live clock at the last look
+    _looked_at: float = math.nan  # clock() at the last look
+
+    def live(self) -> float:
+        """Seconds the worker has run: the wall clock, but a gap between looks counts `max_gap_s`
+        at most (the process was stopped, or not scheduled: no step of it ran either)."""
+        now = self.clock()
+        if math.isnan(self._looked_at):
+            self._looked_at = now
+        return self._live + min(now - self._looked_at, self.max_gap_s)
+
+    def _look(self) -> float:
+        self._live = self.live()
+        self._looked_at = self.clock()
+        return self._live
 
     def started(self, num_tokens: int) -> int:
         """A step of `num_tokens` was launched; returns its handle for `finished`."""
         self._next += 1
-        self._running[self._next] = (size_key(num_tokens), self.clock())
+        done = self.progress() if self.progress is not None else 0.0
+        self._running[self._next] = (size_key(num_tokens), self.live(), done)
         return self._next
 
     def finished(self, step: int, num_tokens: int, *, is_ok: bool = True) -> None:
-        key, started = self._running.pop(step)
-        now = self.clock()
+        key, started, _ = self._running.pop(step)
+        now = self.live()
         if is_ok:
             took = now - started
             old = self._expected.get(key)
@@ -77,17 +113,24 @@ class StepWatch:
         self.tokens_per_s = tokens_per_s if old <= 0 else RATE_WEIGHT * tokens_per_s + (1 - RATE_WEIGHT) * old
 
     def stall(self) -> str | None:
-        """Why the device is stalled now (the longest-overdue step), or None."""
-        now = self.clock()
-        for key, started in self._running.values():
+        """Why the device is stalled now (the first overdue step that makes no progress), or None.
+        Each call is a look: the gap since the last one moves the live clock (`live`)."""
+        now = self._look()
+        done = self.progress() if self.progress is not None else 0.0
+        for key, started, done_then in self._running.values():
             expected = self._expected.get(key)
             limit = self.unseen_s if expected is None else max(self.min_s, self.multiple * expected)
-            if now - started > limit:
-                known = "none seen yet" if expected is None else f"{expected * 1000:.1f} ms expected"
-                return (
-                    f"stalled: a device step of ~{key} tokens has run {now - started:.1f} s "
-                    f"({known}; limit {limit:.1f} s)"
-                )
+            ran = now - started
+            if ran <= limit:
+                continue
+            if self.progress is not None and done - done_then >= self.min_progress_share * ran:
+                continue  # slow, not stuck: the process computes
+            known = "none seen yet" if expected is None else f"{expected * 1000:.1f} ms expected"
+            idle = "" if self.progress is None else f", {done - done_then:.2f} s of CPU since"
+            return (
+                f"stalled: a device step of ~{key} tokens has run {ran:.1f} s "
+                f"({known}; limit {limit:.1f} s{idle})"
+            )
         return None
 
 
@@ -115,9 +158,16 @@ class LoopWatch:
 
     def _watch(self) -> None:
         is_reported = False
-        while not self._stop.wait(self.limit_s / 4):
-            stuck_for = time.monotonic() - self.last_beat
-            if stuck_for < self.limit_s:
+        period = self.limit_s / 4
+        looked_at = time.monotonic()
+        while not self._stop.wait(period):
+            now = time.monotonic()
+            # this thread overslept as much as the loop: the process was stopped, not the loop stuck
+            was_stopped, looked_at = now - looked_at > period + self.limit_s / 2, now
+            stuck_for = now - self.last_beat
+            if was_stopped:
+                self.last_beat = max(self.last_beat, now - period)
+            elif stuck_for < self.limit_s:
                 is_reported = False
             elif not is_reported:
                 is_reported = True

@@ -7,8 +7,9 @@ A worker pod already captured every reachable bucket when it started (`graphs.st
 the default), so there the Job finds them captured (it is idempotent); it captures what a `listed`
 or `none` start-up, or one whose `prewarmSeconds` ran out, left.
 The golden Job (rollout.golden, on by default) runs beside the smoke Job from the gateway image:
-it tokenizes fixed texts with the gateway's own tokenizer, embeds them on every candidate pod and
-prints the answer, which the operator judges against the record of the same weights (golden.py).
+it tokenizes fixed texts with the gateway's own tokenizer and settings (maximum length, prompts),
+embeds them on every candidate pod, normalises them as the gateway would, and prints the answer,
+which the operator judges against the record of the same weights (golden.py).
 Exit 1 is a verdict (a bucket failed, pods disagree) and fails the Job at once; exit 2 (a worker
 unreachable) is retried twice by the Job controller before the Job fails. `activeDeadlineSeconds` is
 the timeout.
@@ -48,6 +49,13 @@ def command(spec: EmbeddingModelSpec, request: JobRequest) -> list[str]:
         args = ["python", "-P", "-m", "kembed.gateway.golden", "--model", m.MODEL_MOUNT]
         for target in request.targets:
             args += ["--target", target]
+        # The gateway's own tokenization settings, as its env gives them (manifests.gateway_env): the
+        # check embeds what clients of this revision would get. Pooling and normalisation are the
+        # workers' (their pods answer with them; the tool normalises as their Info says).
+        if spec.model.max_sequence_length is not None:
+            args += ["--max-seq-length", str(spec.model.max_sequence_length)]
+        if spec.model.prompts:
+            args += ["--prompts", m.prompts_json(spec.model.prompts)]
         return [*args, "--min-cosine", repr(spec.rollout.min_cosine), "--timeout", "120"]
     args = ["kembed-worker", request.kind]
     for target in request.targets:

@@ -358,13 +358,18 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     if m.max_sequence_length is not None:
         values["KEMBED_GATEWAY_MAX_SEQ_LENGTH"] = str(m.max_sequence_length)
     if m.prompts:
-        values["KEMBED_GATEWAY_PROMPTS"] = json.dumps(dict(sorted(m.prompts.items())))
+        values["KEMBED_GATEWAY_PROMPTS"] = prompts_json(m.prompts)
     env: list[dict[str, Any]] = base_env() + [{"name": k, "value": v} for k, v in values.items()]
     if g.api_key_secret_ref is not None:
         ref = {"name": g.api_key_secret_ref.name, "key": g.api_key_secret_ref.key}
         env.append({"name": "KEMBED_GATEWAY_API_KEY", "valueFrom": {"secretKeyRef": ref}})
     # Sent to whatever revision serves: a worker without a token ignores it.
     return env + worker_token_env(spec, "KEMBED_GATEWAY_WORKER_AUTH_TOKEN")
+
+
+def prompts_json(prompts: dict[str, str]) -> str:
+    """The gateway's --prompts value (KEMBED_GATEWAY_PROMPTS), also given to the golden Job."""
+    return json.dumps(dict(sorted(prompts.items())))
 
 
 def gateway_deployment(

@@ -35,6 +35,9 @@ RECORDED_FROM = "kembed.dev/recorded-from"
 RECORDED_AT = "kembed.dev/recorded-at"
 MAX_RECORDS = 5  # weights a model keeps records of; the oldest go first
 MAX_SCORE_ERROR = 0.02  # a cross-encoder's logits: |a - b| / (1 + |b|), bf16 kernels differ by ~0.005
+# An embedding's norm against its record's, |a - b| / b: bf16 kernels move it by well under 1 %; a
+# normalisation turned off or on moves it by a factor (MiniLM's mean-pooled rows: ~0.2-0.5 of one).
+MAX_NORM_ERROR = 0.02
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,14 @@ class GoldenRecord:
     texts_sha256: str
     rows: tuple[tuple[float, ...], ...]
     raw: str  # the JSON as printed, stored as it is
+    version: int = 1
+    # the fixed prompted texts' rows under each of the model's prompts, by prompt name (version 2)
+    prompted: tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] = ()
+
+    @property
+    def has_norms(self) -> bool:
+        """Whether the rows are as clients got them (version 2), not raw pooled rows."""
+        return self.version >= 2
 
     @property
     def weights_id(self) -> str:
@@ -68,7 +79,14 @@ def parse(text: str) -> GoldenRecord:
     try:
         data = json.loads(text)
         rows = tuple(_floats(row) for row in data["rows"])
-        record = GoldenRecord(data["weights"], data["task"], data["textsSha256"], rows, text)
+        prompted = tuple(
+            (str(name), tuple(_floats(row) for row in block))
+            for name, block in sorted((data.get("prompted") or {}).items())
+        )
+        version = int(data.get("version", 1))
+        record = GoldenRecord(
+            data["weights"], data["task"], data["textsSha256"], rows, text, version, prompted
+        )
     except (ValueError, KeyError, TypeError) as error:
         raise UnreadableRecord(f"malformed golden record: {error}") from None
     if not record.weights.startswith("sha256:") or not rows or len({len(r) for r in rows}) != 1:
@@ -86,9 +104,15 @@ def from_log(log: str) -> GoldenRecord:
 def agreement(record: GoldenRecord, kept: GoldenRecord) -> tuple[float, int]:
     """(the least agreement over rows, the row where it is least): cosine for embeddings; for logits
     1 - |a - b| / (1 + |b|), so that the same min bar reads the same way."""
+    return _agreement(record.task, record.rows, kept.rows)
+
+
+def _agreement(
+    task: str, rows: tuple[tuple[float, ...], ...], kept_rows: tuple[tuple[float, ...], ...]
+) -> tuple[float, int]:
     worst, where = math.inf, -1
-    for i, (got, want) in enumerate(zip(record.rows, kept.rows, strict=True)):
-        if record.task == "score":
+    for i, (got, want) in enumerate(zip(rows, kept_rows, strict=True)):
+        if task == "score":
             value = 1.0 - max(abs(a - b) / (1.0 + abs(b)) for a, b in zip(got, want, strict=True))
         else:
             dot = sum(a * b for a, b in zip(got, want, strict=True))
@@ -120,16 +144,53 @@ def judge(record: GoldenRecord, kept: GoldenRecord | None, policy: str, min_cosi
     if len(kept.rows) != len(record.rows) or len(kept.rows[0]) != len(record.rows[0]):
         shape = f"{len(record.rows)}x{len(record.rows[0])}, recorded {len(kept.rows)}x{len(kept.rows[0])}"
         return Verdict(False, f"weights {short}: the answer's shape changed ({shape})")
-    worst, row = agreement(record, kept)
     bar = 1.0 - MAX_SCORE_ERROR if record.task == "score" else min_cosine
-    if worst >= bar:
-        return Verdict(True, f"weights {short}: golden texts match their record (least {worst:.6f})")
-    return Verdict(
-        False,
-        f"weights {short}: golden text {row} answers {worst:.6f} against the record (need >= {bar}); "
-        "the same weights answered otherwise before: a wrong tokenizer, pooling, prompt or engine. If "
-        "the change is intended, set rollout.golden: Record for this rollout",
-    )
+    kept_prompted = dict(kept.prompted)
+    # the default rows, then each prompt the kept record has too (a prompt added has no record yet)
+    blocks = [("", record.rows, kept.rows)]
+    blocks += [(name, rows, kept_prompted[name]) for name, rows in record.prompted if name in kept_prompted]
+    least = math.inf
+    for name, rows, kept_rows in blocks:
+        under = f" under prompt {name!r}" if name else ""
+        if len(rows) != len(kept_rows) or len(rows[0]) != len(kept_rows[0]):
+            return Verdict(False, f"weights {short}: the answer's shape{under} changed")
+        worst, row = _agreement(record.task, rows, kept_rows)
+        least = min(least, worst)
+        if worst < bar:
+            return Verdict(
+                False,
+                f"weights {short}: golden text {row}{under} answers {worst:.6f} against the record (need "
+                f">= {bar}); the same weights answered otherwise before: a wrong tokenizer, pooling, "
+                "prompt, length limit or engine. If the change is intended, set rollout.golden: Record "
+                "for this rollout",
+            )
+        if record.task == "embed" and record.has_norms and kept.has_norms:
+            error, row, norm, kept_norm = _norm_error(rows, kept_rows)
+            if error > MAX_NORM_ERROR:
+                return Verdict(
+                    False,
+                    f"weights {short}: golden text {row}{under} has norm {norm:.4f} against the "
+                    f"record's {kept_norm:.4f} (need within {MAX_NORM_ERROR:.0%}): the same weights "
+                    "answered otherwise before: normalisation on or off, or a pooling that scales. If "
+                    "the change is intended, set rollout.golden: Record for this rollout",
+                )
+    matched = f"weights {short}: golden texts match their record (least {least:.6f})"
+    if not kept.has_norms and record.has_norms:  # an older record: renewed, with norms and prompts
+        return Verdict(True, f"{matched}; it is renewed", record)
+    return Verdict(True, matched)
+
+
+def _norm_error(
+    rows: tuple[tuple[float, ...], ...], kept_rows: tuple[tuple[float, ...], ...]
+) -> tuple[float, int, float, float]:
+    """(the largest |norm - kept norm| / kept norm, its row, the two norms)."""
+    worst: tuple[float, int, float, float] = (0.0, -1, 0.0, 0.0)
+    for i, (got, want) in enumerate(zip(rows, kept_rows, strict=True)):
+        norm, kept_norm = math.sqrt(sum(a * a for a in got)), math.sqrt(sum(b * b for b in want))
+        error = abs(norm - kept_norm) / max(kept_norm, 1e-12)
+        if error > worst[0]:
+            worst = (error, i, norm, kept_norm)
+    return worst
 
 
 def config_map_name(owner: Owner, record: GoldenRecord) -> str:

@@ -152,7 +152,7 @@ def _serve(world: World, status: EmbeddingModelStatus, events: tuple[Event, ...]
         deploy=active,
         gateway=active,
         events=events,
-        worker_replicas=None if world.spec.autoscaling.enabled else world.spec.worker.replicas,
+        worker_replicas=None if world.spec.autoscaling.enabled else _serving_replicas_asked(world, active),
         autoscaled=active if world.spec.autoscaling.enabled else None,
         worker_image_digest=status.active_image_digest if status.active_image_pinned else "",
     )
@@ -178,6 +178,12 @@ def _image_drift(
 def _counts(status: EmbeddingModelStatus, world: World, serving: str) -> EmbeddingModelStatus:
     ready = world.workers[serving].num_ready if serving in world.workers else 0
     return status.model_copy(update={"replicas": _serving_replicas(world, serving), "ready_replicas": ready})
+
+
+def _serving_replicas_asked(world: World, active: str) -> int:
+    """The spec's replicas, held within R + s while a stepwise rollout's other pods go (stepwise.py)."""
+    back = stepwise.serving_back(world, active)
+    return world.spec.worker.replicas if back is None else back
 
 
 def _serving_replicas(world: World, revision: str) -> int:
@@ -239,6 +245,11 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
     is_blocked = rollout.stage == "Blocked"
     keep_jobs = frozenset((kind, candidate, rollout.attempt) for kind in gate.JOB_KINDS)
     gateway, serving_replicas = stepwise.gateway_and_serving(world, rollout, active)
+    # The candidate is not autoscaled before it serves: its pods are the ones the gate checks.
+    candidate_replicas = gate.candidate_replicas(world, rollout)
+    if rollout.step_replicas is not None and active in world.workers:  # within R + s (stepwise.room)
+        serving = serving_replicas if serving_replicas is not None else world.workers[active].replicas
+        candidate_replicas = stepwise.candidate_asked(world, rollout, active, serving)
     return Plan(
         status=status.model_copy(update={"phase": "Blocked" if is_blocked else "Progressing"}),
         revisions=frozenset(r for r in (active, None if is_blocked else candidate) if r),
@@ -248,8 +259,7 @@ def _roll(world: World, status: EmbeddingModelStatus, earlier: tuple[Event, ...]
         jobs=step.jobs,
         keep_jobs=keep_jobs,
         events=tuple(events),
-        # The candidate is not autoscaled before it serves: its pods are the ones the gate checks.
-        worker_replicas=gate.candidate_replicas(world, rollout),
+        worker_replicas=candidate_replicas,
         autoscaled=active if world.spec.autoscaling.enabled and active else None,
         golden=golden,
         golden_revision=candidate if golden is not None else "",

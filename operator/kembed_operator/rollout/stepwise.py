@@ -13,12 +13,15 @@
     candidate at R, gated ──▶ Promoting (the gateway onto the candidate alone; the serving revision,
                               down to s pods, is retired as without steps)
 
-At most R + s pods run, and the pods serving never fall below R: the serving revision shrinks by s
-as the candidate asks s more, whose s gated pods already serve. A candidate that answers otherwise
-(new weights, `golden: Record` or Off) is never mixed with the serving revision, whose vectors would
-not compare with its own: after its canary it grows to R beside the serving revision (the new pods
-gated as a new attempt), as without steps. A block, or a spec that moves on, takes the gateway back
-onto the serving revision alone and the serving revision back to its size.
+At most R + s pods are asked, and the pods serving never fall below R while the revisions mix: the
+serving revision shrinks by s as the candidate asks s more, whose s gated pods already serve. A
+candidate that answers otherwise (new weights, `golden: Record` or Off) is never mixed with the
+serving revision, whose vectors would not compare with its own: after its canary it grows to R
+beside the serving revision (the new pods gated as a new attempt), as without steps. A block, or a
+spec that moves on, takes the gateway back onto the serving revision alone and the serving revision
+back to its size, still within R + s (`room`, which counts every revision's pods): the pods of a
+candidate still in the gateway's pool (a gateway pod still sends it work) are held until it lets
+them go, and only then does the serving revision grow back and a new candidate start its canary.
 """
 
 from __future__ import annotations
@@ -52,6 +55,42 @@ def serving_wanted(world: World, rollout: RolloutState) -> int:
     surge = world.spec.rollout.max_surge_replicas or 0
     asked = rollout.step_replicas if rollout.step_replicas is not None else whole
     return max(0, min(whole, whole + surge - asked))
+
+
+def held(world: World, *besides: str) -> int:
+    """Pods of the revisions other than `besides` (a candidate left behind by a block or a spec that
+    moved on, kept while a gateway pod still sends it work): asked, or ready if more."""
+    return sum(
+        max(workers.replicas, workers.num_ready)
+        for revision, workers in world.workers.items()
+        if revision not in besides
+    )
+
+
+def room(world: World, rollout: RolloutState, active: str) -> int:
+    """Pods the serving revision and the candidate may ask together: R + s less what others hold."""
+    whole = max(1, world.spec.worker.replicas)
+    return max(
+        0, whole + (world.spec.rollout.max_surge_replicas or 0) - held(world, active, rollout.revision)
+    )
+
+
+def serving_back(world: World, active: str) -> int | None:
+    """The serving revision's pods once no rollout is under way, for a stepwise spec: R, but within
+    R + s while another revision's pods are still held (its gateway moving off them); None without
+    steps (the spec's replicas)."""
+    surge = world.spec.rollout.max_surge_replicas
+    if surge is None or world.spec.autoscaling.enabled or active not in world.workers:
+        return None
+    whole = world.spec.worker.replicas
+    return min(whole, max(world.workers[active].replicas, whole + surge - held(world, active)))
+
+
+def candidate_asked(world: World, rollout: RolloutState, active: str, serving: int) -> int:
+    """The candidate's pods in a stepwise rollout, beside `serving` pods of the serving revision:
+    what its step asks, within the room left (0 while the pods of others still take it)."""
+    assert rollout.step_replicas is not None
+    return max(0, min(rollout.step_replicas, room(world, rollout, active) - serving))
 
 
 def after_gate(
@@ -118,6 +157,10 @@ def gateway_and_serving(world: World, rollout: RolloutState, active: str) -> tup
     is_stepping = is_mixing(rollout) or (rollout.stage == "Promoting" and rollout.step_replicas is not None)
     if is_stepping:
         wanted = serving_wanted(world, rollout)
+    elif rollout.step_replicas is not None:  # back to its size as room is made; never scaled down here
+        candidate_pods = world.workers[candidate].replicas if candidate in world.workers else 0
+        free = room(world, rollout, active) - candidate_pods
+        wanted = max(serving.replicas, min(world.spec.worker.replicas, free))
     else:  # back to its size, if a stepwise rollout left it smaller; never scaled down here
         wanted = max(serving.replicas, world.spec.worker.replicas)
     return gateway, wanted if wanted != serving.replicas else None
