@@ -110,7 +110,15 @@ def _model_config(config: GatewayConfig, entry: dict[str, Any], index: int) -> G
 
 
 def _typed(where: str, key: str, value: Any, default: Any) -> Any:
-    """`value` as the type of the field's `default` (an int where a float is asked is one)."""
+    """`value` as the type of the field's `default` (an int where a float is asked is one); a string
+    is read as the field's environment variable is (the operator writes a model's settings so)."""
+    if isinstance(value, str) and not isinstance(default, str):
+        try:
+            if isinstance(default, bool):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return type(default)(value)
+        except ValueError:
+            raise ValueError(f"{where}: {key} must be a {type(default).__name__}, got {value!r}") from None
     if isinstance(default, bool):
         is_valid = isinstance(value, bool)
     elif isinstance(default, float):

@@ -68,11 +68,15 @@ A = {"model_dir": "a", "worker_addresses": ["h:1"]}
         ([{"model_dir": "a"}], "models[0] names no workers"),
         ([A | {"port": 1}], "port is the endpoint's"),
         ([A | {"chunk_token": 1}], "unknown field 'chunk_token'"),
-        ([A | {"chunk_tokens": "9"}], "chunk_tokens must be a int"),
+        ([A | {"chunk_tokens": "nine"}], "chunk_tokens must be a int"),
+        ([A | {"chunk_tokens": [9]}], "chunk_tokens must be a int"),
         ([A | {"model_dir": "x/a"}, A | {"model_dir": "y/a"}], "two models are named a"),
         ({"model_dir": "a"}, "non-empty JSON list"),
     ],
-    ids=["no-dir", "no-workers", "edge-field", "unknown-field", "wrong-type", "same-name", "not-a-list"],
+    ids=[
+        "no-dir", "no-workers", "edge-field", "unknown-field", "not-a-number", "wrong-type", "same-name",
+        "not-a-list",
+    ],
 )  # fmt: skip
 def test_a_wrong_models_list_is_refused_naming_the_entry(entries, error):
     with pytest.raises(ValueError, match=error.replace("[", r"\[").replace("]", r"\]")):
@@ -95,3 +99,12 @@ def test_the_list_comes_from_the_environment_too(tmp_path: Path):
     models = json.dumps([{"model_dir": str(tmp_path / "m"), "worker_addresses": ["h:1"]}])
     (only,) = model_configs(parse_config([], {"KEMBED_GATEWAY_MODELS": models}))
     assert only.served_model_names == ("m",)
+
+
+def test_a_models_settings_may_be_strings_as_the_environment_gives_them(tmp_path: Path):
+    """The operator writes each model's settings from its gateway's variables (KEMBED_GATEWAY_*)."""
+    entry = {"model_dir": str(tmp_path / "m"), "worker_service": "w:1", "chunk_tokens": "2048",
+             "auto_truncate": "false", "request_timeout_s": "5.5", "prompts": '{"query": "q: "}'}  # fmt: skip
+    (only,) = model_configs(parse_config(models_flag(entry), {}))
+    assert (only.chunk_tokens, only.auto_truncate, only.request_timeout_s) == (2048, False, 5.5)
+    assert only.prompts == '{"query": "q: "}'

@@ -40,7 +40,12 @@ def queue_query(owner: Owner, revision: str) -> str:
 
 def held_query(owner: Owner, spec: EmbeddingModelSpec) -> str:
     """1 while the model's gateway pods hold requests (it has no serving worker), else 0: the demand
-    that wakes a model at zero, seen by kembed itself (gateway/service/hold.py)."""
+    that wakes a model at zero, seen by kembed itself (gateway/service/hold.py). Behind a shared
+    endpoint: the endpoint's pods' series of this model (labelled by its served name)."""
+    if spec.endpoint:
+        pods = f"{n.endpoint_name(spec.endpoint)}-[a-z0-9]+-[a-z0-9]+"
+        model = spec.model.served_name or owner.name
+        return f'sum({HELD_METRIC}{{namespace="{owner.namespace}", pod=~"{pods}", model="{model}"}}) > bool 0'
     pods = f"{n.gateway_name(owner)}(-bulk)?-[a-z0-9]+-[a-z0-9]+"  # the bulk gateway holds too
     return f'sum({HELD_METRIC}{{namespace="{owner.namespace}", pod=~"{pods}"}}) > bool 0'
 

@@ -433,7 +433,10 @@ def bulk_gateway_replicas(spec: EmbeddingModelSpec) -> int:
 
 
 def gateway_components(spec: EmbeddingModelSpec) -> tuple[str, ...]:
-    """The gateways the spec wants: the main one, and the bulk one when trafficClasses.bulkGateway is set."""
+    """The gateways the spec wants: the main one, and the bulk one when trafficClasses.bulkGateway is set;
+    none of its own behind a shared endpoint (endpoint.py)."""
+    if spec.endpoint:
+        return ()
     return ("gateway", n.BULK_GATEWAY) if spec.traffic_classes.bulk_gateway is not None else ("gateway",)
 
 
