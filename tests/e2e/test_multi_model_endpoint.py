@@ -191,3 +191,38 @@ def test_one_models_worker_killed_the_other_keeps_serving(endpoint, references):
     assert httpx.get(f"{url}/ready", timeout=30).status_code == 503  # a model with no worker, none held
     response = httpx.post(f"{url}/embed", json={"inputs": TEXTS}, timeout=60)
     assert matches(rows_of(response), references[MINILM])
+
+
+def test_each_model_refuses_a_worker_of_another_model(log_dir, tiny_dir, references):
+    """The model check is per model: one tiny-bert worker listed under both models is refused by
+    the model whose tokenizer is MiniLM's and serves the one it matches."""
+    port = free_port()
+    worker = start_worker(log_dir, tiny_dir, port)
+    address = [f"127.0.0.1:{port}"]
+    models = [
+        {"model_dir": str(bundled_model_dir()), "name": "crossed", "worker_addresses": address},
+        {"model_dir": str(tiny_dir), "worker_addresses": address},
+    ]
+    gateway_port = free_port()
+    args = ["kembed.gateway", "--port", str(gateway_port), "--models", json.dumps(models)]
+    gateway = spawn(f"gateway-{gateway_port}", args, log_dir)
+    url = f"http://127.0.0.1:{gateway_port}"
+    try:
+        wait_ready(url, [worker, gateway], timeout_s=120, path="/health")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = {m["id"]: m["state"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+            (crossed,) = httpx.get(f"{url}/info", timeout=10).json()["workers"]
+            if states[TINY] == "serving" and crossed["refused"]:
+                break
+            time.sleep(0.2)
+        assert states == {"crossed": "unavailable", TINY: "serving"}
+        assert "tokenizer" in crossed["refused"]
+        response = httpx.post(f"{url}/v1/embeddings", json={"input": TEXTS, "model": TINY}, timeout=60)
+        assert matches(rows_of(response), references[TINY])
+        refused = httpx.post(f"{url}/v1/embeddings", json={"input": TEXTS, "model": "crossed"}, timeout=60)
+        assert refused.status_code == 503, refused.text  # never the tiny model's vectors
+        assert httpx.get(f"{url}/ready", timeout=10).json()["refused_workers"] == 1
+    finally:
+        for proc in (gateway, worker):
+            proc.stop()
