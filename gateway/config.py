@@ -54,6 +54,19 @@ class GatewayConfig:
     """Names a request's `model` may carry; the first is the one reported. Empty: the worker's
     Info.model_name. More than one name gives aliases (like vLLM's repeated --served-model-name)."""
 
+    models: str = ""
+    """Several models behind this one endpoint, as a JSON list of one object a model: `model_dir`,
+    `worker_addresses` (a list) or `worker_service`, optionally `name` (what a request's `model`
+    names; default: the directory's name) or `served_model_names`, and any other field of this
+    config set for that model alone (prompts, max_seq_length, chunk_tokens, the hold's bounds, ...).
+    The HTTP edge's fields (host, port, connection bounds, api_key, max_request_bytes, log_level)
+    are the endpoint's (endpoint.py). Empty: the one model of model_dir, served as it always was."""
+
+    default_model: str = ""
+    """With several `models`: the one a request goes to when it names none (TEI's routes have no
+    model field) and no `X-Kembed-Model` header or `/models/<name>/` path prefix picks another.
+    Empty: the first listed."""
+
     max_request_bytes: int = 8 * MIB
     """Largest HTTP body accepted, in bytes (413 above). 8 MiB holds 2048 inputs of ~1k tokens of
     English text with room to spare, and bounds what one request can make us buffer."""
@@ -261,6 +274,22 @@ class GatewayConfig:
     (`--worker-auth-token-file`, a mounted Secret) or KEMBED_GATEWAY_WORKER_AUTH_TOKEN, never from a
     flag's value; never logged."""
 
+    max_held_requests: int = 0
+    """Requests held while the model has no serving worker (scaled to zero, or every worker
+    restarting), until one serves or wake_timeout_s passes (then 503 with Retry-After); past this
+    many held, or max_held_bytes, a request is answered so at once. What is held is the demand that
+    wakes a model at zero (`kembed_gateway_held_requests`, docs/metrics.md). 0: none held, a
+    request with no serving worker is answered 503 at once."""
+
+    max_held_bytes: int = 64 * MIB
+    """Most request-body bytes held at once (see max_held_requests): the memory a burst at zero
+    workers may take, eight bodies at the largest max_request_bytes."""
+
+    wake_timeout_s: float = 120.0
+    """Longest a request is held for a worker to serve, in seconds (see max_held_requests). 120 s:
+    a pod started on a node that has its image, a sub-1B model loaded and self-checked, well within
+    the patience of a client's first request after a quiet hour (the OpenAI SDK waits 600 s)."""
+
     retry_after_s: int = 1
     """Value of the Retry-After header on 429, in seconds. Worker queues drain in well under that."""
 
@@ -334,6 +363,8 @@ class GatewayConfig:
             "max_header_bytes": self.max_header_bytes,
             "max_headers": self.max_headers,
             "max_connections": self.max_connections,
+            "max_held_bytes": self.max_held_bytes,
+            "wake_timeout_s": self.wake_timeout_s,
         }
         positive["processes"] = self.processes
         for name, value in positive.items():
@@ -348,6 +379,7 @@ class GatewayConfig:
             "max_document_tokens",
             "bulk_tokenization_processes",
             "max_rejoin_wait_s",
+            "max_held_requests",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

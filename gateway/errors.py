@@ -71,7 +71,12 @@ class Overloaded(GatewayError):
 
 
 class Unavailable(GatewayError):
-    """No worker replica is reachable or serving (503)."""
+    """No worker replica is reachable or serving (503). `retry_after_s`: sent as Retry-After when
+    set (a model held at zero workers that did not wake in time, or whose hold is full: hold.py)."""
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: int | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
 
 
 class Unsupported(GatewayError):
@@ -178,6 +183,8 @@ def render(error: GatewayError, flavour: Flavour, *, retry_after_s: int) -> Resp
         headers = {
             "Retry-After": str(error.retry_after_s if error.retry_after_s is not None else retry_after_s)
         }
+    if isinstance(error, Unavailable) and error.retry_after_s is not None:
+        headers = {"Retry-After": str(error.retry_after_s)}
     if isinstance(error, MethodNotAllowed) and error.allow:
         headers = {"Allow": error.allow}
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -175,6 +175,27 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.held_requests = Gauge(
+            "kembed_gateway_held_requests",
+            "Requests held now because the model has no serving worker (scaled to zero, or every "
+            "worker restarting): the demand that wakes a model at zero (hold.py).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.holds = Counter(
+            "kembed_gateway_holds",
+            "Requests that found no serving worker and were held for one.",
+            registry=r,
+        )
+        self.hold_refusals = Counter(
+            "kembed_gateway_hold_refusals",
+            "Requests answered 503 for want of a serving worker, by reason: full (the hold's count or "
+            "bytes bound), expired (held past wake_timeout_s).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("full", "expired"):
+            self.hold_refusals.labels(reason)
         # per request, through Batched (module docstring)
         self.tokenize = Batched(self.tokenize_duration)
         self.inputs = Batched(self.request_inputs)
@@ -254,6 +275,49 @@ class GatewayMetrics:
         for collector in self._collectors:
             registry.register(collector)
         return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+# What an endpoint of several models records once, for all of them (the HTTP edge); every other
+# family is a model's own, labelled `model` (render_models).
+ENDPOINT_FAMILIES = frozenset(
+    {
+        "kembed_gateway_request_duration_seconds",
+        "kembed_gateway_errors",
+        "kembed_gateway_inflight_requests",
+        "kembed_gateway_open_connections",
+        "kembed_gateway_connections_closed",
+    }
+)
+
+
+def render_models(endpoint: GatewayMetrics, models: Mapping[str, GatewayMetrics]) -> tuple[bytes, str]:
+    """The exposition of an endpoint of several models: the edge's families from `endpoint`, and
+    each model's own families from its metrics with a `model` label, one family a name."""
+    families: dict[str, Metric] = {}
+    endpoint.fold()
+    for family in endpoint.registry.collect():
+        if family.name in ENDPOINT_FAMILIES:
+            families[family.name] = family
+    for name, metrics in models.items():
+        metrics.fold()
+        for family in metrics.registry.collect():
+            if family.name in ENDPOINT_FAMILIES:
+                continue
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+            merged.samples.extend(s._replace(labels={"model": name, **s.labels}) for s in family.samples)
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
 
 
 class InfoCollector(Collector):

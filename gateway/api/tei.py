@@ -89,9 +89,13 @@ class DecodeRequest(BaseModel):
 class TeiRoutes:
     """The handlers, over the service the other routes share and their size-capped body reader."""
 
-    def __init__(self, service: EmbeddingService, read_body: BodyReader) -> None:
+    def __init__(
+        self, service: EmbeddingService, read_body: BodyReader, read_body_now: BodyReader | None = None
+    ) -> None:
         self.service = service
         self.read_body = read_body
+        # /decode's: it needs no worker, so is never held for one (hold.py)
+        self.read_body_now = read_body_now or read_body
 
     async def root(self, request: Request) -> Response:
         body = await self.read_body(request)
@@ -173,7 +177,7 @@ class TeiRoutes:
     async def decode(self, request: Request) -> Response:
         """The texts of token id sequences, as the tokenizer decodes them; ids outside the vocabulary
         are refused (the tokenizer would drop them silently)."""
-        body = parse(DecodeRequest, await self.read_body(request))
+        body = parse(DecodeRequest, await self.read_body_now(request))
         sequences: list[list[int]] = (
             [cast(list[int], body.ids)]  # one sequence of ids, or none
             if not body.ids or isinstance(body.ids[0], int)

@@ -9,6 +9,7 @@ rest TEI).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -44,15 +45,16 @@ from kembed.gateway.api.schemas import (
 from kembed.gateway.api.tei import TeiRoutes
 from kembed.gateway.config import GatewayConfig, with_overrides
 from kembed.gateway.edge.auth import BearerAuth
+from kembed.gateway.edge.bodies import check_json, read_body
 from kembed.gateway.edge.disconnect import CancelOnDisconnect
 from kembed.gateway.edge.hot_path import HotPath, HotRequest
+from kembed.gateway.edge.model_routing import ModelRouter, ModelRoutes
+from kembed.gateway.endpoint import is_multi_model, model_configs
 from kembed.gateway.errors import (
     Flavour,
     GatewayError,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
-    UnsupportedMediaType,
     WorkerFailed,
     flavour_of,
     reason_of,
@@ -84,40 +86,6 @@ _SWAGGER_PAGE = """<!doctype html>
 """
 
 
-def _check_json(request: Request | HotRequest) -> None:
-    """415 unless the body is declared JSON (`application/json`, or a `+json` type), as TEI does. A
-    web page of another origin can POST `text/plain`, a form or an untyped body without the
-    browser asking the gateway first (CORS preflight), but not `application/json`: this check is
-    what keeps such a page from spending the gateway's capacity on its visitors' behalf."""
-    declared = request.headers.get("content-type", "")
-    media_type = declared.partition(";")[0].strip().lower()
-    if media_type != "application/json" and not (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        raise UnsupportedMediaType(
-            f"expected a JSON body with `Content-Type: application/json`, got "
-            f"{repr(declared) if declared else 'no Content-Type'}"
-        )
-
-
-async def _read_body(request: Request | HotRequest, max_bytes: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed `max_bytes` (before parsing)."""
-    if isinstance(request, HotRequest):  # read whole by the connection edge, under the same cap
-        return request.whole_body
-    too_large = PayloadTooLarge(f"request body is larger than the limit of {max_bytes} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise too_large
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > max_bytes:
-            raise too_large
-        parts.append(part)
-    return b"".join(parts)
-
-
 class Routes:
     """The route handlers, bound to one service and config."""
 
@@ -133,8 +101,16 @@ class Routes:
         self.outputs = OutputRoutes(service, self._body)  # several outputs a text (multi_output.py)
 
     async def _body(self, request: Request | HotRequest) -> bytes:
-        _check_json(request)
-        body = await _read_body(request, self.config.max_request_bytes)
+        """The body of a request the workers answer, once one serves: with none serving (a model at
+        zero), the request is held until one does, if the model holds requests (hold.py)."""
+        body = await self._body_now(request)
+        await self.service.hold.wait(len(body))
+        return body
+
+    async def _body_now(self, request: Request | HotRequest) -> bytes:
+        """The body of a request the gateway answers itself (/tokenize, /decode): never held."""
+        check_json(request)
+        body = await read_body(request, self.config.max_request_bytes)
         if len(body) >= LARGE_BODY_BYTES:  # what parsing it frees is given back at its end (heap.py)
             self._heap.hold()
         return body
@@ -165,7 +141,7 @@ class Routes:
         )
 
     async def tei_tokenize(self, request: Request) -> Response:
-        body = parse(TokenizeRequest, await self._body(request))
+        body = parse(TokenizeRequest, await self._body_now(request))
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         tokens = await self.service.tokenize(
             texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
@@ -298,7 +274,7 @@ class Routes:
         return Response(text, media_type=content_type)
 
     async def ready(self, request: Request) -> Response:
-        if self.service.pool.is_ready():
+        if self.service.pool.is_ready() or self.service.hold.is_holding:  # at zero: held, woken
             return json_response({"status": "ready"})
         # Open to anyone (the kubelet's probe): counts only; /info (behind the API key) has details.
         pool = self.service.pool
@@ -311,17 +287,24 @@ class Routes:
         return json_response(body, status_code=503)
 
 
-def create_app(
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Model:
+    """One model's stack below the HTTP edge, and its routes."""
+
+    routes: Routes
+    tokenization: Tokenization
+    pool: WorkerPool
+    handlers: dict[tuple[str, str], Endpoint]
+
+
+def _build_model(
     config: GatewayConfig,
-    metrics_dir: Path | None = None,
-    resolve: Resolve = resolve_dns,
-    identity: ModelIdentity | None = None,
-) -> Gateway:
-    """The gateway as an ASGI app. The tokenizer loads now; worker channels open in the lifespan.
-    `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py).
-    `resolve`: how worker_service's name is resolved (DNS; tests pass a fake). `identity`: the model
-    directory's digests, read here when not given (model_check.py)."""
-    heap = HeapTrim()  # freed memory given back after large requests (heap.py)
+    metrics: GatewayMetrics,
+    resolve: Resolve,
+    identity: ModelIdentity | None,
+    heap: HeapTrim,
+) -> _Model:
+    """A model's tokenizer (loaded now), worker pool, service and route handlers."""
     check = ModelCheck(identity or read_own_identity(config.model_dir), config.model_dir)
     tokenization = Tokenization(
         with_overrides(load_model_spec(config.model_dir), config),
@@ -331,23 +314,87 @@ def create_app(
         heap,
         config.token_ids,
     )
-    metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
     pool = WorkerPool(config, metrics, check, resolve)
     routes = Routes(config, EmbeddingService(config, tokenization, pool, metrics), heap)
-    tei = TeiRoutes(routes.service, routes._body)  # TEI's routes (tei.py)
+    tei = TeiRoutes(routes.service, routes._body, routes._body_now)  # TEI's routes (tei.py)
     cohere = CohereRoutes(routes.service, routes._body)  # Cohere's v2 API and v1's embed (cohere.py)
     perplexity = PerplexityRoutes(routes.service, routes._body)  # late chunking (perplexity.py)
+    handlers: dict[tuple[str, str], Endpoint] = {
+        ("POST", "/v1/embeddings"): routes.openai_embeddings,
+        ("GET", "/v1/models"): routes.models,
+        ("POST", "/v1/contextualizedembeddings"): perplexity.contextualized_embeddings,
+        ("POST", "/"): tei.root,
+        ("GET", "/"): routes.info,
+        ("POST", "/embed"): tei.embed,
+        ("POST", "/embed_sparse"): routes.outputs.embed_sparse,
+        ("POST", "/embed_all"): routes.outputs.embed_all,
+        ("POST", "/similarity"): tei.similarity,
+        ("POST", "/decode"): tei.decode,
+        ("POST", "/tokenize"): routes.tei_tokenize,
+        ("POST", "/rerank"): tei.rerank,
+        ("POST", "/v1/rerank"): routes.v1_rerank,
+        ("POST", "/v1/embed"): cohere.embed_v1,  # Cohere's v1 (cohere.Client)
+        ("POST", "/v2/embed"): cohere.embed,
+        ("POST", "/v2/rerank"): cohere.rerank,
+        ("GET", "/info"): routes.info,
+        ("GET", "/openapi.json"): routes.openapi,
+        ("GET", "/docs"): routes.docs,
+        ("GET", "/health"): routes.health,
+        ("GET", "/ready"): routes.ready,
+        ("GET", METRICS_PATH): routes.metrics,
+    }
+    return _Model(routes, tokenization, pool, handlers)
+
+
+def create_app(
+    config: GatewayConfig,
+    metrics_dir: Path | None = None,
+    resolve: Resolve = resolve_dns,
+    identity: ModelIdentity | None = None,
+) -> Gateway:
+    """The gateway as an ASGI app. The tokenizers load now; worker channels open in the lifespan.
+    `metrics_dir`: one of several gateway processes, whose metrics are summed there (processes.py).
+    `resolve`: how worker_service's name is resolved (DNS; tests pass a fake). `identity`: the model
+    directory's digests, read here when not given (model_check.py; one model only). With several
+    `models` (endpoint.py), each is built alone and `ModelRouter` hands it its requests."""
+    heap = HeapTrim()  # freed memory given back after large requests (heap.py)
+    metrics = GatewayMetrics(multiprocess_dir=metrics_dir)
+    router: ModelRouter | None = None
+    if not is_multi_model(config):
+        models = [_build_model(config, metrics, resolve, identity, heap)]
+        handlers = models[0].handlers
+    else:
+        models = [_build_model(c, GatewayMetrics(), resolve, None, heap) for c in model_configs(config)]
+        routed = [
+            ModelRoutes(m.routes.config, m.pool, m.routes.service.hold, m.routes.service.metrics, m.handlers)
+            for m in models
+        ]
+        router = ModelRouter(routed, metrics, config.max_request_bytes)
+        handlers = {key: router.endpoint(*key) for key in models[0].handlers}
+        handlers |= {
+            ("GET", "/v1/models"): router.list_models,
+            ("GET", "/ready"): router.ready,
+            ("GET", METRICS_PATH): router.metrics,
+            ("GET", "/health"): models[0].handlers[("GET", "/health")],
+            ("GET", "/docs"): models[0].handlers[("GET", "/docs")],
+        }
+    model_metrics = [m.routes.service.metrics for m in models]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await pool.start()
-        metrics.start_folding()
+        for model in models:
+            await model.pool.start()
+        for each in {id(m): m for m in [metrics, *model_metrics]}.values():
+            each.start_folding()
         try:
             yield
         finally:
-            await pool.close()
-            await metrics.stop_folding()
-            tokenization.close()
+            for model in models:
+                await model.pool.close()
+            for each in {id(m): m for m in [metrics, *model_metrics]}.values():
+                await each.stop_folding()
+            for model in models:
+                model.tokenization.close()
 
     async def on_error(request: Request, error: Exception) -> Response:
         flavour = flavour_of(request.url.path)
@@ -371,35 +418,15 @@ def create_app(
         metrics.errors.labels(reason_of(error)).inc()
         return render(error, flavour, retry_after_s=config.retry_after_s)
 
-    http_routes = [
-        Route("/v1/embeddings", routes.openai_embeddings, methods=["POST"]),
-        Route("/v1/models", routes.models, methods=["GET"]),
-        Route("/v1/contextualizedembeddings", perplexity.contextualized_embeddings, methods=["POST"]),
-        Route("/", tei.root, methods=["POST"]),
-        Route("/", routes.info, methods=["GET"]),
-        Route("/embed", tei.embed, methods=["POST"]),
-        Route("/embed_sparse", routes.outputs.embed_sparse, methods=["POST"]),
-        Route("/embed_all", routes.outputs.embed_all, methods=["POST"]),
-        Route("/similarity", tei.similarity, methods=["POST"]),
-        Route("/decode", tei.decode, methods=["POST"]),
-        Route("/tokenize", routes.tei_tokenize, methods=["POST"]),
-        Route("/rerank", tei.rerank, methods=["POST"]),
-        Route("/v1/rerank", routes.v1_rerank, methods=["POST"]),
-        Route("/v1/embed", cohere.embed_v1, methods=["POST"]),  # Cohere's v1 (cohere.Client)
-        Route("/v2/embed", cohere.embed, methods=["POST"]),
-        Route("/v2/rerank", cohere.rerank, methods=["POST"]),
-        Route("/info", routes.info, methods=["GET"]),
-        Route("/openapi.json", routes.openapi, methods=["GET"]),
-        Route("/docs", routes.docs, methods=["GET"]),
-        Route("/health", routes.health, methods=["GET"]),
-        Route("/ready", routes.ready, methods=["GET"]),
-        Route(METRICS_PATH, routes.metrics, methods=["GET"]),
-    ]
+    http_routes = [Route(path, handler, methods=[method]) for (method, path), handler in handlers.items()]
     methods_of = {  # every method a path is served with, for a 405's Allow (HEAD where GET is)
         path: ", ".join(sorted({m for r in http_routes if r.path == path for m in r.methods or ()}))
         for path in {r.path for r in http_routes}
     }
-    hot_routes: dict[str, Endpoint] = {"/v1/embeddings": routes.openai_embeddings, "/embed": tei.embed}
+    hot_routes: dict[str, Endpoint] = {
+        "/v1/embeddings": handlers[("POST", "/v1/embeddings")],
+        "/embed": handlers[("POST", "/embed")],
+    }
     # Outermost first: the timing middleware sees requests the API key check refuses.
     middleware = [Middleware(RequestMetrics, metrics=metrics, routes=[r.path for r in http_routes])]
     if config.api_key:
@@ -412,11 +439,13 @@ def create_app(
         middleware=middleware,
         hot_routes=hot_routes,
         on_error=on_error,
+        rewrite=router.rewrite if router is not None else None,
     )
     app.state.metrics = metrics  # the connection edge (connections.py) counts into the same registry
     # ... and serves the hot routes itself, past the ASGI stack (hot_path.py)
     app.state.hot_path = HotPath(hot_routes, on_error, metrics, config.api_key)
-    app.state.routes = routes
+    app.state.routes = models[0].routes
+    app.state.router = router
     return app
 
 
@@ -450,8 +479,16 @@ class Gateway(Starlette):
     """The Starlette app, with its hot routes (POST /v1/embeddings, /embed) served by HotRoutes
     inside the same middleware (metrics, API key) as every other route."""
 
-    def __init__(self, *, hot_routes: dict[str, Endpoint], on_error: ErrorHandler, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        hot_routes: dict[str, Endpoint],
+        on_error: ErrorHandler,
+        rewrite: Callable[[Scope], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self._rewrite = rewrite  # several models: a `/models/<name>/` path to its model's route
         self._hot_paths = frozenset(hot_routes)
         hot: Any = HotRoutes(hot_routes, on_error)
         for cls, args, options in reversed(kwargs.get("middleware") or []):  # outermost ends outside
@@ -459,6 +496,8 @@ class Gateway(Starlette):
         self._hot_stack = hot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._rewrite is not None and scope["type"] == "http":
+            self._rewrite(scope)
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self._hot_paths:
             scope["app"] = self
             await self._hot_stack(scope, receive, send)

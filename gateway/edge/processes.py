@@ -38,9 +38,11 @@ def serve(config: GatewayConfig, resolve: Resolve | None = None) -> None:
     """Serve until SIGINT/SIGTERM: here if `config.processes` is 1, else in that many children.
     `resolve`: how worker_service's name is resolved; None: DNS (replicas.resolve_dns). Another must
     be picklable when `config.processes` > 1 (each child is spawned with it)."""
+    from kembed.gateway.endpoint import is_multi_model
     from kembed.gateway.pool.model_check import read_own_identity
 
-    identity = read_own_identity(config.model_dir)  # once, not in every process (a model's weights)
+    # once, not in every process (a model's weights); several models are read in their one process
+    identity = None if is_multi_model(config) else read_own_identity(config.model_dir)
     if config.processes == 1:
         serve_one(config, resolve=resolve, identity=identity)
         return

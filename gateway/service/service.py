@@ -29,6 +29,7 @@ from kembed.gateway.errors import (
 from kembed.gateway.metrics import GatewayMetrics
 from kembed.gateway.pool.workers import WorkerPool
 from kembed.gateway.service.admission import estimate_tokens
+from kembed.gateway.service.hold import Hold
 from kembed.gateway.service.request_gate import PRIORITY_HEADER as PRIORITY_HEADER
 from kembed.gateway.service.request_gate import RequestGate, said_priority
 from kembed.gateway.tokenizing.tokenization import Input, Tokenization
@@ -86,6 +87,7 @@ class EmbeddingService:
         self.metrics = metrics
         metrics.watch(lambda: self.served_names[0])
         self.gate = RequestGate(config, pool, metrics)
+        self.hold = Hold(config, pool, metrics)  # requests held while no worker serves (hold.py)
         # Request ids for the workers' logs: this process's pid and a counter (a uuid4 per request
         # cost ~3 µs of the gateway's loop and says no more).
         self._request_ids = map(f"{os.getpid():x}-{{:x}}".format, itertools.count(1))

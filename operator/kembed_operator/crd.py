@@ -179,10 +179,6 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "minReplicas 0 needs scaleToZero: true, and scaleToZero needs minReplicas 0",
         },
         {
-            "rule": "!self.scaleToZero || size(self.activationQuery) > 0",
-            "message": "scaleToZero needs an activationQuery: with no worker nothing else sees demand",
-        },
-        {
             "rule": "!self.enabled || size(self.prometheusAddress) > 0",
             "message": "autoscaling needs prometheusAddress: the Prometheus KEDA queries",
         },

@@ -250,3 +250,54 @@ def test_make_run_with_only_the_worker_on_another_model_exits_saying_why(tmp_pat
     assert "the gateway refused 1 worker(s) serving another model" in done.stdout, done.stdout[-3000:]
     assert "make run MODEL=dir" in done.stdout
     assert "refused: serves another model: its tokenizer" in done.stdout + done.stderr
+
+
+def test_make_run_serves_every_listed_model_behind_one_gateway(tmp_path):
+    """`make run MODELS="first=dirA dirB"`: a worker each, one gateway routing by the model named,
+    dirB under its directory's name (docs/your-model.md)."""
+    import shutil
+
+    from kembed.worker.config import bundled_model_dir
+
+    model = tmp_path / "my-model"
+    shutil.copytree(bundled_model_dir(), model)
+    names = ("PORT", "WORKER_PORT", "WORKER_DATA_PORT", "WORKER_METRICS_PORT")
+    ports = {name: free_port() for name in names}
+    env = os.environ | {name: str(port) for name, port in ports.items()}
+    run = subprocess.Popen(
+        ["make", "--no-print-directory", "run", f"MODELS=first={bundled_model_dir()} {model}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert run.stdout is not None
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in run.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("kembed is serving"):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{ports['PORT']}"
+    try:
+        assert ready.wait(180), "\n".join(lines[-40:])
+        listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert [(m["id"], m["state"]) for m in listed] == [("first", "serving"), ("my-model", "serving")]
+        for name in ("first", "my-model"):
+            info = httpx.get(f"{url}/info", headers={"X-Kembed-Model": name}, timeout=10).json()
+            (worker,) = info["workers"]
+            assert info["served_model_name"] == name and worker["serving"], info
+            response = httpx.post(f"{url}/v1/embeddings", json={"input": "hi", "model": name}, timeout=30)
+            assert response.status_code == 200 and response.json()["model"] == name, response.text
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        run.wait(timeout=30)
+        reader.join(timeout=10)
+        run.stdout.close()

@@ -99,7 +99,11 @@ def test_defaults_render_one_queue_trigger_on_the_serving_revision():
     assert keda_errors(scaled) == []
 
 
+# The gateway pods' held requests (the model's gateway and bulk gateway): what wakes a model at zero.
+GATEWAY_PODS = "model-gateway(-bulk)?-[a-z0-9]+-[a-z0-9]+"
+HELD_QUERY = f'sum(kembed_gateway_held_requests{{namespace="ml", pod=~"{GATEWAY_PODS}"}}) > bool 0'
 # setting -> (what to find in the ScaledObject's spec, at a path, as that value)
+
 SETTINGS = {
     "min-max": (
         {"minReplicas": 2, "maxReplicas": 16},
@@ -150,8 +154,20 @@ SETTINGS = {
         [
             (("minReplicaCount",), 0),
             (("cooldownPeriod",), 300),
-            (("triggers", 1, "name"), "activation"),
-            (("triggers", 1, "metadata", "query"), 'sum(rate(ingress_requests{host="emb"}[2m])) > bool 0'),
+            (("triggers", 1, "name"), "held-requests"),
+            (("triggers", 1, "metadata", "query"), HELD_QUERY),
+            (("triggers", 1, "metadata", "threshold"), "1"),
+            (("triggers", 2, "name"), "activation"),
+            (("triggers", 2, "metadata", "query"), 'sum(rate(ingress_requests{host="emb"}[2m])) > bool 0'),
+            (("triggers", 2, "metadata", "threshold"), "1"),
+        ],
+    ),
+    "scale-to-zero-on-held-requests-alone": (
+        {"minReplicas": 0, "scaleToZero": True},
+        [
+            (("minReplicaCount",), 0),
+            (("triggers", 1, "name"), "held-requests"),
+            (("triggers", 1, "metadata", "query"), HELD_QUERY),
             (("triggers", 1, "metadata", "threshold"), "1"),
         ],
     ),
@@ -184,7 +200,8 @@ def test_both_triggers_query_an_authenticated_prometheus_alike():
     auth = {"authModes": ["bearer"], "authenticationRef": {"name": "thanos"}}
     settings = {"scaleToZero": True, "minReplicas": 0, "activationQuery": "up", "prometheusAuth": auth}
     scaled = a.scaled_object(OWNER, spec_with(ON | settings | {"prometheusNamespace": "ml"}), "r")
-    queue, activation = scaled["spec"]["triggers"]
+    queue, held, activation = scaled["spec"]["triggers"]
+    assert held["authenticationRef"] == activation["authenticationRef"]
     assert (
         queue["authenticationRef"]
         == activation["authenticationRef"]
@@ -273,7 +290,6 @@ def test_autoscalers_match_golden():
 BAD = {
     "min-zero-without-flag": ({"minReplicas": 0}, "scaleToZero"),
     "flag-without-min-zero": ({"scaleToZero": True, "activationQuery": "x"}, "scaleToZero"),
-    "zero-without-activation": ({"minReplicas": 0, "scaleToZero": True}, "activationQuery"),
     "min-above-max": ({"minReplicas": 5, "maxReplicas": 4}, "maxReplicas"),
     "no-prometheus": ({"enabled": True}, "prometheusAddress"),
     "prometheus-not-a-url": (
@@ -312,7 +328,7 @@ def test_range_errors_are_in_the_crd_schema_and_cross_field_rules_in_cel():
     }
     assert found == {"maxReplicas", "prometheusAddress"}
     rules = " ".join(r["rule"] for r in CEL_RULES["AutoscalingSpec"] + CEL_RULES["EmbeddingModelSpec"])
-    for field in ("minReplicas", "maxReplicas", "scaleToZero", "activationQuery", "prometheusAddress"):
+    for field in ("minReplicas", "maxReplicas", "scaleToZero", "prometheusAddress"):
         assert f"self.{field}" in rules, field
     assert "self.autoscaling.targetQueuedTokensPerReplica < self.worker.maxQueuedTokens" in rules
 
@@ -328,6 +344,19 @@ def test_an_autoscaled_gateway_follows_the_headless_service_records_too():
     values = {k: v for k, v in env.items() if v is not None} | {"KEMBED_GATEWAY_MODEL_DIR": "/m"}
     config = parse_gateway_config([], values)
     assert config.worker_service == "model-worker-abcd1234.ml.svc:50051" and config.worker_addresses == ()
+
+
+def test_a_gateway_of_a_model_at_zero_holds_its_requests_until_a_worker_serves():
+    """scaleToZero: the gateway holds requests (its flags, as it parses them), which wakes the model."""
+    zero = spec_with(
+        ON | {"minReplicas": 0, "scaleToZero": True, "maxHeldRequests": 32, "wakeTimeoutSeconds": 90}
+    )
+    env = {e["name"]: e.get("value") for e in m.gateway_env(OWNER, zero, "abcd1234")}
+    values = {k: v for k, v in env.items() if v is not None} | {"KEMBED_GATEWAY_MODEL_DIR": "/m"}
+    config = parse_gateway_config([], values)
+    assert (config.max_held_requests, config.wake_timeout_s) == (32, 90.0)
+    never_zero = {e["name"] for e in m.gateway_env(OWNER, spec_with(ON), "abcd1234")}
+    assert "KEMBED_GATEWAY_MAX_HELD_REQUESTS" not in never_zero  # held nothing: 503 at once, as before
 
 
 # --- against the fake API -----------------------------------------------------------------------
@@ -445,7 +474,7 @@ def test_a_revision_scaled_to_zero_is_still_gated_on_one_pod():
     driver.cluster = AutoscaledCluster()
     old = driver.promote()
     driver.cluster.autoscale(old, 0)
-    assert driver.step()["phase"] == "Degraded"  # nothing answers until the activation signal wakes it
+    assert driver.step()["phase"] == "Degraded"  # no worker serves until held requests wake one
     driver.edit("worker", maxBatchTokens=1024)
     assert driver.step()["rollout"]["replicas"] == 1
     assert driver.promote() != old

@@ -61,6 +61,9 @@ ENTRY_POINTS = {"kembed-worker": "kembed.worker", "kembed-gateway": "gateway_ent
 # Environment values holding a Service name that the process resolves itself, at each lookup
 # (gateway_entry.py), rather than once at pod start.
 SELF_RESOLVED_ENV = {"KEMBED_GATEWAY_WORKER_SERVICE"}
+# A shared endpoint's models (a JSON list, gateway/endpoint.py): each model_dir is a mounted path,
+# each worker_service resolved by the gateway itself, as KEMBED_GATEWAY_WORKER_SERVICE is.
+MODELS_ENV = "KEMBED_GATEWAY_MODELS"
 TERMINATION_TAIL_BYTES = 2048  # what Kubernetes keeps of the log for FallbackToLogsOnError
 DEFAULT_GRACE_S = 30  # terminationGracePeriodSeconds when a pod spec names none
 POLL_S = 0.25
@@ -413,7 +416,10 @@ class LocalKubelet:
                 return None  # the kubelet waits for the ConfigMap and its key
         try:
             env = {
-                k: self._translate(v, mounts, ip, is_dns_kept=k in SELF_RESOLVED_ENV) for k, v in env.items()
+                k: self._translate_models(v, mounts, ip)
+                if k == MODELS_ENV
+                else self._translate(v, mounts, ip, is_dns_kept=k in SELF_RESOLVED_ENV)
+                for k, v in env.items()
             }
             args = [self._translate(a, mounts, ip) for a in container["command"] + container.get("args", [])]
         except LookupError:
@@ -527,6 +533,12 @@ class LocalKubelet:
                 raise NotImplementedError(f"volume {volume}: only hostPath and emptyDir are played")
             mounts[mount["mountPath"]] = local / mount.get("subPath", "")
         return mounts
+
+    def _translate_models(self, value: str, mounts: dict[str, Path], ip: str) -> str:
+        models = json.loads(value)
+        for model in models:
+            model["model_dir"] = self._translate(model["model_dir"], mounts, ip, is_dns_kept=True)
+        return json.dumps(models)
 
     def _translate(self, value: str, mounts: dict[str, Path], ip: str, is_dns_kept: bool = False) -> str:
         for path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):

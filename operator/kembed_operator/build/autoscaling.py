@@ -28,6 +28,7 @@ from kembed.operator.spec.spec import EmbeddingModelSpec
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 QUEUE_METRIC = "kembed_worker_queued_tokens"
+HELD_METRIC = "kembed_gateway_held_requests"
 
 
 def queue_query(owner: Owner, revision: str) -> str:
@@ -35,6 +36,18 @@ def queue_query(owner: Owner, revision: str) -> str:
     scaler refuses a query that answers several series)."""
     pods = f"{n.workers_name(owner, revision)}-[a-z0-9]+-[a-z0-9]+"
     return f'sum({QUEUE_METRIC}{{namespace="{owner.namespace}", pod=~"{pods}"}})'
+
+
+def held_query(owner: Owner, spec: EmbeddingModelSpec) -> str:
+    """1 while the model's gateway pods hold requests (it has no serving worker), else 0: the demand
+    that wakes a model at zero, seen by kembed itself (gateway/service/hold.py). Behind a shared
+    endpoint: the endpoint's pods' series of this model (labelled by its served name)."""
+    if spec.endpoint:
+        pods = f"{n.endpoint_name(spec.endpoint)}-[a-z0-9]+-[a-z0-9]+"
+        model = spec.model.served_name or owner.name
+        return f'sum({HELD_METRIC}{{namespace="{owner.namespace}", pod=~"{pods}", model="{model}"}}) > bool 0'
+    pods = f"{n.gateway_name(owner)}(-bulk)?-[a-z0-9]+-[a-z0-9]+"  # the bulk gateway holds too
+    return f'sum({HELD_METRIC}{{namespace="{owner.namespace}", pod=~"{pods}"}}) > bool 0'
 
 
 def activation_query(spec: EmbeddingModelSpec) -> str:
@@ -71,7 +84,9 @@ def scaled_object(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> dict
         )
     ]
     if a.scale_to_zero:
-        triggers.append(_prometheus_trigger("activation", spec, activation_query(spec), 1))
+        triggers.append(_prometheus_trigger("held-requests", spec, held_query(owner, spec), 1))
+        if a.activation_query:
+            triggers.append(_prometheus_trigger("activation", spec, activation_query(spec), 1))
     body: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
         "minReplicaCount": a.min_replicas,

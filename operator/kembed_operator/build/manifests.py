@@ -352,6 +352,9 @@ def gateway_env(owner: Owner, spec: EmbeddingModelSpec, revision: str) -> list[d
     for field, variable in CONNECTION_VARIABLES.items():  # each only when set, as above
         if (limit := getattr(g.connections, field)) is not None:
             values[variable] = str(limit)
+    if spec.autoscaling.enabled and spec.autoscaling.scale_to_zero:  # at zero workers: held, woken
+        values["KEMBED_GATEWAY_MAX_HELD_REQUESTS"] = str(spec.autoscaling.max_held_requests)
+        values["KEMBED_GATEWAY_WAKE_TIMEOUT_S"] = str(spec.autoscaling.wake_timeout_seconds)
     if m.served_name:
         values["KEMBED_GATEWAY_SERVED_MODEL_NAMES"] = m.served_name
     # normalize is the worker's setting: the gateway normalises as the worker's Info says.
@@ -435,7 +438,10 @@ def bulk_gateway_replicas(spec: EmbeddingModelSpec) -> int:
 
 
 def gateway_components(spec: EmbeddingModelSpec) -> tuple[str, ...]:
-    """The gateways the spec wants: the main one, and the bulk one when trafficClasses.bulkGateway is set."""
+    """The gateways the spec wants: the main one, and the bulk one when trafficClasses.bulkGateway is set;
+    none of its own behind a shared endpoint (endpoint.py)."""
+    if spec.endpoint:
+        return ()
     return ("gateway", n.BULK_GATEWAY) if spec.traffic_classes.bulk_gateway is not None else ("gateway",)
 
 

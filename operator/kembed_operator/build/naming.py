@@ -20,6 +20,10 @@ MANAGED_BY = "kembed-operator"
 # The component label of the bulk gateway's objects (trafficClasses.bulkGateway): not `gateway`, so
 # the main gateway's selectors never pick its pods, nor its selectors the main gateway's.
 BULK_GATEWAY = "gateway-bulk"
+# A shared endpoint (spec.endpoint): its gateway's pods carry the endpoint's name, not a model's.
+ENDPOINT_LABEL = "kembed.dev/endpoint"
+ENDPOINT = "endpoint"  # the component label of the endpoint's gateway Deployment, pods and Service
+ENDPOINT_ENTRY = "endpoint-entry"  # the component label of a model's part of it (a ConfigMap)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,25 @@ def gateway_name(owner: Owner, component: str = "gateway") -> str:
     """The gateway's Deployment, Service, budget, policy and monitor; with component BULK_GATEWAY the
     bulk gateway's (`<model>-gateway-bulk`)."""
     return f"{owner.name}-{component}"
+
+
+def endpoint_name(endpoint: str) -> str:
+    """A shared endpoint's gateway Deployment and Service (`<endpoint>-endpoint`)."""
+    return f"{endpoint}-{ENDPOINT}"
+
+
+def endpoint_entry_name(owner: Owner) -> str:
+    """The ConfigMap holding a model's part of its shared endpoint."""
+    return f"{owner.name}-{ENDPOINT_ENTRY}"
+
+
+def endpoint_selector(endpoint: str) -> dict[str, str]:
+    return {ENDPOINT_LABEL: endpoint, COMPONENT_LABEL: ENDPOINT}
+
+
+def endpoint_revision_key(model: str) -> str:
+    """The endpoint pod template's annotation naming the revision it sends a model's work to."""
+    return f"revision.kembed.dev/{model}"
 
 
 def workers_name(owner: Owner, revision: str) -> str:

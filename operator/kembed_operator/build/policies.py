@@ -147,6 +147,8 @@ def worker_network_policy(
         {"podSelector": {"matchLabels": n.selector(owner, component)}}
         for component in (*m.gateway_components(spec), *ROLLOUT_JOB_KINDS)
     ]
+    if spec.endpoint:  # the shared endpoint's gateway pods send this model's work
+        clients.insert(0, {"podSelector": {"matchLabels": n.endpoint_selector(spec.endpoint)}})
     return _policy(
         owner,
         "worker",

@@ -71,10 +71,29 @@ def read_gateway(cluster: Cluster, owner: Owner, components: Iterable[str] = ("g
 GATEWAY_COMPONENTS = ("gateway", n.BULK_GATEWAY)  # a bulk gateway being removed still counts
 
 
+def read_endpoint_gateway(cluster: Cluster, owner: Owner, endpoint: str) -> Gateway | None:
+    """The shared endpoint's gateway as one model sees it: the revision its template sends the
+    model's work to, rolled out or not, and every revision its pods still send that work to."""
+    live = cluster.get("Deployment", owner.namespace, n.endpoint_name(endpoint))
+    if live is None:
+        return None
+    key = n.endpoint_revision_key(owner.name)
+    observed = _observed(live, key)
+    in_use = {observed.revision}
+    for pod in cluster.list("Pod", owner.namespace, n.endpoint_selector(endpoint)):
+        in_use.add(pod["metadata"].get("annotations", {}).get(key, ""))
+    in_use = {revision for value in in_use for revision in value.split("+")} - {""}
+    return dataclasses.replace(observed, in_use=frozenset(in_use))
+
+
 def _read_gateway(cluster: Cluster, owner: Owner, component: str) -> Gateway | None:
     live = cluster.get("Deployment", owner.namespace, n.gateway_name(owner, component))
     if live is None:
         return None
+    return _observed(live, n.REVISION_LABEL)
+
+
+def _observed(live: dict[str, Any], revision_key: str) -> Gateway:
     spec, status = live["spec"], live.get("status", {})
     want = spec.get("replicas", 1)
     is_rolled_out = (
@@ -83,5 +102,5 @@ def _read_gateway(cluster: Cluster, owner: Owner, component: str) -> Gateway | N
         and status.get("replicas", 0) == want  # no pod of an older template left
         and status.get("availableReplicas", 0) == want
     )
-    revision = spec["template"]["metadata"].get("annotations", {}).get(n.REVISION_LABEL, "")
+    revision = spec["template"]["metadata"].get("annotations", {}).get(revision_key, "")
     return Gateway(revision, is_rolled_out, status.get("readyReplicas", 0))

@@ -22,6 +22,7 @@ from typing import Any
 import pydantic
 
 from kembed.operator.build import autoscaling as a
+from kembed.operator.build import endpoint as e
 from kembed.operator.build import images as im
 from kembed.operator.build import jobs as j
 from kembed.operator.build import manifests as m
@@ -31,7 +32,7 @@ from kembed.operator.build.naming import Owner
 from kembed.operator.build.revision import revision_of
 from kembed.operator.cluster import model_resolve as mr
 from kembed.operator.cluster.apply import Cluster, apply
-from kembed.operator.cluster.observed import read_gateway, read_workers
+from kembed.operator.cluster.observed import read_endpoint_gateway, read_gateway, read_workers
 from kembed.operator.rollout import golden as g
 from kembed.operator.rollout.job_results import job_key, judge_golden, read_jobs
 from kembed.operator.rollout.rollout import decide
@@ -170,7 +171,9 @@ def reconcile(
         now=now,
         workers=read_workers(cluster, owner),
         jobs=job_states,
-        gateway=read_gateway(cluster, owner, m.gateway_components(spec)),
+        gateway=read_endpoint_gateway(cluster, owner, spec.endpoint)
+        if spec.endpoint
+        else read_gateway(cluster, owner, m.gateway_components(spec)),
         is_autoscaler_missing=spec.autoscaling.enabled
         and not cluster.serves("ScaledObject", owner.namespace),
         golden_records=golden_records,
@@ -236,14 +239,16 @@ def carry_out(
         apply(cluster, fetch.fill(j.job(owner, spec, request, worker_image, gateway_image), request.revision))
     keep_golden(cluster, owner, plan)  # before the status that moves on to Promoting is written
     is_gateway_autoscaled = spec.gateway.autoscaling.enabled
-    if plan.gateway is not None and fetch.is_ready(plan.gateway):  # the revision the spec describes
+    if spec.endpoint:  # a shared endpoint's gateway, not one of its own (build/endpoint.py)
+        join_endpoint(cluster, owner, spec, plan, gateway_image)
+    elif plan.gateway is not None and fetch.is_ready(plan.gateway):  # the revision the spec describes
         gateway = m.gateway_deployment(owner, spec, plan.gateway, gateway_image)
         gateway = fetch.fill(gateway, plan.gateway, skip_weights=True)  # a gateway reads no weights
         apply(cluster, a.with_replicas(gateway, None) if is_gateway_autoscaled else gateway)
         if spec.traffic_classes.bulk_gateway is not None:  # never autoscaled: bulkGateway.replicas
             bulk = m.gateway_deployment(owner, spec, plan.gateway, gateway_image, n.BULK_GATEWAY)
             apply(cluster, fetch.fill(bulk, plan.gateway, skip_weights=True))
-    if is_gateway_autoscaled:
+    if is_gateway_autoscaled:  # never with an endpoint (the spec refuses it)
         apply(cluster, a.gateway_autoscaler(owner, spec))
     else:
         cluster.delete_if_present("HorizontalPodAutoscaler", owner.namespace, n.gateway_name(owner))
@@ -257,6 +262,22 @@ def carry_out(
 
 
 BULK_GATEWAY_KINDS = ("Deployment", "Service", "ServiceMonitor")  # its budget and policy: guard()
+
+
+def join_endpoint(
+    cluster: Cluster, owner: Owner, spec: EmbeddingModelSpec, plan: Plan, gateway_image: str
+) -> None:
+    """The model's part of its shared endpoint written (its entry, for the revision the gateway should
+    send its work to), then the endpoint's gateway rebuilt from every member's entry; a gateway the
+    model had of its own before it joined is deleted."""
+    if plan.gateway is not None:
+        apply(cluster, e.entry_config_map(owner, spec, plan.gateway, gateway_image))
+    entries = cluster.list("ConfigMap", owner.namespace, {n.ENDPOINT_LABEL: spec.endpoint})
+    if entries:
+        for body in e.endpoint_objects(owner.namespace, spec.endpoint, entries):
+            apply(cluster, body)
+    for kind in BULK_GATEWAY_KINDS:
+        cluster.delete_if_present(kind, owner.namespace, n.gateway_name(owner))
 
 
 def drop_bulk_gateway(cluster: Cluster, owner: Owner) -> None:
@@ -319,7 +340,9 @@ def status_body(owner: Owner, spec: EmbeddingModelSpec, plan: Plan) -> dict[str,
     serving = status.active_revision
     body = dump(status)
     body["selector"] = n.selector_string(n.selector(owner, "worker", serving)) if serving else ""
-    body["gatewayURL"] = m.gateway_url(owner, spec)
+    body["gatewayURL"] = (
+        e.endpoint_url(owner.namespace, spec.endpoint, spec) if spec.endpoint else m.gateway_url(owner, spec)
+    )
     if spec.traffic_classes.bulk_gateway is not None:
         body["bulkGatewayURL"] = m.gateway_url(owner, spec, n.BULK_GATEWAY)
     elif "bulkGatewayURL" in body:  # left from when it was set: a merge patch removes it as null

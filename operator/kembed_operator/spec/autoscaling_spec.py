@@ -133,17 +133,37 @@ class AutoscalingSpec(SpecModel):
     scale_to_zero: bool = Field(
         False,
         description="Allow minReplicas 0 (and require it): the serving revision's last pod goes after "
-        "scaleDownStabilizationSeconds without queued work or activation signal. Off by default: with "
-        "no worker there is no queue to measure and the gateway is not ready, so nothing in kembed "
-        "sees new demand; activationQuery must bring a signal from outside, and the first request "
-        "after a wake-up waits minutes for a pod to load and prewarm.",
+        "scaleDownStabilizationSeconds without queued work, held requests or activation signal. At "
+        "zero the gateway stays ready and holds the model's requests (maxHeldRequests, "
+        "wakeTimeoutSeconds); the held requests are the signal that wakes one pod "
+        "(kembed_gateway_held_requests, a KEDA trigger of its own), and they are answered once it "
+        "serves: the first request after a quiet hour waits for a pod to start, load and self-check. "
+        "Off by default.",
+    )
+    max_held_requests: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="With scaleToZero: requests each gateway pod holds while the model has no serving "
+        "worker, until one serves; one more is answered 503 with Retry-After at once. 256: a burst "
+        "of queries after a quiet hour, each body at most gateway.maxRequestBytes (held bodies are "
+        "also capped at 64 MiB a pod).",
+    )
+    wake_timeout_seconds: int = Field(
+        300,
+        ge=1,
+        le=3600,
+        description="With scaleToZero: longest a request is held for a worker to serve, in seconds; "
+        "503 with Retry-After after. 300: a GPU node may have to be provisioned and the worker "
+        "image pulled before the pod loads its model and passes its self-check.",
     )
     activation_query: str = Field(
         "",
         max_length=4096,
-        description="PromQL whose value above 0 keeps (or wakes) at least one worker pod, e.g. an "
-        "ingress' request rate for this model or an indexing queue's length; summed over its series. "
-        "Required with scaleToZero (a second KEDA trigger); unused otherwise.",
+        description="PromQL whose value above 0 keeps (or wakes) at least one worker pod, beside the "
+        "requests the gateway holds, e.g. an indexing queue's length, to wake the model before its "
+        "first request; summed over its series. Optional with scaleToZero (a KEDA trigger of its "
+        "own); unused otherwise.",
     )
     prometheus_address: str = Field(
         "",
@@ -173,8 +193,6 @@ class AutoscalingSpec(SpecModel):
             raise ValueError("minReplicas must not exceed maxReplicas")
         if (self.min_replicas == 0) != self.scale_to_zero:
             raise ValueError("minReplicas 0 needs scaleToZero: true, and scaleToZero needs minReplicas 0")
-        if self.scale_to_zero and not self.activation_query:
-            raise ValueError("scaleToZero needs an activationQuery: with no worker nothing else sees demand")
         if self.enabled and not self.prometheus_address:
             raise ValueError("autoscaling needs prometheusAddress: the Prometheus KEDA queries")
         return self

@@ -493,6 +493,23 @@ class EmbeddingModelSpec(SpecModel):
         description="NetworkPolicies for the workers and the gateway (on by default): the workers' gRPC "
         "and data ports only from this model's gateway and rollout Jobs.",
     )
+    endpoint: str = Field(
+        "",
+        max_length=40,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        description="Serve this model behind a shared endpoint of that name: every EmbeddingModel of the "
+        "namespace naming the same endpoint is served by one gateway Deployment and one Service, "
+        "`<endpoint>-endpoint`, which routes each request by the model it names (its `model` field; "
+        "for TEI's routes the X-Kembed-Model header or a /models/<name>/ path prefix; else the first "
+        "model by name) to that model's own workers. A model is named by model.servedName, else its "
+        "EmbeddingModel's name. Each model keeps its workers, revisions, rollout gate and autoscaling; "
+        "the endpoint's pods, Service and HTTP edge settings (image, replicas, resources, service, "
+        "apiKeySecretRef, maxRequestBytes, connections) are those of its first model by name. A "
+        "model's rollout rolls the endpoint's gateway pods one at a time, each new pod ready before an "
+        "old one drains: the other models' requests are never refused. Empty (the default): the "
+        "model has a gateway of its own. Not with trafficClasses.bulkGateway, gateway.autoscaling or a "
+        "huggingFace/s3 source (yet).",
+    )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec,
         description="Worker pods of the serving revision scaled by KEDA on the workers' queued tokens "
@@ -504,6 +521,18 @@ class EmbeddingModelSpec(SpecModel):
     def _fp8_linears_on_a_gpu(self) -> EmbeddingModelSpec:
         if self.model.linear_dtype == "fp8" and self.worker.device == "cpu":
             raise ValueError("model.linearDtype fp8 needs fp8 tensor cores: worker.device must not be cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _endpoint_member(self) -> EmbeddingModelSpec:
+        if not self.endpoint:
+            return self
+        if self.traffic_classes.bulk_gateway is not None:
+            raise ValueError("endpoint: a model behind a shared endpoint has no bulk gateway of its own")
+        if self.gateway.autoscaling.enabled:
+            raise ValueError("endpoint: the shared endpoint's gateway is not autoscaled (gateway.replicas)")
+        if self.model.source.fetched is not None:
+            raise ValueError("endpoint: a huggingFace or s3 source cannot join a shared endpoint yet")
         return self
 
     @model_validator(mode="after")
