@@ -49,7 +49,7 @@ from kembed.worker.engine.staging import (
     pad_batch,
 )
 from kembed.worker.info import EngineStats, ModelInfo
-from kembed.worker.results import ResultHandle
+from kembed.worker.results import LONE_MAX_SEQUENCES, ResultHandle
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +280,13 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             return SlotHandle(self.ring, slot, to_host(assemble(flat, payload, index)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
-        # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the
-        # whole step (lazy.py). The quick wake-up a small batch alone needs comes from the event loop
-        # polling the event (`is_ready`, a query, whatever the event's kind; device_path.py).
-        event = torch.cuda.Event(blocking=True)
+        # A lone query's batch (few sequences onto an idle device, LONE_MAX_SEQUENCES) gets CUDA's
+        # default event, whose waiter spins in the driver with the GIL released: the quickest
+        # wake-up, for one step. Any other gets a blocking one, whose waiter sleeps in the driver,
+        # so a busy worker does not spin a core through every step (lazy.py). The event loop's
+        # poll (`is_ready`, a query) is as quick whatever the kind (device_path.py).
+        is_lone = self.ring.num_in_use == 1 and batch.num_seqs <= LONE_MAX_SEQUENCES
+        event = torch.cuda.Event(blocking=not is_lone)
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 
