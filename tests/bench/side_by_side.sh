@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Times commits of this repository side by side on one GPU machine: each is unpacked with git archive
-# into a folder of its own, gets `kembed` on a PYTHONPATH of its own (as on_device.sh makes it), and
+# Times commits of this repository (or folders holding a tree) side by side on one GPU machine: each
+# is unpacked with git archive (or copied) into a folder of its own, gets `kembed` on a PYTHONPATH of its own (as on_device.sh makes it), and
 # runs bench_lone_step.py (this tree's) in a process of its own; the processes take turns round by
 # round. `bash tests/bench/side_by_side.sh "old:84f661d new:HEAD" --backend triton --rounds 3`.
 # Wheels from .whl/ (see docs/benchmarks.md) are installed first; $OUT (default /tmp/sides) gets each
@@ -18,7 +18,7 @@ for pair in $pairs; do
   label=${pair%%:*}
   tree=/tmp/trees/$label
   rm -rf "$tree" "/tmp/shim-$label" && mkdir -p "$tree" "/tmp/shim-$label/kembed"
-  git archive "${pair#*:}" | tar -x -C "$tree"
+  if [ -d "${pair#*:}" ]; then cp -r "${pair#*:}/." "$tree"; else git archive "${pair#*:}" | tar -x -C "$tree"; fi
   for p in gateway:gateway worker:worker proto:proto operator:operator/kembed_operator monitoring:monitoring; do
     ln -sfn "$tree/${p#*:}" "/tmp/shim-$label/kembed/${p%%:*}"
   done

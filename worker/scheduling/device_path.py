@@ -28,11 +28,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kembed.worker.results import LONE_MAX_SEQUENCES, ResultHandle
+from kembed.worker.results import ResultHandle
 
 log = logging.getLogger(__name__)
 
 IDLE_CAPTURE_SLICE_S = 0.01  # captures started per call: in effect one at a time
+# A batch of at most this many sequences alone on the device is polled for on the loop: a few queries
+# on a worker that is otherwise idle, whose every tenth of a millisecond shows. A larger batch, or one
+# behind another, is waited for on the waiter thread, asleep: polling spins the loop for the whole
+# step, and a busy worker would spend a core on it.
+POLL_MAX_SEQUENCES = 16
 Launched = tuple[np.ndarray, float, float]
 """A batch's rows, when its step returned and when its rows were on the host (perf_counter)."""
 
@@ -131,7 +136,7 @@ class DevicePath:
         self._num_launched += 1
         try:
             if self._is_inline and self.num_threaded == 0 and self.runner.can_launch_inline(packed):
-                return await self._inline(packed, is_small=num_seqs <= LONE_MAX_SEQUENCES)
+                return await self._inline(packed, is_small=num_seqs <= POLL_MAX_SEQUENCES)
             return await self._threaded(packed)
         finally:
             self._num_launched -= 1
@@ -139,7 +144,7 @@ class DevicePath:
     async def _inline(self, packed: Any, *, is_small: bool) -> Launched:
         """Launched from the loop: the launcher thread is idle, so the engine is still driven by one
         thread at a time. A small batch alone is polled for on the loop; any other is waited for on
-        the waiter thread (LONE_MAX_SEQUENCES, worker/results.py)."""
+        the waiter thread (POLL_MAX_SEQUENCES)."""
         pending = self.runner.step(packed)
         launched_at = time.perf_counter()
         # Polled only when alone on the device: a busy worker, whose every batch is launched behind
