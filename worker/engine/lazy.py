@@ -19,9 +19,9 @@ class LazyTensor(ResultHandle):
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
     the driver instead, and wakes it later, which costs a lone batch a slower wake-up but under load
     saves the worker about half its CPU per request (docs/benchmarks-history.md). So eager steps'
-    events block; the CUDA engine's replays spin for a lone query's batch alone on the device and
-    block for any other (cuda_engine.py, LONE_MAX_SEQUENCES), and the event loop polls a lone
-    query's batch itself (a query, no spin of its own: device_path.py).
+    events block; the CUDA engine's replays spin for a short batch alone on the device and block
+    for any other (cuda_engine.py, SPIN_MAX_TOKENS), and the event loop polls a small batch alone
+    itself (a query, no spin of its own: device_path.py).
     """
 
     def __init__(
