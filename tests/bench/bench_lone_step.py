@@ -6,7 +6,9 @@ configs in tests/bench/configs, random bf16 weights) and each batch shape, from 
   suite times it (pack, stage, copy in, replay, copy out, the waiter's wake-up);
 - `served`: one request of that batch through the worker's scheduler on an event loop (uvloop where
   installed, as the worker runs): admission, the queue, pack, launch, the wait the scheduler chooses
-  for it, the rows delivered: what a request gets from the worker past its data port;
+  for it, the rows delivered: what a request gets from the worker past its data port; with the
+  batch's stages as the scheduler's hooks report them (pack, launch, device, resume) and the rest
+  (admission, the queue's turn, delivery);
 - `pack` and `launch`: the host part, the pack and the step's own CPU time until it returns;
 - `device`: the device part, steps of that batch back to back (two in flight) over CUDA timing
   events, divided by their number;
@@ -39,9 +41,12 @@ from kembed.worker.config import WorkerConfig
 from kembed.worker.engine import load_engine
 
 try:
+    from kembed.worker.hooks import SchedulerHooks
     from kembed.worker.scheduling.scheduler import Scheduler
 except ImportError:  # a tree from before the scheduling layer
-    from kembed.worker.scheduler import Scheduler  # type: ignore[no-redef]
+    from kembed.worker.scheduler import Scheduler, SchedulerHooks  # type: ignore[no-redef]
+
+STAGES = ("pack", "launch", "device", "resume")  # SchedulerHooks.batch_stages' order
 
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -115,14 +120,19 @@ def device_ms(engine, ids, lengths, num_steps: int) -> float:
     return start.elapsed_time(end) / num_steps
 
 
-async def time_served(scheduler, ids, lengths, iters: int) -> list[float]:
-    out = []
+async def time_served(scheduler, stages: list, ids, lengths, iters: int) -> tuple[list[float], dict]:
+    """ms of each request, and the median of each batch stage the scheduler reported (its hooks:
+    pack, launch, device, resume) with `queue+deliver`, what the request took beyond its batch."""
+    out, stages[:] = [], []
     for _ in range(iters):
         torch.cuda.synchronize()
         started = time.perf_counter()
         await scheduler.submit(ids, lengths)
         out.append((time.perf_counter() - started) * 1e3)
-    return out
+    medians = {f"served_{n}": statistics.median(s[i] for s in stages) * 1e3 for i, n in enumerate(STAGES)}
+    beyond = [ms - sum(s) * 1e3 for ms, s in zip(out, stages, strict=True)]
+    medians["served_queue_deliver"] = statistics.median(beyond)
+    return out, medians
 
 
 async def time_busy(scheduler, ids, lengths, num_clients: int, num_requests: int) -> tuple[float, float]:
@@ -181,6 +191,7 @@ def pass_turn(turns: Path | None, order: list[str], label: str, round_: int) -> 
 
 
 FIGURES = ("step_p50", "step_p99", "served_p50", "served_p99", "pack_p50", "launch_p50", "device")
+SERVED = ("served_pack", "served_launch", "served_device", "served_resume", "served_queue_deliver")
 
 
 def _cell(values: list[float], unit: str = "{:.3f}", worst=max) -> str:
@@ -210,6 +221,13 @@ def print_table(rows: list[dict]) -> None:
         mine = [r for r in rows if (r["model"], r["shape"], r["label"]) == (model, text, label)]
         cells = [_cell([r[f] for r in mine]) for f in FIGURES]
         print(f"| {model} | {text} | {label} | " + " | ".join(cells) + f" | {len(mine)} |")
+    print("\nA request's batch stages, as the scheduler timed them (ms, median request of each round):\n")
+    print("| model | batch | tree | " + " | ".join(f.removeprefix("served_") for f in SERVED) + " |")
+    print("|---|---|---|" + "---:|" * len(SERVED))
+    for model, text, label in sorted(keys, key=lambda k: (k[0], keys.index(k))):
+        mine = [r for r in rows if (r["model"], r["shape"], r["label"]) == (model, text, label)]
+        cells = [_cell([r[f] for r in mine]) for f in SERVED]
+        print(f"| {model} | {text} | {label} | " + " | ".join(cells) + " |")
 
 
 def summarize(path: Path) -> None:
@@ -250,26 +268,30 @@ def main() -> None:
                 time_steps(engine, ids, lengths, 10)
                 batches[text] = (ids, lengths)
 
-            async def start(engine=engine):
-                scheduler = Scheduler(engine, max_batch_tokens=16384, max_queued_tokens=1 << 30)
+            stages: list[tuple[float, ...]] = []
+
+            async def start(engine=engine, stages=stages):
+                hooks = SchedulerHooks(batch_stages=lambda *seconds: stages.append(seconds))
+                scheduler = Scheduler(engine, max_batch_tokens=16384, max_queued_tokens=1 << 30, hooks=hooks)
                 scheduler.start()
                 return scheduler
 
             scheduler = loop.run_until_complete(start())
             for ids, lengths in batches.values():
-                loop.run_until_complete(time_served(scheduler, ids, lengths, 10))
-            setups.append((name, engine, scheduler, batches))
-        backends = [s[1].info.attention_backend for s in setups]
+                loop.run_until_complete(time_served(scheduler, stages, ids, lengths, 10))
+            setups.append((name, engine, scheduler, batches, stages))
+        backends = [setup[1].info.attention_backend for setup in setups]
         print(
             f"{args.label}: {torch.cuda.get_device_name()}, torch {torch.__version__}, {backends}", flush=True
         )
         rows = []
         for round_ in range(args.rounds):
             take_turn(args.turns, order, args.label, round_)
-            for name, engine, scheduler, batches in setups:
+            for name, engine, scheduler, batches, stages in setups:
                 for text, (ids, lengths) in batches.items():
                     parts = time_steps(engine, ids, lengths, args.iters)
-                    served = loop.run_until_complete(time_served(scheduler, ids, lengths, args.iters))
+                    timed = time_served(scheduler, stages, ids, lengths, args.iters)
+                    served, served_stages = loop.run_until_complete(timed)
                     device = device_ms(engine, ids, lengths, 100)
                     step_p50, step_p99 = p50_p99(parts["step"])
                     served_p50, served_p99 = p50_p99(served)
@@ -278,12 +300,13 @@ def main() -> None:
                         "step_p50": step_p50, "step_p99": step_p99, "served_p50": served_p50,
                         "served_p99": served_p99, "pack_p50": statistics.median(parts["pack"]),
                         "launch_p50": statistics.median(parts["launch"]), "device": device,
+                        **served_stages,
                     }  # fmt: skip
                     rows.append(row)
                     if args.json is not None:
                         with args.json.open("a") as out:
                             out.write(json.dumps(row) + "\n")
-            for name, _, scheduler, batches in setups:
+            for name, _, scheduler, batches, _ in setups:
                 ids, lengths = batches[args.shapes[0]]
                 clients = time_busy(scheduler, ids, lengths, 16, 20 * args.iters)
                 rps, cpu_us = loop.run_until_complete(clients)
@@ -296,8 +319,8 @@ def main() -> None:
                     with args.json.open("a") as out:
                         out.write(json.dumps(busy) + "\n")
             pass_turn(args.turns, order, args.label, round_)
-        for _, _, scheduler, _ in setups:
-            loop.run_until_complete(scheduler.close())
+        for setup in setups:
+            loop.run_until_complete(setup[2].close())
     print_table(rows)
 
 
