@@ -207,3 +207,24 @@ async def test_only_a_small_batch_alone_is_polled_on_the_loop(num_seqs, polled):
         ["wait:MainThread"] if polled else [w for w in waits if w.startswith("wait:kembed-wait")]
     )
     assert bool(waits) and any(e.startswith("is_ready:") for e in runner.log) == polled
+
+
+async def test_an_idle_worker_spends_at_most_two_percent_of_a_core():
+    """Nothing spins once the batches are answered: neither the loop's poll of a lone batch nor the
+    waiter thread of the others (a lone query's batch, a large one, one behind another), nor the
+    scheduler's idle tasks, wake the process more than a few times a second."""
+    runner = DeviceLikeRunner(inline=True, step_s=0.002)
+    scheduler = Scheduler(runner, max_batch_tokens=64, max_queued_tokens=10_000, idle_capture_check_s=0.05)
+    scheduler.start()
+    try:
+        await scheduler.submit(np.arange(4, dtype=np.int32), np.ones(4, np.int32))  # polled on the loop
+        await scheduler.submit(np.arange(32, dtype=np.int32), np.ones(32, np.int32))  # on the waiter
+        requests = _requests(seed=5, count=40)  # batches behind one another, on the waiter
+        await asyncio.gather(*(scheduler.submit(ids, lengths) for ids, lengths in requests))
+        cpu, started = time.process_time(), time.perf_counter()
+        await asyncio.sleep(1.0)
+        idle = (time.process_time() - cpu) / (time.perf_counter() - started)
+    finally:
+        await scheduler.close()
+    assert any(e.startswith("wait:kembed-wait") for e in runner.log)
+    assert idle <= 0.02, f"idle worker at {idle:.1%} of a core"

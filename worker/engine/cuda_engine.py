@@ -53,6 +53,15 @@ from kembed.worker.results import ResultHandle
 
 log = logging.getLogger(__name__)
 
+# A batch of at most this many tokens (its bucket's) launched onto an idle device is waited for
+# spinning, any other asleep (`_step`). Sleeping costs a batch the driver's wake-up and a cold core
+# for the next one's host work: on the H200 a lone BGE-M3 step of 1 x 128 took 1.016 ms blocking
+# against 0.921 spinning, one of 64 x 16 2.097 against 1.815 (tests/bench/bench_lone_step.py), a
+# tenth to a sixth of a step this short; ~3 ms steps (2048 tokens) and longer lose less than that
+# by sleeping. Spinning costs a core only while each batch finds the device free: a busy worker's
+# batches queue behind one another, and those sleep.
+SPIN_MAX_TOKENS = 2048
+
 
 class CudaLazyTensor(ResultHandle):
     """A launched batch: its rows land in a pinned slot when `event` fires. `wait` copies them out
@@ -280,10 +289,13 @@ class CudaEngine(BaseEngine[PaddedBatch]):
             return SlotHandle(self.ring, slot, to_host(assemble(flat, payload, index)))
         output = self.graphs.run(batch.own_bucket, batch.bucket)
         slot.output[: batch.num_seqs].copy_(output[: batch.num_seqs], non_blocking=True)
-        # A blocking event: a waiter thread sleeps in the driver instead of spinning a core for the
-        # whole step (lazy.py). The quick wake-up a small batch alone needs comes from the event loop
-        # polling the event (`is_ready`, a query, whatever the event's kind; device_path.py).
-        event = torch.cuda.Event(blocking=True)
+        # A short batch alone on the device (SPIN_MAX_TOKENS) gets CUDA's default event, whose
+        # waiter spins in the driver with the GIL released: the quickest wake-up, for one short
+        # step. One behind another, or a long one, gets a blocking event, whose waiter sleeps in the
+        # driver, so a busy worker does not spin a core through every step (lazy.py). The event
+        # loop's poll of a small batch alone (`is_ready`, a query) is as quick whatever the kind.
+        is_short_alone = self.ring.num_in_use == 1 and batch.bucket.num_tokens <= SPIN_MAX_TOKENS
+        event = torch.cuda.Event(blocking=not is_short_alone)
         event.record()
         return CudaLazyTensor(self.ring, slot, event, batch.num_seqs)
 

@@ -18,9 +18,10 @@ class LazyTensor(ResultHandle):
     CUDA's default synchronisation spins a core until the event fires, a whole step's worth of CPU
     per batch on the waiter thread; an event made with `blocking=True` puts the waiter to sleep in
     the driver instead, and wakes it later, which costs a lone batch a slower wake-up but under load
-    saves the worker about half its CPU per request (docs/benchmarks-history.md). So every
-    event blocks, and a small batch alone on the device is polled for on the event loop instead
-    (a query, no spin of its own: device_path.py), which wakes as fast as a spin.
+    saves the worker about half its CPU per request (docs/benchmarks-history.md). So eager steps'
+    events block; the CUDA engine's replays spin for a short batch alone on the device and block
+    for any other (cuda_engine.py, SPIN_MAX_TOKENS), and the event loop polls a small batch alone
+    itself (a query, no spin of its own: device_path.py).
     """
 
     def __init__(
