@@ -50,7 +50,7 @@ TIKTOKEN_STAMP := $(TIKTOKEN_CACHE)/.kembed-installed
 # docs/clients.md's Node client (tests/clients/node), for make test
 NODE_CLIENTS   := tests/clients/node/node_modules/.kembed-installed
 
-.PHONY: install run test lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools browser-tools metrics-plots
+.PHONY: install run test test-fast lint proto bench bench-cpu bench-path bench-mixed soak test-gpu gpu-check clean dashboards prometheus-tools browser-tools metrics-plots
 
 install: $(STAMP)
 
@@ -137,10 +137,23 @@ run: $(RUN_STAMP)
 	while ! gone; do pause 1; done; \
 	echo "kembed stopped: a process exited (see its log above)."; exit 1
 
+# pytest-xdist workers for `make test` and `make test-fast`. More than the cores: most of a test's
+# time is spent waiting on the processes it started. --dist loadgroup keeps a module marked
+# xdist_group on one worker (tests/metrics: one observed run, not one per worker). Tests marked
+# `serial` (they time the machine's own pace) run alone afterwards. TEST_JOBS=0: one process, no xdist.
+TEST_JOBS ?= 4
+XDIST     := $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadgroup)
+# The edit loop's lane: the unit tests of each service, without the slow- and gpu-marked ones.
+FAST_TESTS := tests/proto tests/gateway tests/worker tests/operator tests/monitoring tests/docs tests/chart
+
 test: $(STAMP) lint prometheus-tools browser-tools $(S3_TOOLS_STAMP) $(TIKTOKEN_STAMP) $(NODE_CLIENTS)
-	@echo "== pytest, all but the gpu-marked tests: real worker, gateway and operator processes, a real"
-	@echo "   Prometheus, the chart rendered by helm (about 7 minutes on an idle 2-core machine)"
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	@echo "== pytest, all but the gpu-marked tests, on $(TEST_JOBS) workers: real worker, gateway and"
+	@echo "   operator processes, a real Prometheus, the chart rendered by helm; then the serial ones"
+	$(PY) -m pytest -m "not gpu and not serial" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "serial and not gpu" -p no:xdist $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu and not slow and not serial" $(XDIST) $(FAST_TESTS) $(PYTEST_ARGS)
 
 $(S3_TOOLS_STAMP): $(STAMP)
 	@echo "== installing moto's S3 server and boto3 into $(S3_TOOLS) (the S3 fetch tests)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from processes import PROMPTS, start_stack
+from processes import CROSS_ENCODER_MAX_LENGTH, PROMPTS, start_stack
 
 from kembed.worker.config import bundled_model_dir
 
@@ -64,8 +64,6 @@ def client(stack):
         yield http
 
 
-# The cross-encoder's position limit: both sides of a pair are cut to fit it.
-CROSS_ENCODER_MAX_LENGTH = 128
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 

@@ -1,6 +1,5 @@
 """Starting real kembed processes for end-to-end tests: free ports, logs, readiness, teardown."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -9,15 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from local_ports import free_port  # processes.free_port, as the tests import it
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# The cross-encoder's position limit (conftest.py's cross_encoder_dir): both sides of a pair are cut to
+# fit it. Here, not in conftest.py, for the tests to import: `conftest` names another folder's too.
+CROSS_ENCODER_MAX_LENGTH = 128
 
 
 @dataclass

@@ -17,18 +17,13 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from local_ports import free_port
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto.embedder_pb2_grpc import EmbedderStub
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_make_run_with_a_taken_port_exits_non_zero_in_seconds():

@@ -37,6 +37,7 @@ def class_requests(metrics: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
+@pytest.mark.serial  # its bound is a bulk request's time alone: tests beside it would move both
 @pytest.mark.slow
 def test_queries_beside_a_bulk_flood_are_served_first_and_bulk_is_answered_whole(log_dir):
     stack = start_stack(log_dir, num_workers=1)

@@ -7,8 +7,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import CROSS_ENCODER_MAX_LENGTH
 from corpus import texts
+from processes import CROSS_ENCODER_MAX_LENGTH
 
 # Long enough, with the query, to pass the 128-token limit (truncated alike); empty and whitespace too.
 DOCUMENTS = texts(48, seed=11)

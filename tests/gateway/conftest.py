@@ -12,35 +12,15 @@ from typing import Any
 import httpx
 import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
+from gateway_harness import running_gateway, until_ready  # also importable from here, as before
 
 from kembed.gateway.config import GatewayConfig
-from kembed.gateway.edge.app import create_app
 from kembed.proto import embedder_pb2 as pb
 
 
 @pytest.fixture
 def model_dir() -> Path:
     return BUNDLED_MODEL_DIR
-
-
-@contextlib.asynccontextmanager
-async def running_gateway(config: GatewayConfig) -> AsyncIterator[httpx.AsyncClient]:
-    """The gateway app with its lifespan entered, behind an in-process httpx client."""
-    app = create_app(config)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-            yield client
-
-
-async def until_ready(client: httpx.AsyncClient, timeout_s: float = 30.0) -> None:
-    """Waits for /ready: the gateway probes its workers once at start, with a 1 s deadline that a
-    loaded CI machine can miss; it probes again within a quarter second while no worker serves. A
-    test then meets the gateway as a load balancer would, once ready, not racing its first probe."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while (await client.get("/ready")).status_code != 200:
-        assert asyncio.get_running_loop().time() < deadline, "the gateway never became ready"
-        await asyncio.sleep(0.02)
 
 
 GatewayFactory = Callable[..., contextlib.AbstractAsyncContextManager[httpx.AsyncClient]]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import numpy as np
+from local_ports import free_port
 
 from kembed.proto import embedder_pb2 as pb
 from kembed.proto import embedder_pb2_grpc as pb_grpc
@@ -295,7 +295,5 @@ BUNDLED_MODEL_DIR = (
 
 
 def unused_address() -> str:
-    """A loopback address nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    """A loopback address nothing listens on (left in TIME_WAIT: no other test is given it)."""
+    return f"127.0.0.1:{free_port()}"

@@ -3,13 +3,13 @@
 import asyncio
 import dataclasses
 import os
-import socket
 import sys
 
 import httpx
 import openai
 import pytest
 from gateway_fakes import FakeEmbedder, serving
+from local_ports import free_port
 
 KEY = "s3cret-key"
 
@@ -52,9 +52,7 @@ async def test_probes_metrics_and_the_api_description_stay_open(gateway_with):
 
 @pytest.mark.slow
 async def test_the_openai_client_passes_its_api_key_to_a_real_gateway_process():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     async with serving(FakeEmbedder()) as address:
         env = {**os.environ, "KEMBED_GATEWAY_API_KEY": KEY, "KEMBED_GATEWAY_LOG_LEVEL": "info"}
         process = await asyncio.create_subprocess_exec(

@@ -7,7 +7,6 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import httpx
 import orjson
 import pytest
 from gateway_fakes import FakeEmbedder, serving
+from local_ports import free_port
 
 from kembed.gateway.tokenizing.tokenization import Tokenization
 from kembed.proto.model_files import load_model_spec
@@ -121,16 +121,10 @@ def _still_alive(pids: set[int], timeout_s: float) -> list[int]:
     return alive
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("num_processes", [1, 2], ids=["one-gateway-process", "two-gateway-processes"])
 async def test_the_processes_stop_with_the_gateway_on_sigterm(num_processes: int):
-    port = _free_port()
+    port = free_port()
     async with serving(FakeEmbedder()) as address:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "kembed.gateway", "--worker", address, "--port", str(port),

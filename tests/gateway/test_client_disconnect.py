@@ -4,11 +4,11 @@ data path), and recorded as 499. A real uvicorn server and a real socket that cl
 import asyncio
 import contextlib
 import json
-import socket
 
 import pytest
 import uvicorn
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
+from local_ports import free_port
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.edge.app import create_app
@@ -16,9 +16,7 @@ from kembed.gateway.edge.app import create_app
 
 @contextlib.asynccontextmanager
 async def uvicorn_gateway(config: GatewayConfig):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )

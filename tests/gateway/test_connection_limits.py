@@ -8,12 +8,12 @@ import contextlib
 import dataclasses
 import json
 import logging
-import socket
 import time
 
 import pytest
 import uvicorn
 from gateway_fakes import BUNDLED_MODEL_DIR, FakeEmbedder, serving
+from local_ports import free_port
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.edge.app import create_app
@@ -38,9 +38,7 @@ async def edge(fake: FakeEmbedder | None = None, **limits):
         config = dataclasses.replace(
             GatewayConfig(model_dir=BUNDLED_MODEL_DIR, worker_addresses=(address,)), **limits
         )
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         app = create_app(config)
         server = uvicorn.Server(uvicorn_config(config, app, port=port, loop="asyncio", log_level="warning"))
         task = asyncio.create_task(server.serve())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gateway_fakes import FakeEmbedder, serving
+from local_ports import free_port
 
 from kembed.gateway.__main__ import BUNDLED_MODEL_NAME, bundled_model_dir, check_model_dir, parse_config
 from kembed.gateway.config import GatewayConfig
@@ -80,15 +80,9 @@ def test_bad_values_are_refused_at_start(argv, message):
         parse_config(argv, {})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 async def test_cli_serves_embeddings_over_real_http():
-    port = _free_port()
+    port = free_port()
     async with serving(FakeEmbedder()) as address:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "kembed.gateway", "--worker", address, "--port", str(port),

@@ -8,8 +8,8 @@ from pathlib import Path
 import openai
 import orjson
 import pytest
-from conftest import until_ready
 from gateway_fakes import FakeEmbedder
+from gateway_harness import until_ready
 
 from kembed.gateway import errors
 from kembed.gateway.api import openapi

@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import httpx
 import orjson
 import pytest
 from gateway_fakes import BUNDLED_MODEL_DIR, unused_address
+from local_ports import free_port
 from test_truncation_window import bert, corpus, trained
 from tokenizers import Tokenizer
 
@@ -110,9 +110,7 @@ def test_cjk_tokenize_stays_within_its_memory_bound_and_rss_comes_back(tmp_path)
     the token cap) and 8 of 65,000 (answered: 65,002 tokens, 4.4 MB each) at once, against a fresh
     gateway process: its RSS rises at most 300 MiB over idle and is back within 1.5x idle seconds
     after. Built whole, 8 of the first kind took +1,068 MiB and left RSS at 6.2x idle."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     args = ["--model", str(BUNDLED_MODEL_DIR), "--port", str(port), "--worker", unused_address()]
     log = (tmp_path / "gateway.log").open("w")
     gateway = subprocess.Popen(

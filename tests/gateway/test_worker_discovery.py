@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from conftest import until_ready
 from gateway_fakes import FakeEmbedder, serving
+from gateway_harness import until_ready
 
 from kembed.gateway.config import GatewayConfig
 from kembed.gateway.edge.app import create_app

@@ -21,6 +21,9 @@ from kembed.monitoring import promql as q
 from kembed.monitoring.alerts import DEFAULT_THRESHOLDS, alerts
 from kembed.monitoring.generate import DASHBOARDS
 
+# One observed run (conftest.py's module fixture) for every test here: all on one xdist worker.
+pytestmark = pytest.mark.xdist_group("observed-run")
+
 RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval is at a 1 s scrape interval, rounded up
 
 # Panel queries (dashboard / panel / refId) that only the CUDA engine feeds: on the CPU engine their

@@ -4,8 +4,9 @@ A thread polls the emulator through its HTTP API (as a controller would list/wat
 
 - runs each Deployment replica as a real local process on a loopback address of its own, after its
   init containers (init_containers.py: a failing one shown on a Pending pod, retried after a back-off)
-  (127.0.0.N: Linux routes all of 127.0.0.0/8 to `lo`), so `podIP:containerPort` is what it is in a
-  cluster; records a Pod (labels of the template, `status.podIP`, Ready once the template's
+  (127.B.C.N: Linux routes all of 127.0.0.0/8 to `lo`; B.C is this process's block, so that kubelets
+  of tests running beside it, `pytest -n`, never share a pod address), so `podIP:containerPort` is
+  what it is in a cluster; records a Pod (labels of the template, `status.podIP`, Ready once the template's
   readiness probe passes) and writes the Deployment's status (replicas, updated/ready/available,
   observedGeneration). A changed pod template rolls: the new pod is Ready before an old one stops.
 - runs each Job's pod command as a real local process and writes Complete or Failed: exit codes
@@ -133,6 +134,14 @@ class JobRun:
     outcome: str = ""  # Complete or Failed
 
 
+def pod_network() -> str:
+    """The first three octets of this process's pod addresses: a block of 127.0.0.0/8 taken from the
+    process id, so that tests on parallel workers (or another checkout's suite on the same host), each
+    with pods listening on the same container ports, never bind one address."""
+    pid = os.getpid()
+    return f"127.{1 + (pid >> 8) % 250}.{pid & 0xFF}"
+
+
 class LocalKubelet:
     def __init__(self, api_url: str, namespace: str, host_paths: dict[str, Path], log_dir: Path) -> None:
         self._api = httpx.Client(base_url=api_url, timeout=10)
@@ -142,7 +151,7 @@ class LocalKubelet:
         self._api_url = api_url
         self._pods: dict[str, LocalPod] = {}
         self._terminating: list[LocalPod] = []  # gone from the API, their processes stopping
-        self._ips = (f"127.0.0.{i}" for i in itertools.count(10))
+        self._ips = (f"{pod_network()}.{i}" for i in itertools.count(10))
         self._names = itertools.count(1)
         self._dns_turn = 0
         self.jobs: dict[str, JobRun] = {}  # the latest run of each Job name

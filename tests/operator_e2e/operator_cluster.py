@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import kubernetes
 import pytest
 from local_kubelet import LocalKubelet
+from local_ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "charts/kembed/crds/embeddingmodels.kembed.dev.yaml"
@@ -39,14 +39,14 @@ class Cluster:
     def start_operator(self, **settings: str) -> None:
         """`python -P -m kembed.operator` against the emulator, in the test namespace, fast timers;
         `settings` are more KEMBED_OPERATOR_* variables (hot_buckets_interval_s="1")."""
-        self.metrics_port = _free_port()  # 9090 may be taken by a Prometheus
+        self.metrics_port = free_port()  # 9090 may be taken by a Prometheus
         env = dict(
             os.environ,
             KUBECONFIG=str(self.kubeconfig),
             KEMBED_OPERATOR_NAMESPACES=NAMESPACE,
             KEMBED_OPERATOR_RECONCILE_INTERVAL_S="1",
             KEMBED_OPERATOR_RETRY_DELAY_S="1",
-            KEMBED_OPERATOR_HEALTH_PORT=str(_free_port()),  # 8081 may be taken on a shared host
+            KEMBED_OPERATOR_HEALTH_PORT=str(free_port()),  # 8081 may be taken on a shared host
             KEMBED_OPERATOR_METRICS_PORT=str(self.metrics_port),
             **{f"KEMBED_OPERATOR_{name.upper()}": value for name, value in settings.items()},
         )
@@ -146,9 +146,3 @@ def patch_spec(cluster: Cluster, spec: dict[str, Any]) -> None:
 def gateway_url(cluster: Cluster) -> str:
     (pod,) = cluster.kubelet.pods_of("minilm-gateway")
     return f"http://{pod.ip}:8080"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -3,20 +3,18 @@ seconds (a connect timeout, 10 s by default and shown in --help), not after the 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from local_ports import free_port
 
 from kembed.worker.tools.admin import CONNECT_TIMEOUT_S
 
 
 def dead_address() -> str:
-    with socket.socket() as sock:  # bound, never listening: connections are refused
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"  # left in TIME_WAIT, never listening: connections are refused
 
 
 @pytest.mark.parametrize(

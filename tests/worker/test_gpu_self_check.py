@@ -3,23 +3,17 @@ replayed against eager runs on fixed inputs; it serves when they match and exits
 buckets when they do not (NaN weights), so a pod added after its rollout is gated too. The real
 `kembed-worker` command, as a pod runs it."""
 
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
+from local_ports import free_port
 from safetensors.torch import load_file, save_file
 from st_pipeline import write_random_minilm
 
 pytestmark = pytest.mark.gpu
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(model, log) -> subprocess.Popen:

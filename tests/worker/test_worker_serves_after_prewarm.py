@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from local_ports import free_port
 
 from kembed.worker.__main__ import serve
 from kembed.worker.buckets import Bucket
@@ -77,12 +78,6 @@ class SlowPrewarmEngine:
 
     def smoke_test(self, buckets, min_cosine: float, seed: int) -> list:
         return []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def accepts(port: int) -> bool:
